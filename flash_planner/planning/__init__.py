@@ -1,0 +1,1 @@
+"""ROS-free planning: prompts, plan parsing and validation, the request queue."""

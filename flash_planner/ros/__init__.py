@@ -1,0 +1,1 @@
+"""rclpy adapters only: node, action server, diagnostics. rclpy is imported lazily."""

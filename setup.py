@@ -1,0 +1,49 @@
+"""Packaging of flash_planner as a ROS 2 ament_python package (also pip-installable).
+
+The top-level ``kernels/`` folder is shipped only as ``flash_planner.kernels`` through the
+git symlink ``flash_planner/kernels -> ../kernels``; it must never become a top-level
+``kernels`` package (Hugging Face ships one of that name and transformers probes for it).
+Do not set ``package_dir={"": "."}``: setuptools would then implement editable installs
+with a .pth file on the repository root, which exposes ``kernels`` at top level.
+"""
+
+from glob import glob
+
+from setuptools import find_packages, setup
+
+PACKAGE = "flash_planner"
+
+setup(
+    name=PACKAGE,
+    version="0.1.0",
+    description="On-robot LLM task planner with DFlash speculative decoding",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=[PACKAGE, f"{PACKAGE}.*"]),
+    package_data={PACKAGE: ["assets/**/*"]},
+    data_files=[
+        ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
+        (f"share/{PACKAGE}", ["package.xml"]),
+        (f"share/{PACKAGE}/launch", sorted(glob("launch/*.launch.py"))),
+        (f"share/{PACKAGE}/config", sorted(glob("config/*.yaml"))),
+        (f"share/{PACKAGE}/config/models", sorted(glob("config/models/*.yaml"))),
+    ],
+    install_requires=[
+        "torch",
+        "triton",
+        "transformers>=5.2",
+        "safetensors",
+        "tokenizers",
+        "pyyaml",
+        "jsonschema",
+        "numpy",
+    ],
+    extras_require={"test": ["pytest", "onnx", "onnxruntime", "onnxscript", "ruff"]},
+    zip_safe=False,
+    entry_points={
+        "console_scripts": [
+            "flash-planner = flash_planner.cli:main",
+            "planner_node = flash_planner.ros.node:main",
+        ],
+    },
+)
