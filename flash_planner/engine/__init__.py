@@ -1,0 +1,1 @@
+"""ROS-free inference engine: checkpoints, models, caches, decoding."""

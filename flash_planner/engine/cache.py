@@ -1,0 +1,185 @@
+"""Inference state the models read and write: KV cache, GDN state, per-step checkpoints.
+
+Everything is preallocated for `capacity` tokens (max_context plus one speculative block) and
+owned by the engine; a forward receives the `InferenceState` explicitly. A forward over S
+tokens writes KV rows at positions `length .. length+S-1` and advances the GDN state to the
+last row; `commit(n)` then keeps the first n rows: the KV length moves forward by n (rows past
+it are overwritten by the next forward) and, if the forward recorded per-step checkpoints, the
+GDN and conv state roll back to step n-1 in constant time (no second forward).
+
+Layouts ([B, T, H, D] convention): KV per layer [B, C, Hkv, D]; GDN state [Lg, B, Hv, Dk, Dv]
+float32; conv window [Lg, B, K-1, conv_dim]; step states [Lg, B, S, Hv, Dk, Dv];
+conv rows [Lg, B, K-1+S, conv_dim] (window before the block, then the block's pre-conv rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels import dispatch
+from ..kernels.kv_append.reference import FP8_MAX
+from .config import ModelConfig
+
+KV_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+             "fp8": torch.uint8}
+
+
+class ContextOverflowError(ValueError):
+    """A request that does not fit the preallocated context."""
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    kv: int
+    gdn_state: int
+    checkpoints: int
+
+    @property
+    def total(self) -> int:
+        return self.kv + self.gdn_state + self.checkpoints
+
+
+class KVCache:
+    """Full-attention KV rows for every attention layer, optionally FP8 with per-head scales.
+
+    FP8 scales are per (layer, kv head), calibrated on the first write after `reset()` (the
+    prompt's first prefill chunk) as amax * headroom / 448; later values beyond the range
+    saturate at +-448 * scale.
+    """
+
+    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, dtype: torch.dtype,
+                 compute_dtype: torch.dtype, device: torch.device, fp8_headroom: float = 2.0):
+        n = len(cfg.full_attention_layers)
+        shape = (n, batch, capacity, cfg.num_kv_heads, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.is_fp8 = dtype == torch.uint8
+        self.k_scale = torch.ones(n, cfg.num_kv_heads, dtype=torch.float32, device=device)
+        self.v_scale = torch.ones(n, cfg.num_kv_heads, dtype=torch.float32, device=device)
+        self.calibrated = [False] * n
+        self.compute_dtype = compute_dtype
+        self.capacity = capacity
+        self.fp8_headroom = fp8_headroom
+        # model layer index -> slot in the stacked cache
+        self.slot = {layer: i for i, layer in enumerate(cfg.full_attention_layers)}
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes + self.k_scale.nbytes + self.v_scale.nbytes
+
+    def reset(self) -> None:
+        self.calibrated = [False] * len(self.calibrated)
+
+    def _calibrate(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        for scale, rows in ((self.k_scale, k), (self.v_scale, v)):
+            amax = rows.float().abs().amax(dim=(0, 1, 3))             # [Hkv]
+            scale[slot] = (amax * self.fp8_headroom / FP8_MAX).clamp_min(1e-8)
+        self.calibrated[slot] = True
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
+        """Write k, v [B, T, Hkv, D] at positions start .. start+T-1."""
+        slot = self.slot[layer]
+        if self.is_fp8 and not self.calibrated[slot]:
+            self._calibrate(slot, k, v)
+        b, t = k.shape[:2]
+        pos = torch.arange(start, start + t, device=k.device).expand(b, t)
+        dispatch.kv_append(self.k[slot], k, pos, self.k_scale[slot] if self.is_fp8 else None)
+        dispatch.kv_append(self.v[slot], v, pos, self.v_scale[slot] if self.is_fp8 else None)
+
+    def read(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of positions 0 .. length-1, [B, length, Hkv, D], compute dtype."""
+        slot = self.slot[layer]
+        ks = self.k_scale[slot] if self.is_fp8 else None
+        vs = self.v_scale[slot] if self.is_fp8 else None
+        return (dispatch.kv_read(self.k[slot], length, ks, self.compute_dtype),
+                dispatch.kv_read(self.v[slot], length, vs, self.compute_dtype))
+
+
+class GDNState:
+    """Recurrent state and conv window of every Gated DeltaNet layer, plus step checkpoints."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, max_steps: int, device: torch.device):
+        n = len(cfg.linear_attention_layers)
+        hv, dk, dv = (cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                      cfg.linear_value_head_dim)
+        k1 = max(cfg.linear_conv_kernel - 1, 0)
+        c = cfg.gdn_conv_dim
+        f32 = torch.float32
+        self.state = torch.zeros(n, batch, hv, dk, dv, dtype=f32, device=device)
+        self.conv = torch.zeros(n, batch, k1, c, dtype=f32, device=device)
+        self.step_states = torch.zeros(n, batch, max_steps, hv, dk, dv, dtype=f32, device=device)
+        self.conv_rows = torch.zeros(n, batch, k1 + max_steps, c, dtype=f32, device=device)
+        self.max_steps = max_steps
+        self.slot = {layer: i for i, layer in enumerate(cfg.linear_attention_layers)}
+
+    @property
+    def nbytes_state(self) -> int:
+        return self.state.nbytes + self.conv.nbytes
+
+    @property
+    def nbytes_checkpoints(self) -> int:
+        return self.step_states.nbytes + self.conv_rows.nbytes
+
+    def reset(self) -> None:
+        self.state.zero_()
+        self.conv.zero_()
+
+
+class InferenceState:
+    """All per-sequence state of one target model; `length` tokens are committed."""
+
+    def __init__(self, cfg: ModelConfig, capacity: int, max_steps: int, kv_dtype: torch.dtype,
+                 compute_dtype: torch.dtype, device: torch.device, batch: int = 1):
+        self.capacity = capacity
+        self.max_steps = max_steps
+        self.kv = KVCache(cfg, batch, capacity, kv_dtype, compute_dtype, device)
+        self.gdn = GDNState(cfg, batch, max_steps, device)
+        self.length = 0
+        self.pending = 0          # rows run by the last forward, not yet committed
+        self.recorded = False     # whether that forward recorded per-step checkpoints
+
+    @property
+    def nbytes(self) -> StateBytes:
+        return StateBytes(kv=self.kv.nbytes, gdn_state=self.gdn.nbytes_state,
+                          checkpoints=self.gdn.nbytes_checkpoints)
+
+    def reset(self) -> None:
+        self.kv.reset()
+        self.gdn.reset()
+        self.length = 0
+        self.pending = 0
+        self.recorded = False
+
+    def begin(self, num_tokens: int, record_steps: bool) -> int:
+        """Open a forward over num_tokens rows; returns their first position."""
+        if self.pending:
+            raise RuntimeError(f"{self.pending} rows of the previous forward are uncommitted")
+        if self.length + num_tokens > self.capacity:
+            raise ContextOverflowError(
+                f"context full: {self.length} + {num_tokens} tokens exceed the preallocated "
+                f"capacity of {self.capacity}")
+        if record_steps and num_tokens > self.max_steps:
+            raise ValueError(f"cannot record {num_tokens} steps; checkpoints hold "
+                             f"{self.max_steps}")
+        self.pending = num_tokens
+        self.recorded = record_steps
+        return self.length
+
+    def commit(self, n: int) -> None:
+        """Keep the first n rows of the last forward; roll the GDN state back if n is short."""
+        if not 0 < n <= self.pending:
+            raise ValueError(f"commit({n}) outside 1..{self.pending} pending rows")
+        if n < self.pending:
+            if not self.recorded:
+                raise RuntimeError("partial commit needs a forward with record_steps=True")
+            if self.gdn.state.shape[0]:
+                step = torch.full((self.gdn.state.shape[1],), n - 1, dtype=torch.long,
+                                  device=self.gdn.state.device)
+                dispatch.checkpoint_select(self.gdn.state, self.gdn.step_states,
+                                           self.gdn.conv, self.gdn.conv_rows, step,
+                                           self.pending)
+        self.length += n
+        self.pending = 0
+        self.recorded = False

@@ -1,0 +1,143 @@
+"""The engine: one loaded target model, its tokenizer and its preallocated inference state.
+
+`EngineConfig` says what to load and how much to preallocate; `Engine.load` does all the
+heavy work up front (weights, KV cache, GDN state, step checkpoints) and reports the bytes
+it holds. Requests that cannot fit are refused before prefill by `check_fits`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .cache import KV_DTYPES, ContextOverflowError, InferenceState
+from .checkpoint import Checkpoint, load_checkpoint
+from .config import ConfigError
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: str
+    dtype: str = "auto"          # auto | fp32 | bf16 | fp16  (auto: bf16 on CUDA, fp32 on CPU)
+    kv_dtype: str = "auto"       # auto | fp32 | bf16 | fp16 | fp8  (auto: the compute dtype)
+    device: str = "auto"         # auto | cpu | cuda[:N]
+    max_context: int = 4096      # prompt + generated tokens
+    prefill_chunk: int = 256
+    max_block: int = 16          # the largest verify block (speculative) the state must hold
+
+    def __post_init__(self) -> None:
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.kv_dtype != "auto" and self.kv_dtype not in KV_DTYPES:
+            raise ConfigError(
+                f"kv_dtype must be auto or one of {sorted(KV_DTYPES)}, got {self.kv_dtype!r}")
+        if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
+            raise ConfigError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        for name in ("max_context", "prefill_chunk", "max_block"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown engine setting(s) {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = torch.device(self.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device 'cuda' requested but no CUDA GPU is available")
+        return device
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return DTYPES[self.dtype]
+
+    def resolve_kv_dtype(self, compute: torch.dtype) -> torch.dtype:
+        return compute if self.kv_dtype == "auto" else KV_DTYPES[self.kv_dtype]
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    weights: int
+    kv_cache: int
+    gdn_state: int
+    checkpoints: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.gdn_state + self.checkpoints
+
+    def as_dict(self) -> dict[str, int]:
+        return {"weights": self.weights, "kv_cache": self.kv_cache,
+                "gdn_state": self.gdn_state, "checkpoints": self.checkpoints,
+                "total": self.total}
+
+    def __str__(self) -> str:
+        mib = 1 << 20
+        return (f"weights {self.weights / mib:.1f} MiB, KV {self.kv_cache / mib:.1f} MiB, "
+                f"GDN state {self.gdn_state / mib:.1f} MiB, step checkpoints "
+                f"{self.checkpoints / mib:.1f} MiB, total {self.total / mib:.1f} MiB")
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, checkpoint: Checkpoint, state: InferenceState,
+                 device: torch.device, dtype: torch.dtype):
+        self.config = config
+        self.checkpoint = checkpoint
+        self.model = checkpoint.model
+        self.model_config = checkpoint.config
+        self.tokenizer = checkpoint.tokenizer
+        self.state = state
+        self.device = device
+        self.dtype = dtype
+
+    @classmethod
+    def load(cls, config: EngineConfig) -> Engine:
+        device = config.resolve_device()
+        dtype = config.resolve_dtype(device)
+        checkpoint = load_checkpoint(Path(config.model_path), dtype=dtype, device=device)
+        state = InferenceState(checkpoint.config, capacity=config.max_context + config.max_block,
+                               max_steps=config.max_block,
+                               kv_dtype=config.resolve_kv_dtype(dtype), compute_dtype=dtype,
+                               device=device)
+        engine = cls(config, checkpoint, state, device, dtype)
+        log.info("loaded %s on %s (%s): %s", config.model_path, device, dtype, engine.memory)
+        return engine
+
+    @property
+    def memory(self) -> MemoryReport:
+        held = self.state.nbytes
+        return MemoryReport(weights=self.checkpoint.weight_bytes, kv_cache=held.kv,
+                            gdn_state=held.gdn_state, checkpoints=held.checkpoints)
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Refuse, before any work, a request the preallocated context cannot hold."""
+        if prompt_tokens == 0:
+            raise ValueError("the prompt is empty")
+        needed = prompt_tokens + max_new_tokens
+        if needed > self.config.max_context:
+            raise ContextOverflowError(
+                f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) = "
+                f"{needed} exceeds max_context {self.config.max_context}")
+
+    def eos_ids(self) -> tuple[int, ...]:
+        ids = set(self.model_config.eos_token_ids)
+        tok = self.tokenizer
+        if tok is not None and getattr(tok, "eos_token_id", None) is not None:
+            ids.add(tok.eos_token_id)
+        return tuple(sorted(ids))

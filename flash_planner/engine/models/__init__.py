@@ -1,0 +1,1 @@
+"""Target and drafter modules, written in plain torch with HF parameter names."""

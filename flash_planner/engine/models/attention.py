@@ -1,0 +1,67 @@
+"""Full (softmax) attention layer: Qwen3 plain, or Qwen3.5 gated with partial RoPE.
+
+Split for segment export: `pre` (projections + per-head norms, dense), `mix` (RoPE, KV cache
+write, attention over the cache), `post` (output gate + o_proj, dense).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ModelConfig
+from .context import ForwardContext
+from .layers import RMSNorm, apply_rope
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        self.gated = cfg.attn_output_gate
+        q_out = cfg.num_heads * cfg.head_dim * (2 if self.gated else 1)
+        kv_out = cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, q_out, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv_out, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv_out, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.zero_centred_norm)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.zero_centred_norm)
+
+    def pre(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """h [B, T, hidden] -> (q [B,T,H,D], k [B,T,Hkv,D], v [B,T,Hkv,D], gate [B,T,H*D])."""
+        b, t, _ = h.shape
+        q = self.q_proj(h)
+        if self.gated:
+            q, gate = q.view(b, t, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(b, t, self.num_heads * self.head_dim)
+        else:
+            q = q.view(b, t, self.num_heads, self.head_dim)
+            gate = q.new_zeros(0)
+        k = self.k_proj(h).view(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(h).view(b, t, self.num_kv_heads, self.head_dim)
+        return self.q_norm(q), self.k_norm(k), v, gate
+
+    def mix(self, inputs: tuple[torch.Tensor, ...], ctx: ForwardContext) -> torch.Tensor:
+        """Causal attention of the block over the cached prefix and itself -> [B, T, H*D]."""
+        q, k, v, _ = inputs
+        b, t = q.shape[:2]
+        q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
+        kv = ctx.state.kv
+        kv.append(self.layer_idx, k, v, ctx.start)
+        keys, values = kv.read(self.layer_idx, ctx.start + t)          # [B, L, Hkv, D]
+        key_pos = torch.arange(ctx.start + t, device=q.device)
+        mask = key_pos[None, :] <= ctx.positions[0, :, None]           # [T, L]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+            attn_mask=mask, scale=self.head_dim ** -0.5,
+            enable_gqa=self.num_heads != self.num_kv_heads)            # [B, H, T, D]
+        return out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
+
+    def post(self, core: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        if self.gated:
+            core = core * torch.sigmoid(inputs[3])
+        return self.o_proj(core)

@@ -1,0 +1,72 @@
+"""Dense building blocks shared by the target models: norms, MLP, rotary embedding."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm in float32. Zero-centred (Qwen3.5): x_hat * (1 + w); plain (Qwen3): w * x_hat."""
+
+    def __init__(self, dim: int, eps: float, zero_centred: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centred else torch.ones(dim))
+        self.eps = eps
+        self.zero_centred = zero_centred
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.zero_centred:
+            return (xf * (1.0 + self.weight.float())).type_as(x)
+        return self.weight * xf.type_as(x)
+
+
+class GatedRMSNorm(nn.Module):
+    """The GDN output norm: w * rmsnorm(o) * silu(z), per value head."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        of = o.float()
+        of = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = (self.weight * of.to(o.dtype)) * F.silu(z.float())
+        return out.to(o.dtype)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, T, rotary_dim] for integer positions [B, T] (neox half-split layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32,
+                                             device=positions.device) / rotary_dim))
+    freqs = positions.float()[..., None] * inv_freq                   # [B, T, rotary_dim/2]
+    emb = torch.cat((freqs, freqs), dim=-1)                           # [B, T, rotary_dim]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first cos.shape[-1] dims of x [B, T, H, D]; the rest pass through."""
+    r = cos.shape[-1]
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]                 # [B, T, 1, r]
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    x1, x2 = x_rot[..., : r // 2], x_rot[..., r // 2:]
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return torch.cat((x_rot * cos + rotated * sin, x_pass), dim=-1)

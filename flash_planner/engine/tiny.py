@@ -1,0 +1,126 @@
+"""Tiny random-weight checkpoints in genuine Hugging Face format, for smoke runs and tests.
+
+The weights are written by transformers' own `save_pretrained` and the tokenizer is a real
+byte-level BPE trained here with `tokenizers`, so loading goes through exactly the path a
+downloaded checkpoint takes. Kinds: `hybrid` (Qwen3_5ForCausalLM, text-only), `hybrid_vl`
+(Qwen3_5ForConditionalGeneration, text under model.language_model), `dense` (Qwen3ForCausalLM).
+Sizes: `tiny` (~0.1M parameters) and `bench` (~60M parameters, a decode benchmark config).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+KINDS = ("hybrid", "hybrid_vl", "dense")
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
+)
+CORPUS = [
+    "pick up the red cup and place it on the kitchen table",
+    "navigate to the charging dock and wait for five seconds",
+    "open the top drawer, take the blue screwdriver, close the drawer",
+    'say "hello" to the operator, then move the green box to shelf 3',
+    '{"plan": [{"skill": "navigate_to", "args": {"target": "table"}}]}',
+    "The robot should first find the object, then grasp it carefully.",
+]
+
+SIZES = {
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                 linear_value_head_dim=16, vocab=384),
+    "bench": dict(hidden_size=640, intermediate_size=1792, num_hidden_layers=12,
+                  num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                  linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64,
+                  linear_value_head_dim=64, vocab=4096),
+}
+
+
+def write_tokenizer(path: Path, vocab_size: int) -> int:
+    """Train a byte-level BPE on a small corpus and save it as a transformers tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(CORPUS * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>",
+                                   additional_special_tokens=SPECIAL_TOKENS[1:])
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(path))
+    return len(fast)
+
+
+def _hf_config(kind: str, size: str, vocab: int, eos: int, rotary: float):
+    from transformers import Qwen3_5Config, Qwen3_5TextConfig, Qwen3Config
+
+    dims = dict(SIZES[size])
+    dims.pop("vocab")
+    common = dict(vocab_size=vocab, rms_norm_eps=1e-6, eos_token_id=eos, pad_token_id=0,
+                  max_position_embeddings=4096, initializer_range=0.08,
+                  tie_word_embeddings=False)
+    if kind == "dense":
+        for key in [k for k in dims if k.startswith("linear_")]:
+            dims.pop(key)
+        return Qwen3Config(**common, **dims, rope_parameters={"rope_type": "default",
+                                                               "rope_theta": 10000.0})
+    rotary_pairs = int(dims["head_dim"] * rotary) // 2
+    third = rotary_pairs // 3
+    text = dict(**common, **dims, linear_conv_kernel_dim=4,
+                layer_types=["linear_attention", "full_attention"] * (
+                    dims["num_hidden_layers"] // 2),
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "partial_rotary_factor": rotary,
+                                 "mrope_section": [rotary_pairs - 2 * third, third, third]})
+    if kind == "hybrid":
+        return Qwen3_5TextConfig(**text)
+    vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64,
+                  out_hidden_size=dims["hidden_size"], patch_size=4, temporal_patch_size=2,
+                  spatial_merge_size=2, num_position_embeddings=16)
+    return Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
+
+
+def _perturb(model: torch.nn.Module, seed: int) -> None:
+    """Give norms and GDN gates non-trivial values (their defaults are 0/1 constants)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(("dt_bias", "A_log")):
+                p.add_(torch.randn(p.shape, generator=gen) * 0.2)
+
+
+def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "tiny",
+                          seed: int = 0, max_shard_size: str | None = None,
+                          rotary: float = 0.5) -> Path:
+    """Write a random-weight checkpoint + tokenizer to `path` and return it."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3ForCausalLM
+
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {tuple(SIZES)}, got {size!r}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    n_tok = write_tokenizer(path, vocab_size=min(SIZES[size]["vocab"], 512) - 16)
+    vocab = max(SIZES[size]["vocab"], n_tok)
+    eos = SPECIAL_TOKENS.index("<|im_end|>")
+    torch.manual_seed(seed)
+    cfg = _hf_config(kind, size, vocab, eos, rotary)
+    cls = {"hybrid": Qwen3_5ForCausalLM, "hybrid_vl": Qwen3_5ForConditionalGeneration,
+           "dense": Qwen3ForCausalLM}[kind]
+    model = cls(cfg).eval()
+    _perturb(model, seed)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(str(path), **kwargs)
+    return path

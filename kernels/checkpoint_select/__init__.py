@@ -1,0 +1,1 @@
+"""Rollback: select the recurrent and conv state recorded after the accepted step."""

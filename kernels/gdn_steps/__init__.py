@@ -1,0 +1,1 @@
+"""Gated delta rule over a short block, emitting the state after every step."""

@@ -1,0 +1,51 @@
+"""Shared factories: tiny random checkpoints written by transformers' own save_pretrained."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flash_planner.engine.engine import Engine, EngineConfig
+from flash_planner.engine.tiny import write_tiny_checkpoint
+
+CUDA = torch.cuda.is_available()
+
+@pytest.fixture(scope="session", autouse=True)
+def _quiet_transformers():
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """kind -> directory, written once per session (hybrid, hybrid_vl, dense)."""
+    cache: dict[str, object] = {}
+
+    def get(kind: str, **kwargs):
+        key = kind + repr(sorted(kwargs.items()))
+        if key not in cache:
+            path = tmp_path_factory.mktemp(kind)
+            cache[key] = write_tiny_checkpoint(path, kind=kind, **kwargs)
+        return cache[key]
+
+    return get
+
+@pytest.fixture(scope="session")
+def hybrid_dir(checkpoints):
+    return checkpoints("hybrid")
+
+@pytest.fixture(scope="session")
+def dense_dir(checkpoints):
+    return checkpoints("dense")
+
+@pytest.fixture(scope="session")
+def make_engine():
+    """Load an Engine from a checkpoint directory; keyword arguments override EngineConfig."""
+
+    def make(path, **overrides) -> Engine:
+        settings = dict(model_path=str(path), device="cpu", dtype="fp32", max_context=512)
+        settings.update(overrides)
+        return Engine.load(EngineConfig(**settings))
+
+    return make

@@ -1,0 +1,87 @@
+"""Our models against transformers' reference implementation on the same checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import CUDA
+from transformers import AutoModelForCausalLM, Qwen3_5ForConditionalGeneration
+
+from flash_planner.engine.cache import InferenceState
+from flash_planner.engine.checkpoint import load_checkpoint
+from flash_planner.engine.generate import GenerationSettings, generate
+
+KINDS = ["hybrid", "hybrid_vl", "dense"]
+TOL = {torch.float32: 1e-4, torch.bfloat16: 0.15}
+
+
+def _reference(path, kind, device, dtype):
+    cls = Qwen3_5ForConditionalGeneration if kind == "hybrid_vl" else AutoModelForCausalLM
+    return cls.from_pretrained(str(path), dtype=dtype).to(device).eval()
+
+
+def _state(ckpt, device, dtype, capacity=256):
+    return InferenceState(ckpt.config, capacity, 16, dtype, dtype, torch.device(device))
+
+
+# CPU runs fp32 (the engine's CPU default); CUDA runs both fp32 and bf16.
+PLACES = [("cpu", torch.float32)] + [
+    pytest.param("cuda", dt, marks=pytest.mark.skipif(not CUDA, reason="no CUDA GPU"),
+                 id=f"cuda-{name}") for dt, name in ((torch.float32, "fp32"),
+                                                    (torch.bfloat16, "bf16"))]
+
+
+@pytest.mark.parametrize("device,dtype", PLACES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_prefill_logits_and_taps_match_transformers(checkpoints, kind, dtype, device):
+    path = checkpoints(kind)
+    ckpt = load_checkpoint(path, dtype=dtype, device=device)
+    n = ckpt.config.num_layers
+    ids = torch.randint(0, ckpt.config.vocab_size, (1, 24), generator=torch.Generator()
+                        .manual_seed(1)).to(device)
+    out = ckpt.model(ids, _state(ckpt, device, dtype), all_logits=True,
+                     taps=tuple(range(n)))
+    with torch.no_grad():
+        ref = _reference(path, kind, device, dtype)(input_ids=ids, output_hidden_states=True)
+    tol = TOL[dtype]
+    assert (out.logits - ref.logits.float()).abs().max().item() <= tol
+    for layer in range(n - 1):  # hidden_states[L+1] is the output of decoder layer L
+        diff = (out.taps[layer] - ref.hidden_states[layer + 1]).float().abs().max().item()
+        assert diff <= tol * 10, f"tap {layer}: {diff}"
+    # transformers' last hidden_states entry is after the final norm
+    last = ckpt.model.norm(out.taps[n - 1])
+    assert (last - ref.hidden_states[n]).float().abs().max().item() <= tol * 10
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "dense"])
+def test_chunked_prefill_and_stepwise_decode_match_full_forward(checkpoints, kind):
+    ckpt = load_checkpoint(checkpoints(kind))
+    ids = torch.randint(0, ckpt.config.vocab_size, (1, 30),
+                        generator=torch.Generator().manual_seed(2))
+    state = _state(ckpt, "cpu", torch.float32)
+    full = ckpt.model(ids, state, all_logits=True).logits[0]
+    state.reset()
+    for start in range(0, 18, 7):  # chunks of 7, 7, 4
+        piece = ids[:, start:min(start + 7, 18)]
+        out = ckpt.model(piece, state, all_logits=True).logits[0]
+        state.commit(piece.shape[1])
+        assert (out - full[start:start + piece.shape[1]]).abs().max() <= 1e-4
+    for t in range(18, 30):
+        out = ckpt.model(ids[:, t:t + 1], state).logits[0, -1]
+        state.commit(1)
+        assert (out - full[t]).abs().max() <= 1e-4, f"decode step {t}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_generation_equals_transformers_generate(checkpoints, make_engine, kind):
+    path = checkpoints(kind)
+    engine = make_engine(path, prefill_chunk=5)
+    prompt = engine.tokenizer.encode("pick up the red cup", add_special_tokens=False)
+    result = generate(engine, prompt, GenerationSettings(max_new_tokens=32))
+    hf = _reference(path, kind, "cpu", torch.float32)
+    with torch.no_grad():  # both stop at EOS and include it
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
+                          pad_token_id=0)
+    assert result.token_ids == ref[0, len(prompt):].tolist()
+    expected = "eos" if result.token_ids[-1] in engine.eos_ids() else "length"
+    assert result.finish_reason == expected
