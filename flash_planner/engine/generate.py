@@ -109,9 +109,12 @@ class TextStream:
             return ""
         return self.tokenizer.decode(self.ids, skip_special_tokens=True)
 
-    def push(self, ids: list[int]) -> str:
+    def push(self, ids: list[int], final: bool = False) -> str:
+        """New text after `ids`; until `final`, a trailing incomplete character waits."""
         self.ids.extend(ids)
-        text = self.text().rstrip("\ufffd")  # an incomplete UTF-8 sequence so far
+        text = self.text()
+        if not final:
+            text = text.rstrip("\ufffd")  # may be a multi-byte character cut short
         delta, self.emitted = text[len(self.emitted):], text
         return delta
 
@@ -148,6 +151,14 @@ class StopRules:
         return None
 
 
+def _interrupted(cancel: CancelToken | None, deadline: float | None) -> str | None:
+    if cancel is not None and cancel.cancelled:
+        return "cancelled"
+    if deadline is not None and time.monotonic() > deadline:
+        return "deadline"
+    return None
+
+
 def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
              settings: GenerationSettings | None = None,
              on_token: TokenCallback | None = None,
@@ -170,19 +181,20 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
     new = [int(logits.argmax())]
     stats.ttft_ms = now_ms() - t0
     t_first = now_ms()
+    def emit(ids: list[int], final: bool) -> None:
+        delta = stream.push(ids, final)
+        if on_token is not None and (ids or delta):
+            on_token(ids, delta)
+
     while True:
         keep, reason = rules.first_stop(published, new)
         published.extend(new[:keep])
-        delta = stream.push(new[:keep])
-        if on_token is not None and keep:
-            on_token(new[:keep], delta)
+        emit(new[:keep], final=reason is not None)
+        if reason is None:  # checked after the callback, before the next forward
+            reason = _interrupted(cancel, deadline)
+            if reason is not None:
+                emit([], final=True)
         if reason is not None:
-            break
-        if cancel is not None and cancel.cancelled:
-            reason = "cancelled"
-            break
-        if deadline is not None and time.monotonic() > deadline:
-            reason = "deadline"
             break
         step = torch.tensor([[published[-1]]], dtype=torch.long, device=engine.device)
         logits = model(step, state).logits

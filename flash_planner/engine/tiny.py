@@ -34,11 +34,11 @@ SIZES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                  linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                 linear_value_head_dim=16, vocab=384),
+                 linear_value_head_dim=16, vocab=384, init=0.08),
     "bench": dict(hidden_size=640, intermediate_size=1792, num_hidden_layers=12,
                   num_attention_heads=8, num_key_value_heads=2, head_dim=64,
                   linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64,
-                  linear_value_head_dim=64, vocab=4096),
+                  linear_value_head_dim=64, vocab=4096, init=0.03),
 }
 
 
@@ -62,13 +62,14 @@ def write_tokenizer(path: Path, vocab_size: int) -> int:
     return len(fast)
 
 
-def _hf_config(kind: str, size: str, vocab: int, eos: int, rotary: float):
+def _hf_config(kind: str, size: str, vocab: int, eos: int, rotary: float, init: float | None):
     from transformers import Qwen3_5Config, Qwen3_5TextConfig, Qwen3Config
 
     dims = dict(SIZES[size])
     dims.pop("vocab")
+    default_init = dims.pop("init")
     common = dict(vocab_size=vocab, rms_norm_eps=1e-6, eos_token_id=eos, pad_token_id=0,
-                  max_position_embeddings=4096, initializer_range=0.08,
+                  max_position_embeddings=4096, initializer_range=init or default_init,
                   tie_word_embeddings=False)
     if kind == "dense":
         for key in [k for k in dims if k.startswith("linear_")]:
@@ -102,8 +103,12 @@ def _perturb(model: torch.nn.Module, seed: int) -> None:
 
 def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "tiny",
                           seed: int = 0, max_shard_size: str | None = None,
-                          rotary: float = 0.5) -> Path:
-    """Write a random-weight checkpoint + tokenizer to `path` and return it."""
+                          rotary: float = 0.5, init: float | None = None) -> Path:
+    """Write a random-weight checkpoint + tokenizer to `path` and return it.
+
+    init: the weights' initializer_range (default per size). Larger values give logits a
+    wider spread, closer to a trained LM's (0.25 gives logit std ~2 on `tiny`).
+    """
     from transformers import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3ForCausalLM
 
     if kind not in KINDS:
@@ -116,7 +121,7 @@ def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "t
     vocab = max(SIZES[size]["vocab"], n_tok)
     eos = SPECIAL_TOKENS.index("<|im_end|>")
     torch.manual_seed(seed)
-    cfg = _hf_config(kind, size, vocab, eos, rotary)
+    cfg = _hf_config(kind, size, vocab, eos, rotary, init)
     cls = {"hybrid": Qwen3_5ForCausalLM, "hybrid_vl": Qwen3_5ForConditionalGeneration,
            "dense": Qwen3ForCausalLM}[kind]
     model = cls(cfg).eval()

@@ -1,0 +1,48 @@
+"""The gated delta rule reference against transformers' torch implementation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
+
+from flash_planner.kernels.gdn_steps.reference import gdn_steps
+
+
+def _inputs(b, t, hk, hv, dk, dv, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, t, hk, dk, generator=gen)
+    k = torch.randn(b, t, hk, dk, generator=gen)
+    v = torch.randn(b, t, hv, dv, generator=gen)
+    g = -torch.rand(b, t, hv, generator=gen) * 2          # log decay, <= 0
+    beta = torch.rand(b, t, hv, generator=gen)
+    state = torch.randn(b, hv, dk, dv, generator=gen) * 0.1
+    return q, k, v, g, beta, state
+
+
+@pytest.mark.parametrize("b,t,hk,hv,dk,dv", [
+    (1, 1, 2, 4, 16, 16), (2, 7, 2, 2, 24, 20), (1, 16, 4, 8, 32, 48), (1, 40, 1, 3, 8, 8)],
+    ids=["S1", "S7-nonpow2", "S16-gqa", "S40-prefill"])
+def test_matches_transformers_recurrent_form(b, t, hk, hv, dk, dv):
+    q, k, v, g, beta, state = _inputs(b, t, hk, hv, dk, dv)
+    ref_out, ref_state = torch_recurrent_gated_delta_rule(
+        q, k, v, g, beta, initial_state=state.clone(), output_final_state=True,
+        use_qk_l2norm_in_kernel=True)
+    live = state.clone()
+    out = gdn_steps(q, k, v, g, beta, live)
+    assert (out - ref_out).abs().max() <= 1e-5
+    assert (live - ref_state).abs().max() <= 1e-5
+
+
+def test_step_states_equal_one_token_at_a_time():
+    q, k, v, g, beta, state = _inputs(1, 9, 2, 4, 16, 12, seed=1)
+    steps = torch.zeros(1, 16, 4, 16, 12)
+    block_state = state.clone()
+    out = gdn_steps(q, k, v, g, beta, block_state, steps)
+    live = state.clone()
+    for i in range(9):
+        o = gdn_steps(q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1], g[:, i:i + 1],
+                      beta[:, i:i + 1], live)
+        assert torch.allclose(o[:, 0], out[:, i], atol=1e-6)
+        assert torch.allclose(steps[:, i], live, atol=1e-6), f"step {i}"
+    assert torch.equal(block_state, steps[:, 8])

@@ -1,0 +1,65 @@
+"""`flash-planner generate`: its JSON contract and one-line errors with exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from flash_planner.cli import main
+
+
+def test_generate_json_contract(hybrid_dir, capsys):
+    code = main(["generate", "--model", str(hybrid_dir), "--prompt", "pick up the cup",
+                 "--max-new-tokens", "9", "--ignore-eos", "--json", "--device", "cpu"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["token_ids"]) == 9
+    assert out["finish_reason"] == "length"
+    for key in ("prompt_tokens", "new_tokens", "ttft_ms", "decode_tokens_per_s", "total_ms"):
+        assert key in out["stats"], key
+    assert out["stats"]["new_tokens"] == 9
+    assert out["memory_bytes"]["total"] > 0
+
+
+def test_generate_prompt_ids_and_kv_fp8(hybrid_dir, capsys):
+    code = main(["generate", "--model", str(hybrid_dir), "--prompt-ids", "5,6,7,8",
+                 "--max-new-tokens", "4", "--ignore-eos", "--kv-dtype", "fp8", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["prompt_tokens"] == 4 and len(out["token_ids"]) == 4
+
+
+def test_plain_output_streams_text_and_summary(hybrid_dir, capsys):
+    assert main(["generate", "--model", str(hybrid_dir), "--prompt", "open the drawer",
+                 "--max-new-tokens", "5", "--ignore-eos"]) == 0
+    out = capsys.readouterr().out
+    assert "5 new tokens" in out and "finish=length" in out and "tok/s" in out
+
+
+@pytest.mark.parametrize("args,match", [
+    (["generate", "--model", "/no/such/dir", "--prompt", "x"], "does not exist"),
+    (["generate", "--model", "{model}", "--prompt-ids", "1,x"], "comma-separated integers"),
+    (["generate", "--model", "{model}", "--prompt-ids", "1,99999"], "outside the vocabulary"),
+    (["generate", "--model", "{model}", "--prompt", "x", "--max-context", "4",
+      "--max-new-tokens", "8"], "exceeds max_context"),
+    (["generate", "--model", "{model}"], "one of the arguments --prompt --prompt-ids"),
+    (["generate", "--model", "{model}", "--prompt", "x", "--dtype", "fp64"], "invalid choice"),
+])
+def test_errors_are_one_line_with_exit_2(hybrid_dir, capsys, args, match):
+    args = [a.replace("{model}", str(hybrid_dir)) for a in args]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert match in err
+    assert "\n" not in err and "Traceback" not in err
+
+
+def test_console_entry_point_reports_bad_model_without_traceback(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    proc = subprocess.run([sys.executable, "-m", "flash_planner.cli", "generate", "--model",
+                           str(tmp_path), "--prompt", "hi"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "model_type 'gpt2' is not supported" in proc.stderr
+    assert "Traceback" not in proc.stderr
