@@ -50,6 +50,20 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--prefill-chunk", type=int, default=256)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    spec = p.add_argument_group("speculative decoding")
+    spec.add_argument("--drafter", metavar="DIR", help="DFlash drafter directory (turns "
+                      "speculation on)")
+    spec.add_argument("--no-spec", action="store_true", help="plain decoding even with a "
+                      "drafter")
+    spec.add_argument("--block-size", type=int, help="verify block: anchor + drafts "
+                      "(default: the drafter's)")
+    spec.add_argument("--window", type=int, default=128, help="drafter context window")
+    spec.add_argument("--no-window-seed", action="store_true",
+                      help="do not seed the drafter window from the prompt")
+    spec.add_argument("--relaxed-thinking", action="store_true",
+                      help="relaxed acceptance inside <think> ... </think>")
+    spec.add_argument("--relaxed-topk", type=int, default=3)
+    spec.add_argument("--relaxed-delta", type=float, default=1.0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,11 +88,18 @@ def _run(args: argparse.Namespace, model_path: str) -> int:
     from .engine.engine import Engine, EngineConfig
     from .engine.generate import GenerationSettings, generate
 
+    block = args.block_size
     config = EngineConfig(model_path=model_path, dtype=args.dtype, kv_dtype=args.kv_dtype,
                           device=args.device, max_context=args.max_context,
-                          prefill_chunk=args.prefill_chunk)
+                          prefill_chunk=args.prefill_chunk, drafter_path=args.drafter,
+                          block_size=block, max_block=max(16, block or 0),
+                          window=args.window, window_seed=not args.no_window_seed)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens,
-                                  ignore_eos=args.ignore_eos, stop_strings=tuple(args.stop))
+                                  ignore_eos=args.ignore_eos, stop_strings=tuple(args.stop),
+                                  speculative=not args.no_spec,
+                                  relaxed_thinking=args.relaxed_thinking,
+                                  relaxed_topk=args.relaxed_topk,
+                                  relaxed_delta=args.relaxed_delta)
     engine = Engine.load(config)
     prompt = args.prompt_ids if getattr(args, "prompt_ids", None) else args.prompt
     if getattr(args, "chat", False):
@@ -92,9 +113,13 @@ def _run(args: argparse.Namespace, model_path: str) -> int:
                           "memory_bytes": engine.memory.as_dict()}))
     else:
         s = result.stats
+        spec = ""
+        if s.drafted:
+            spec = (f", {s.tokens_per_cycle:.2f} tokens/cycle "
+                    f"(mean accepted {s.mean_accepted:.2f})")
         print(f"\n[{s.prompt_tokens} prompt + {s.new_tokens} new tokens, "
               f"finish={result.finish_reason}, TTFT {s.ttft_ms:.1f} ms, "
-              f"{s.decode_tokens_per_s:.1f} tok/s, total {s.total_ms:.1f} ms; "
+              f"{s.decode_tokens_per_s:.1f} tok/s{spec}, total {s.total_ms:.1f} ms; "
               f"{engine.memory}]")
     return EXIT_OK
 

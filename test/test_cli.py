@@ -63,3 +63,47 @@ def test_console_entry_point_reports_bad_model_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert "model_type 'gpt2' is not supported" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(tmp_path_factory, hybrid_dir):
+    from flash_planner.engine.tiny import write_tiny_drafter
+
+    return write_tiny_drafter(tmp_path_factory.mktemp("drafter"), hybrid_dir)
+
+
+def _json_run(capsys, args):
+    assert main(args + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_generate_with_drafter_reports_speculative_stats(hybrid_dir, drafter_dir, capsys):
+    base = ["generate", "--model", str(hybrid_dir), "--prompt", "pick up the cup",
+            "--max-new-tokens", "20", "--ignore-eos"]
+    plain = _json_run(capsys, base)
+    spec = _json_run(capsys, base + ["--drafter", str(drafter_dir), "--block-size", "4",
+                                     "--window", "32", "--no-window-seed"])
+    off = _json_run(capsys, base + ["--drafter", str(drafter_dir), "--no-spec"])
+    relaxed = _json_run(capsys, base + ["--drafter", str(drafter_dir), "--relaxed-thinking",
+                                        "--relaxed-topk", "2", "--relaxed-delta", "0.5"])
+    assert spec["token_ids"] == plain["token_ids"] == off["token_ids"]
+    stats = spec["stats"]
+    assert stats["cycles"] == 19 and stats["drafted"] > 19
+    for key in ("mean_accepted", "tokens_per_cycle", "accept_hist", "phase_ms_per_cycle"):
+        assert key in stats
+    assert set(stats["phase_ms_per_cycle"]) == {"draft", "verify", "accept", "commit", "other"}
+    assert off["stats"]["drafted"] == 0
+    assert len(relaxed["token_ids"]) == 20
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--drafter", "/no/such/drafter"], "drafter directory /no/such/drafter does not exist"),
+    (["--block-size", "1", "--drafter", "{drafter}"], "block_size must be within"),
+    (["--relaxed-topk", "0", "--relaxed-thinking"], "relaxed_topk must be >= 1"),
+])
+def test_speculative_usage_errors(hybrid_dir, drafter_dir, capsys, extra, match):
+    args = ["generate", "--model", str(hybrid_dir), "--prompt", "x"]
+    args += [a.replace("{drafter}", str(drafter_dir)) for a in extra]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert match in err and "\n" not in err

@@ -17,6 +17,8 @@ import torch
 from .cache import KV_DTYPES, ContextOverflowError, InferenceState
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import ConfigError
+from .models.dflash import load_drafter
+from .proposer import DFlashProposer, Proposer
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,10 @@ class EngineConfig:
     max_context: int = 4096      # prompt + generated tokens
     prefill_chunk: int = 256
     max_block: int = 16          # the largest verify block (speculative) the state must hold
+    drafter_path: str | None = None   # a DFlash drafter directory; None = plain decoding
+    block_size: int | None = None     # verify block (anchor + drafts); None = the drafter's
+    window: int = 128                 # drafter context window, committed tokens
+    window_seed: bool = True          # seed the window from the prompt's tail at prefill
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -41,7 +47,10 @@ class EngineConfig:
                 f"kv_dtype must be auto or one of {sorted(KV_DTYPES)}, got {self.kv_dtype!r}")
         if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
             raise ConfigError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
-        for name in ("max_context", "prefill_chunk", "max_block"):
+        if self.block_size is not None and not 2 <= self.block_size <= self.max_block:
+            raise ConfigError(f"block_size must be within 2..max_block ({self.max_block}), "
+                              f"got {self.block_size!r}")
+        for name in ("max_context", "prefill_chunk", "max_block", "window"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -96,7 +105,7 @@ class MemoryReport:
 
 class Engine:
     def __init__(self, config: EngineConfig, checkpoint: Checkpoint, state: InferenceState,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, proposer: Proposer | None = None):
         self.config = config
         self.checkpoint = checkpoint
         self.model = checkpoint.model
@@ -105,17 +114,29 @@ class Engine:
         self.state = state
         self.device = device
         self.dtype = dtype
+        self.proposer = proposer
 
     @classmethod
     def load(cls, config: EngineConfig) -> Engine:
         device = config.resolve_device()
         dtype = config.resolve_dtype(device)
         checkpoint = load_checkpoint(Path(config.model_path), dtype=dtype, device=device)
+        proposer = None
+        if config.drafter_path:
+            drafter = load_drafter(config.drafter_path, checkpoint.config, dtype, device)
+            model = checkpoint.model
+            head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+            proposer = DFlashProposer(drafter, model.embed_tokens, head, window=config.window,
+                                      seed_window=config.window_seed,
+                                      block_size=config.block_size)
+            if proposer.block_size > config.max_block:
+                raise ConfigError(f"the drafter's block size {proposer.block_size} exceeds "
+                                  f"max_block {config.max_block}")
         state = InferenceState(checkpoint.config, capacity=config.max_context + config.max_block,
                                max_steps=config.max_block,
                                kv_dtype=config.resolve_kv_dtype(dtype), compute_dtype=dtype,
                                device=device)
-        engine = cls(config, checkpoint, state, device, dtype)
+        engine = cls(config, checkpoint, state, device, dtype, proposer)
         log.info("loaded %s on %s (%s): %s", config.model_path, device, dtype, engine.memory)
         return engine
 

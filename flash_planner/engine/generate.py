@@ -17,10 +17,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .acceptance import RelaxedThinking, StrictAcceptance
 from .engine import Engine
-from .telemetry import GenerationStats, now_ms
+from .proposer import Proposer
+from .speculative import commit_cycle, run_cycle
+from .telemetry import GenerationStats, PhaseTimer, now_ms
 
 FINISH_REASONS = ("eos", "length", "stop", "cancelled", "deadline")
+THINK_TOKENS = ("<think>", "</think>")
 TokenCallback = Callable[[list[int], str], None]
 
 
@@ -30,6 +34,12 @@ class GenerationSettings:
     ignore_eos: bool = False
     stop_strings: tuple[str, ...] = ()
     deadline_s: float | None = None     # wall-clock budget for the whole request
+    speculative: bool = True            # use the engine's drafter when it has one
+    relaxed_thinking: bool = False      # relaxed acceptance inside <think> ... </think>
+    relaxed_topk: int = 3
+    relaxed_delta: float = 1.0
+    enable_thinking: bool | None = None  # passed to the chat template for message prompts
+    profile_phases: bool = False        # exact per-phase split on CUDA (adds syncs)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
@@ -39,6 +49,10 @@ class GenerationSettings:
             raise ValueError(f"deadline_s must be positive, got {self.deadline_s!r}")
         if any(not s for s in self.stop_strings):
             raise ValueError("stop_strings must not contain an empty string")
+        if self.relaxed_topk < 1:
+            raise ValueError(f"relaxed_topk must be >= 1, got {self.relaxed_topk!r}")
+        if self.relaxed_delta < 0:
+            raise ValueError(f"relaxed_delta must be >= 0, got {self.relaxed_delta!r}")
 
 
 class CancelToken:
@@ -84,16 +98,27 @@ def encode_prompt(engine: Engine, prompt: Sequence[int] | str | list[dict],
     return ids
 
 
-def prefill(engine: Engine, ids: list[int]) -> torch.Tensor:
-    """Run the prompt in chunks of `prefill_chunk`; returns the last row's logits [vocab]."""
+def prefill(engine: Engine, ids: list[int], tap_ids: tuple[int, ...] = (), tail: int = 0
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run the prompt in chunks of `prefill_chunk`.
+
+    Returns the last row's logits [vocab] and, when tap_ids are given, the concatenated taps
+    [1, m, n_taps*hidden] of the prompt's last m = min(tail, len(ids)) tokens.
+    """
     chunk = engine.config.prefill_chunk
     tokens = torch.tensor([ids], dtype=torch.long, device=engine.device)
-    logits = None
+    tail_from = len(ids) - min(tail, len(ids))
+    logits, kept = None, []
     for start in range(0, len(ids), chunk):
         piece = tokens[:, start:start + chunk]
-        logits = engine.model(piece, engine.state).logits
+        want = tap_ids if tap_ids and start + piece.shape[1] > tail_from else ()
+        out = engine.model(piece, engine.state, taps=want)
         engine.state.commit(piece.shape[1])
-    return logits[0, -1]
+        logits = out.logits
+        if want:
+            kept.append(torch.cat(out.taps, dim=-1)[:, max(0, tail_from - start):])
+    taps = torch.cat(kept, dim=1) if kept else None
+    return logits[0, -1], taps
 
 
 class TextStream:
@@ -159,28 +184,58 @@ def _interrupted(cancel: CancelToken | None, deadline: float | None) -> str | No
     return None
 
 
+def make_policy(engine: Engine, settings: GenerationSettings):
+    if not settings.relaxed_thinking:
+        return StrictAcceptance()
+    tok = engine.tokenizer
+    ids = [tok.convert_tokens_to_ids(t) if tok is not None else None for t in THINK_TOKENS]
+    if tok is None or any(i is None or i == tok.unk_token_id for i in ids):
+        raise ValueError("relaxed thinking needs <think> and </think> tokens in the tokenizer")
+    return RelaxedThinking(ids[0], ids[1], settings.relaxed_topk, settings.relaxed_delta)
+
+
 def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
              settings: GenerationSettings | None = None,
              on_token: TokenCallback | None = None,
-             cancel: CancelToken | None = None) -> GenerationResult:
-    """Greedy decoding of `prompt`; see the module docstring for the contract."""
+             cancel: CancelToken | None = None,
+             proposer: Proposer | None = None,
+             policy: StrictAcceptance | RelaxedThinking | None = None) -> GenerationResult:
+    """Greedy decoding of `prompt`, speculative when a proposer is available.
+
+    `proposer` overrides the engine's own (tests and benchmarks pass a replay proposer);
+    `policy` overrides the acceptance policy the settings describe.
+    """
     settings = settings or GenerationSettings()
     t0 = now_ms()
     deadline = None if settings.deadline_s is None else time.monotonic() + settings.deadline_s
-    ids = encode_prompt(engine, prompt)
+    ids = encode_prompt(engine, prompt, settings.enable_thinking)
     engine.check_fits(len(ids), settings.max_new_tokens)
+    if proposer is None and settings.speculative:
+        proposer = engine.proposer
+    if not settings.speculative:
+        proposer = None
+    if proposer is not None and proposer.block_size > engine.config.max_block:
+        raise ValueError(f"block size {proposer.block_size} exceeds the engine's max_block "
+                         f"{engine.config.max_block}")
+    policy = policy or make_policy(engine, settings)
+    policy.reset(ids)
     stats = GenerationStats(prompt_tokens=len(ids))
-    state, model = engine.state, engine.model
-    state.reset()
-    logits = prefill(engine, ids)
+    timer = PhaseTimer(sync=settings.profile_phases)
+    engine.state.reset()
+    tap_ids = proposer.tap_ids if proposer is not None else ()
+    logits, taps = prefill(engine, ids, tap_ids, proposer.seed_rows if proposer else 0)
+    if proposer is not None:
+        proposer.begin(ids, taps)
     stats.prefill_ms = now_ms() - t0
     rules = StopRules(settings, engine.eos_ids(), engine.tokenizer)
     stream = TextStream(engine.tokenizer)
     published: list[int] = []
-    reason = None
     new = [int(logits.argmax())]
+    policy.observe(new)
     stats.ttft_ms = now_ms() - t0
     t_first = now_ms()
+    cycle = None
+
     def emit(ids: list[int], final: bool) -> None:
         delta = stream.push(ids, final)
         if on_token is not None and (ids or delta):
@@ -189,6 +244,8 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
     while True:
         keep, reason = rules.first_stop(published, new)
         published.extend(new[:keep])
+        if cycle is not None:
+            commit_cycle(engine.state, cycle, keep, proposer, policy, timer)
         emit(new[:keep], final=reason is not None)
         if reason is None:  # checked after the callback, before the next forward
             reason = _interrupted(cancel, deadline)
@@ -196,11 +253,14 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
                 emit([], final=True)
         if reason is not None:
             break
-        step = torch.tensor([[published[-1]]], dtype=torch.long, device=engine.device)
-        logits = model(step, state).logits
-        state.commit(1)
-        new = [int(logits[0, -1].argmax())]  # one host sync per token: the loop needs it
+        remaining = settings.max_new_tokens - len(published)
+        drafts = 0 if proposer is None else min(proposer.block_size - 1, remaining - 1)
+        cycle = run_cycle(engine.model, engine.state, published[-1], proposer, policy,
+                          drafts, timer)
+        stats.record_cycle(cycle.drafted, cycle.accepted)
+        new = cycle.tokens
     stats.new_tokens = len(published)
     stats.decode_ms = now_ms() - t_first
     stats.total_ms = now_ms() - t0
+    stats.phase_ms = dict(timer.ms)
     return GenerationResult(published, stream.text(), reason, stats)

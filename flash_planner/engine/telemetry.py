@@ -3,11 +3,37 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+PHASES = ("draft", "verify", "accept", "commit")
 
 
 def now_ms() -> float:
     return time.perf_counter() * 1000.0
+
+
+class PhaseTimer:
+    """Wall time per loop phase. On CUDA, `sync=True` synchronizes at phase boundaries so
+    the split is real (it costs a few syncs per cycle, so it is off unless profiling)."""
+
+    def __init__(self, sync: bool = False):
+        self.ms = dict.fromkeys(PHASES, 0.0)
+        self.sync = sync and torch.cuda.is_available()
+
+    @contextmanager
+    def phase(self, name: str):
+        if self.sync:
+            torch.cuda.synchronize()
+        t0 = now_ms()
+        try:
+            yield
+        finally:
+            if self.sync:
+                torch.cuda.synchronize()
+            self.ms[name] += now_ms() - t0
 
 
 @dataclass
@@ -18,6 +44,11 @@ class GenerationStats:
     ttft_ms: float = 0.0          # request start -> first generated token known
     decode_ms: float = 0.0        # first token -> last token
     total_ms: float = 0.0
+    cycles: int = 0               # decode steps after the first token (one verify each)
+    drafted: int = 0              # drafts proposed over all cycles
+    accepted: int = 0             # drafts accepted over all cycles
+    accept_hist: list[int] = field(default_factory=list)   # cycles per accepted length
+    phase_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -26,7 +57,36 @@ class GenerationStats:
             return 0.0
         return (self.new_tokens - 1) / (self.decode_ms / 1000.0)
 
-    def as_dict(self) -> dict[str, float | int]:
-        out = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
-        out["decode_tokens_per_s"] = round(self.decode_tokens_per_s, 2)
-        return out
+    @property
+    def mean_accepted(self) -> float:
+        """Accepted drafts per cycle."""
+        return self.accepted / self.cycles if self.cycles else 0.0
+
+    @property
+    def tokens_per_cycle(self) -> float:
+        """Published tokens per cycle, the bonus token included."""
+        return (self.new_tokens - 1) / self.cycles if self.cycles else 0.0
+
+    def record_cycle(self, drafted: int, accepted: int) -> None:
+        self.cycles += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        if len(self.accept_hist) <= accepted:
+            self.accept_hist.extend([0] * (accepted + 1 - len(self.accept_hist)))
+        self.accept_hist[accepted] += 1
+
+    def as_dict(self) -> dict[str, object]:
+        per_cycle = self.cycles or 1
+        other = self.decode_ms - sum(self.phase_ms.values())
+        return {
+            "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
+            "prefill_ms": round(self.prefill_ms, 3), "ttft_ms": round(self.ttft_ms, 3),
+            "decode_ms": round(self.decode_ms, 3), "total_ms": round(self.total_ms, 3),
+            "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
+            "cycles": self.cycles, "drafted": self.drafted, "accepted": self.accepted,
+            "mean_accepted": round(self.mean_accepted, 3),
+            "tokens_per_cycle": round(self.tokens_per_cycle, 3),
+            "accept_hist": list(self.accept_hist),
+            "phase_ms_per_cycle": {name: round(ms / per_cycle, 4)
+                                   for name, ms in {**self.phase_ms, "other": other}.items()},
+        }

@@ -129,3 +129,58 @@ def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "t
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(str(path), **kwargs)
     return path
+
+
+def write_tiny_drafter(path: str | Path, target: str | Path, num_layers: int = 2,
+                       block_size: int = 8, layer_types: list[str] | None = None,
+                       sliding_window: int | None = 6, tap_ids: list[int] | None = None,
+                       omit_tap_ids: bool = False, seed: int = 0, extra: dict | None = None
+                       ) -> Path:
+    """Write a random DFlash drafter for the checkpoint at `target`, in the upstream format.
+
+    config.json is a transformers Qwen3Config plus `architectures: ["DFlashDraftModel"]`,
+    `dflash_config` {target_layer_ids, mask_token_id, block_size} and `num_target_layers`;
+    the weights are a transformers Qwen3 decoder stack's `layers.*` and `norm` plus `fc` and
+    `hidden_norm` (no embeddings, no lm_head: those are the target's). omit_tap_ids leaves
+    target_layer_ids out of the config, so loaders must apply the upstream fallback rule.
+    """
+    import json
+
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config, Qwen3Model
+
+    from .models.dflash import default_tap_ids
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tcfg = json.loads((Path(target) / "config.json").read_text())
+    text = tcfg.get("text_config") or tcfg
+    hidden, vocab, n_target = text["hidden_size"], text["vocab_size"], text["num_hidden_layers"]
+    types = layer_types or ["sliding_attention"] * (num_layers - 1) + ["full_attention"]
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=num_layers, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+                      initializer_range=0.1, max_position_embeddings=4096,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                      layer_types=types, use_sliding_window=sliding_window is not None,
+                      sliding_window=sliding_window)
+    body = Qwen3Model(cfg)
+    _perturb(body, seed)
+    tensors = {k: v.contiguous() for k, v in body.state_dict().items()
+               if not k.startswith("embed_tokens")}
+    gen = torch.Generator().manual_seed(seed + 2)
+    if omit_tap_ids:
+        taps = list(default_tap_ids(n_target, num_layers))
+    else:
+        taps = tap_ids or [1, n_target - 2]
+    tensors["fc.weight"] = torch.randn(hidden, len(taps) * hidden, generator=gen) * 0.05
+    tensors["hidden_norm.weight"] = 1 + 0.2 * torch.randn(hidden, generator=gen)
+    raw = cfg.to_dict()
+    raw.update(architectures=["DFlashDraftModel"], num_target_layers=n_target,
+               dflash_config={"mask_token_id": vocab - 1, "block_size": block_size,
+                              **({} if omit_tap_ids else {"target_layer_ids": taps})})
+    raw.update(extra or {})
+    (path / "config.json").write_text(json.dumps(raw, indent=2))
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path

@@ -1,0 +1,85 @@
+"""Acceptance policies: how many drafts of a verified block to commit.
+
+Both policies read drafts d [k] and the verify logits [k+1, V] (row i predicts the token
+after row i's input, so draft d_i is judged by row i-1) and return the accepted count n as a
+device tensor; the loop's one host copy per cycle reads it together with the tokens. The
+committed tokens are d_1..d_n followed by the bonus token argmax(row n).
+
+- `StrictAcceptance`: d_i accepted iff it equals argmax(row i-1) and every earlier draft was
+  accepted. Greedy speculative decoding with it is lossless.
+- `RelaxedThinking`: inside `<think> ... </think>`, d_i is also accepted when it is among the
+  top-k of row i-1 and within `delta` logits of the top-1 (a raw-logit margin, the same as a
+  log-prob margin). A draft equal to `</think>` and everything after the thinking block is
+  judged strictly, so the answer is verified exactly. The think state starts from the prompt
+  (the last think marker in it) and toggles on committed markers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def accepted_prefix(ok: torch.Tensor) -> torch.Tensor:
+    """Length of the leading run of True in ok [k] (0-dim long tensor)."""
+    return torch.cumprod(ok.long(), dim=0).sum()
+
+
+class StrictAcceptance:
+    relaxed = False
+
+    def reset(self, prompt_ids: Sequence[int]) -> None:
+        pass
+
+    def accept(self, drafts: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return accepted_prefix(drafts == logits[:-1].argmax(dim=-1))
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        pass
+
+
+class RelaxedThinking:
+    relaxed = True
+
+    def __init__(self, think_open: int, think_close: int, topk: int = 3, delta: float = 1.0):
+        if topk < 1:
+            raise ValueError(f"relaxed top-k must be >= 1, got {topk}")
+        if delta < 0:
+            raise ValueError(f"relaxed delta must be >= 0, got {delta}")
+        self.open, self.close, self.topk, self.delta = think_open, think_close, topk, delta
+        self.thinking = False
+
+    def _update(self, tokens: Sequence[int]) -> None:
+        for tok in tokens:
+            if tok == self.open:
+                self.thinking = True
+            elif tok == self.close:
+                self.thinking = False
+
+    def reset(self, prompt_ids: Sequence[int]) -> None:
+        self.thinking = False
+        self._update(prompt_ids)
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        self._update(tokens)
+
+    def thinking_before(self, drafts: torch.Tensor) -> torch.Tensor:
+        """[k] bool: whether thinking is active when draft i is judged (after d_1..d_{i-1})."""
+        k = drafts.shape[0]
+        is_open, is_close = drafts == self.open, drafts == self.close
+        idx = torch.arange(k, device=drafts.device)
+        last = torch.where(is_open | is_close, idx, -1).cummax(dim=0).values
+        last = torch.cat((last.new_full((1,), -1), last[:-1]))         # events strictly before
+        from_event = is_open[last.clamp(min=0)]
+        return torch.where(last >= 0, from_event, torch.full_like(from_event, self.thinking))
+
+    def accept(self, drafts: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        rows = logits[:-1].float()                                     # [k, V]
+        strict = drafts == rows.argmax(dim=-1)
+        k = min(self.topk, rows.shape[-1])
+        in_topk = (rows.topk(k, dim=-1).indices == drafts[:, None]).any(dim=-1)
+        margin = rows.max(dim=-1).values - rows.gather(1, drafts[:, None])[:, 0]
+        relaxed = in_topk & (margin <= self.delta)
+        use_relaxed = self.thinking_before(drafts) & (drafts != self.close)
+        return accepted_prefix(torch.where(use_relaxed, relaxed | strict, strict))

@@ -1,0 +1,289 @@
+"""The DFlash block-diffusion drafter, loaded from its upstream on-disk format.
+
+A drafter directory holds a Qwen3 `config.json` (`architectures: ["DFlashDraftModel"]`) with
+`dflash_config` {target_layer_ids, mask_token_id, block_size?} and weights `fc`,
+`hidden_norm`, `norm`, `layers.*` only; token embeddings and lm_head are the target's.
+
+Context features = hidden_norm(fc(concat of the target's tapped hidden states)). They are
+fed straight into every draft layer's k_proj / v_proj (with k_norm and RoPE at their absolute
+positions, no input norm): "KV injection". Queries come only from the block
+[anchor, mask x (B-1)] at positions start .. start+B-1. Each layer is causal within a window
+(sliding_attention) or bidirectional (full_attention); a top-level `is_causal` overrides.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import nn
+
+from ..config import ConfigError, ModelConfig, RopeConfig
+from .layers import MLP, RMSNorm, apply_rope, rope_cos_sin
+
+SUPPORTED_ARCHITECTURES = ("DFlashDraftModel",)
+
+
+class DrafterError(ValueError):
+    """A drafter directory that cannot be loaded or does not fit the target."""
+
+
+def default_tap_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """The upstream fallback: one draft layer -> [N//2]; else evenly spaced over 1..N-3."""
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    first, last = 1, num_target_layers - 3
+    step = (last - first) / (num_draft_layers - 1)
+    return tuple(int(round(first + i * step)) for i in range(num_draft_layers))
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    block_size: int
+    mask_token_id: int
+    tap_ids: tuple[int, ...]
+    layer_causal: tuple[bool, ...]           # per draft layer
+    layer_window: tuple[int | None, ...]     # per draft layer; None = unlimited
+    num_target_layers: int | None = None
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+
+    @classmethod
+    def from_hf_dict(cls, raw: dict[str, Any], where: str,
+                     target_layers: int | None = None) -> DraftConfig:
+        archs = raw.get("architectures") or []
+        if any(a not in SUPPORTED_ARCHITECTURES for a in archs):
+            raise DrafterError(f"{where}: architecture {archs} is not supported (supported: "
+                               f"{', '.join(SUPPORTED_ARCHITECTURES)}; DFlash2 drafters with "
+                               "dynamic convs are not)")
+        dflash = raw.get("dflash_config") or {}
+
+        def need(key: str) -> Any:
+            if raw.get(key) is None:
+                raise DrafterError(f"{where}: required field '{key}' is missing")
+            return raw[key]
+
+        n = int(need("num_hidden_layers"))
+        heads = int(need("num_attention_heads"))
+        hidden = int(need("hidden_size"))
+        head_dim = int(raw.get("head_dim") or hidden // heads)
+        mask = dflash.get("mask_token_id", raw.get("mask_token_id"))
+        if mask is None:
+            raise DrafterError(f"{where}: dflash_config.mask_token_id is missing")
+        num_target = raw.get("num_target_layers") or target_layers
+        taps = dflash.get("target_layer_ids")
+        if taps is None:
+            if num_target is None:
+                raise DrafterError(f"{where}: no dflash_config.target_layer_ids and no "
+                                   "num_target_layers to derive them from")
+            taps = default_tap_ids(int(num_target), n)
+        block = dflash.get("block_size", raw.get("block_size", 16))
+        types = raw.get("layer_types") or ["full_attention"] * n
+        if len(types) != n:
+            raise DrafterError(f"{where}: layer_types has {len(types)} entries for {n} layers")
+        window = raw.get("sliding_window")
+        override = raw.get("is_causal")
+        causal, windows = [], []
+        for t in types:
+            if t not in ("full_attention", "sliding_attention"):
+                raise DrafterError(f"{where}: unknown layer type {t!r}")
+            sliding = t == "sliding_attention"
+            causal.append(sliding if override is None else bool(override))
+            windows.append(int(window) if sliding and window else None)
+        try:
+            rope = RopeConfig.from_hf_dict(raw, head_dim, where)
+        except ConfigError as exc:
+            raise DrafterError(str(exc)) from exc
+        return cls(
+            hidden_size=hidden, intermediate_size=int(need("intermediate_size")),
+            num_layers=n, num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads), head_dim=head_dim,
+            vocab_size=int(need("vocab_size")), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope=rope, block_size=int(block), mask_token_id=int(mask),
+            tap_ids=tuple(int(t) for t in taps), layer_causal=tuple(causal),
+            layer_window=tuple(windows),
+            num_target_layers=None if num_target is None else int(num_target),
+            input_embedding_scale=float(raw.get("input_embedding_scale") or 1.0),
+            output_multiplier=float(raw.get("output_multiplier") or 1.0),
+            final_logit_softcapping=raw.get("final_logit_softcapping"))
+
+    def check_target(self, target: ModelConfig, where: str) -> None:
+        """Refuse a drafter that was not made for this target."""
+        problems = []
+        if self.hidden_size != target.hidden_size:
+            problems.append(f"hidden_size {self.hidden_size} != target's {target.hidden_size}")
+        if self.vocab_size != target.vocab_size:
+            problems.append(f"vocab_size {self.vocab_size} != target's {target.vocab_size}")
+        bad = [t for t in self.tap_ids if not 0 <= t < target.num_layers]
+        if bad:
+            problems.append(f"target_layer_ids {bad} outside the target's "
+                            f"{target.num_layers} layers")
+        if not 0 <= self.mask_token_id < target.vocab_size:
+            problems.append(f"mask_token_id {self.mask_token_id} outside the vocabulary")
+        if self.num_target_layers not in (None, target.num_layers):
+            problems.append(f"trained for a {self.num_target_layers}-layer target, this one "
+                            f"has {target.num_layers}")
+        if self.block_size < 2:
+            problems.append(f"block_size {self.block_size} < 2")
+        if problems:
+            raise DrafterError(f"{where}: drafter does not fit the target: "
+                               + "; ".join(problems))
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.h * self.d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=False)
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps, zero_centred=False)
+        self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps, zero_centred=False)
+
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [B, T, hidden] -> k, v [B, T, Hkv, D] (k normed and rotated)."""
+        b, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, t, self.hkv, self.d))
+        return apply_rope(k, cos, sin), self.v_proj(x).view(b, t, self.hkv, self.d)
+
+    def forward(self, h: torch.Tensor, cos, sin, ctx_k: torch.Tensor, ctx_v: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        b, t, _ = h.shape
+        q = apply_rope(self.q_norm(self.q_proj(h).view(b, t, self.h, self.d)), cos, sin)
+        k, v = self.kv(h, cos, sin)
+        keys = torch.cat((ctx_k, k), dim=1)                            # [B, C+T, Hkv, D]
+        values = torch.cat((ctx_v, v), dim=1)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask,
+            scale=self.d ** -0.5, enable_gqa=self.h != self.hkv)       # [B, H, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.h * self.d))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.self_attn = DraftAttention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centred=False)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps,
+                                                zero_centred=False)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.fc = nn.Linear(len(cfg.tap_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centred=False)
+        self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centred=False)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        return rope_cos_sin(positions, self.cfg.rope.rotary_dim, self.cfg.rope.theta, dtype)
+
+    def context_features(self, taps: torch.Tensor) -> torch.Tensor:
+        """Concatenated taps [B, T, n*hidden] -> context features [B, T, hidden]."""
+        return self.hidden_norm(self.fc(taps))
+
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor):
+        """Per-layer keys/values of context rows: list of (k, v) [B, T, Hkv, D]."""
+        cos, sin = self.rope(positions, features.dtype)
+        return [layer.self_attn.kv(features, cos, sin) for layer in self.layers]
+
+    def block_mask(self, layer: int, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """[T, C+T] visibility of keys at k_pos for queries at q_pos in one draft layer."""
+        diff = q_pos[:, None] - k_pos[None, :]
+        visible = torch.ones_like(diff, dtype=torch.bool)
+        if self.cfg.layer_causal[layer]:
+            visible &= diff >= 0
+        window = self.cfg.layer_window[layer]
+        if window is not None:
+            visible &= diff < window
+        return visible
+
+    def forward(self, block_embeds: torch.Tensor, start: int, ctx_kv, ctx_pos: torch.Tensor
+                ) -> torch.Tensor:
+        """Block embeddings [B, T, hidden] at positions start.. -> normed hidden [B, T, hidden].
+
+        ctx_kv: per layer (k, v) of the context rows [B, C, Hkv, D]; ctx_pos [C].
+        """
+        t = block_embeds.shape[1]
+        q_pos = torch.arange(start, start + t, device=block_embeds.device)
+        cos, sin = self.rope(q_pos[None], block_embeds.dtype)
+        k_pos = torch.cat((ctx_pos, q_pos))
+        x = block_embeds * self.cfg.input_embedding_scale
+        for i, layer in enumerate(self.layers):
+            k, v = ctx_kv[i]
+            x = layer(x, cos, sin, k, v, self.block_mask(i, q_pos, k_pos))
+        return self.norm(x)
+
+    def draft_logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        logits = (hidden @ lm_head_weight.T).float() * self.cfg.output_multiplier
+        cap = self.cfg.final_logit_softcapping
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+
+def load_drafter(path: str | Path, target: ModelConfig, dtype: torch.dtype,
+                 device: str | torch.device) -> DFlashDrafter:
+    """Load and check a drafter directory; fails before any request if it does not fit."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise DrafterError(f"drafter directory {path} does not exist")
+    cfg_file = path / "config.json"
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DrafterError(f"{cfg_file}: not readable ({exc})") from exc
+    cfg = DraftConfig.from_hf_dict(raw, str(cfg_file), target_layers=target.num_layers)
+    cfg.check_target(target, str(path))
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise DrafterError(f"{path}: no *.safetensors weights")
+    with torch.device("meta"):
+        model = DFlashDrafter(cfg)
+    expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
+    found: dict[str, tuple[Path, tuple[int, ...]]] = {}
+    for shard in files:
+        try:
+            with safe_open(str(shard), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    found[name] = (shard, tuple(f.get_slice(name).get_shape()))
+        except Exception as exc:  # safetensors raises its own types for corrupt headers
+            raise DrafterError(f"{shard}: not a readable safetensors file ({exc})") from exc
+    for name, shape in expected.items():
+        if name not in found:
+            raise DrafterError(f"{path}: drafter tensor {name} is missing")
+        if found[name][1] != shape:
+            raise DrafterError(f"{found[name][0].name}: tensor {name} has shape "
+                               f"{list(found[name][1])}, expected {list(shape)}")
+    model = model.to_empty(device=device).to(dtype)
+    params = dict(model.state_dict())
+    with torch.no_grad():
+        for shard in files:
+            with safe_open(str(shard), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    if name in params:
+                        params[name].copy_(f.get_tensor(name))
+    return model.eval()

@@ -1,0 +1,114 @@
+"""Draft proposers: what the speculative loop asks for candidate tokens.
+
+The loop is method-agnostic: a proposer says which target layers it needs tapped, is seeded
+at prefill, proposes `num` tokens after the anchor, and is told which rows were committed.
+`DFlashProposer` runs the block-diffusion drafter over its per-token context window;
+`ReplayProposer` replays a known continuation with injected errors (tests, and the
+loop-overhead benchmark at a fixed acceptance length). An MTP head or n-gram lookup would be
+one more class here.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import torch
+
+from .models.dflash import DFlashDrafter
+from .window import ContextWindow
+
+
+class Proposer:
+    tap_ids: tuple[int, ...] = ()   # target layers whose outputs `begin`/`commit` receive
+    block_size: int = 16            # verify rows per cycle: the anchor + block_size-1 drafts
+    seed_rows: int = 0              # prompt-tail rows whose taps `begin` wants
+
+    def begin(self, prompt_ids: Sequence[int], taps: torch.Tensor | None) -> None:
+        """A new request; taps [1, m, n*hidden] of the prompt's last m tokens (or None)."""
+
+    def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
+        """Up to `num` drafts [num] (long, on the anchor's device) following the anchor
+        [1] at position `start`."""
+        raise NotImplementedError
+
+    def commit(self, tokens: Sequence[int], taps: torch.Tensor | None, start: int) -> None:
+        """Rows committed to the target, in order from position `start` (the anchor first);
+        taps [1, len(tokens), n*hidden]."""
+
+
+class DFlashProposer(Proposer):
+    def __init__(self, drafter: DFlashDrafter, embed: torch.nn.Embedding,
+                 lm_head_weight: torch.Tensor, window: int = 128, seed_window: bool = True,
+                 block_size: int | None = None):
+        self.drafter = drafter
+        self.embed = embed
+        self.lm_head_weight = lm_head_weight
+        self.window = ContextWindow(drafter, window)
+        self.seed_rows = window if seed_window else 0
+        self.tap_ids = drafter.cfg.tap_ids
+        self.block_size = block_size or drafter.cfg.block_size
+        if self.block_size < 2:
+            raise ValueError(f"block size must be >= 2, got {self.block_size}")
+
+    def begin(self, prompt_ids: Sequence[int], taps: torch.Tensor | None) -> None:
+        self.window.clear()
+        if taps is not None and taps.shape[1]:
+            m = taps.shape[1]
+            end = len(prompt_ids)
+            self.window.append(taps, torch.arange(end - m, end, device=taps.device))
+
+    @torch.inference_mode()
+    def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
+        mask = self.drafter.cfg.mask_token_id
+        # The drafter always sees the block it was trained on; shorter requests truncate.
+        ids = torch.cat((anchor, anchor.new_full((self.block_size - 1,), mask)))
+        ctx_kv, ctx_pos = self.window.context(anchor.device, self.lm_head_weight.dtype)
+        hidden = self.drafter(self.embed(ids)[None], start, ctx_kv, ctx_pos)   # [1, B, H]
+        logits = self.drafter.draft_logits(hidden[0, 1:num + 1], self.lm_head_weight)
+        return logits.argmax(dim=-1)
+
+    @torch.inference_mode()
+    def commit(self, tokens: Sequence[int], taps: torch.Tensor | None, start: int) -> None:
+        if taps is None:
+            raise ValueError("DFlashProposer.commit needs the committed rows' taps")
+        n = len(tokens)
+        self.window.append(taps[:, :n], torch.arange(start, start + n, device=taps.device))
+
+
+class ReplayProposer(Proposer):
+    """Proposes the true continuation with one wrong token per cycle at a chosen offset.
+
+    continuation[j] is the reference token at position prompt_len + j. `error_at` picks the
+    offset of the wrong draft in each cycle (>= num means none): by default uniformly at
+    random over 0..num; a constant gives a fixed acceptance length; a sequence is used
+    round-robin (e.g. range(block_size) walks every accepted length and rollback path).
+    """
+
+    def __init__(self, continuation: Sequence[int], vocab_size: int, block_size: int = 16,
+                 error_at: int | Sequence[int] | None = None, seed: int = 0):
+        self.continuation = list(continuation)
+        self.vocab_size = vocab_size
+        self.block_size = block_size
+        self.error_at = error_at
+        self.rng = random.Random(seed)
+        self.prompt_len = 0
+        self.accept_lengths: list[int] = []   # the error offset chosen per cycle
+
+    def begin(self, prompt_ids: Sequence[int], taps: torch.Tensor | None) -> None:
+        self.prompt_len = len(prompt_ids)
+
+    def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
+        first = start + 1 - self.prompt_len    # continuation index of the first draft
+        drafts = [self.continuation[j] if j < len(self.continuation) else 0
+                  for j in range(first, first + num)]
+        if self.error_at is None:
+            err = self.rng.randint(0, num)
+        elif isinstance(self.error_at, int):
+            err = self.error_at
+        else:
+            err = self.error_at[len(self.accept_lengths) % len(self.error_at)]
+        if err < num:
+            drafts[err] = (drafts[err] + 1) % self.vocab_size
+        self.accept_lengths.append(min(err, num))
+        return torch.tensor(drafts, dtype=torch.long, device=anchor.device)

@@ -1,0 +1,75 @@
+"""The speculative transaction: propose -> verify -> accept -> commit (or roll back).
+
+One cycle starts from the anchor (the last published token, not yet run through the target)
+at position `start`:
+
+1. propose: the proposer drafts k tokens (k = 0 is plain greedy decoding, same path);
+2. verify: one target forward over [anchor, d_1..d_k] that records per-step GDN checkpoints
+   and the proposer's taps;
+3. accept: the policy counts accepted drafts n on the device; one host copy brings back
+   n, the drafts and the target's argmaxes together;
+4. commit (after the caller's stop rules chose how many new tokens to publish, `keep`):
+   keep rows (the anchor and d_1..d_{keep-1}) are committed to the target state, which rolls
+   the GDN/conv state back to that step in O(1) and rewinds the KV length; the same rows go
+   to the proposer's window in commit order; the policy sees the published tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .cache import InferenceState
+from .models.target import TargetModel
+from .proposer import Proposer
+from .telemetry import PhaseTimer
+
+
+@dataclass
+class Cycle:
+    start: int                    # position of the anchor
+    anchor: int
+    tokens: list[int]             # d_1..d_n then the bonus token: n+1 candidates to publish
+    accepted: int                 # n
+    drafted: int                  # k
+    taps: torch.Tensor | None     # [1, k+1, n_taps*hidden] verify taps, row 0 = anchor
+
+
+def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
+              proposer: Proposer | None, policy, num_drafts: int, timer: PhaseTimer) -> Cycle:
+    """Steps 1-3; the state is left with k+1 pending rows for `commit_cycle`."""
+    device = model.embed_tokens.weight.device
+    anchor_t = torch.tensor([anchor], dtype=torch.long, device=device)
+    start = state.length
+    with timer.phase("draft"):
+        if proposer is not None and num_drafts > 0:
+            drafts = proposer.propose(anchor_t, start, num_drafts)
+        else:
+            drafts = anchor_t[:0]
+    k = int(drafts.shape[0])
+    tap_ids = proposer.tap_ids if proposer is not None else ()
+    with timer.phase("verify"):
+        out = model(torch.cat((anchor_t, drafts))[None], state, record_steps=k > 0,
+                    taps=tap_ids, all_logits=True)
+    with timer.phase("accept"):
+        logits = out.logits[0]                                          # [k+1, V]
+        n = policy.accept(drafts, logits) if k else torch.zeros((), dtype=torch.long,
+                                                                 device=device)
+        # The one host sync of the cycle: the count and all candidate tokens in one copy.
+        host = torch.cat((n.view(1), drafts, logits.argmax(dim=-1))).tolist()
+    n, d, a = host[0], host[1:1 + k], host[1 + k:]
+    taps = torch.cat(out.taps, dim=-1) if tap_ids else None
+    return Cycle(start, anchor, d[:n] + [a[n]], n, k, taps)
+
+
+def commit_cycle(state: InferenceState, cycle: Cycle, keep: int, proposer: Proposer | None,
+                 policy, timer: PhaseTimer) -> None:
+    """Step 4: commit `keep` rows (1 <= keep <= n+1) everywhere, in commit order."""
+    with timer.phase("commit"):
+        state.commit(keep)
+        rows = [cycle.anchor] + cycle.tokens[:keep - 1]
+        if proposer is not None:
+            proposer.commit(rows, None if cycle.taps is None else cycle.taps[:, :keep],
+                            cycle.start)
+        policy.observe(cycle.tokens[:keep])
