@@ -134,6 +134,18 @@ def test_committed_state_equals_plain_decode_after_every_cycle(engines, make_eng
         else:
             assert torch.allclose(k, s.kv.k[:, :, :length], atol=1e-5)
             assert torch.allclose(v, s.kv.v[:, :, :length], atol=1e-5)
+        # next-token logits from the plain state, then from the snapshot loaded in its place
+        anchor = torch.tensor([[seq[length]]])
+        ref_logits = plain.model(anchor, s).logits
+        s.commit(1)
+        s.length = length
+        s.gdn.state.copy_(gdn)
+        s.gdn.conv.copy_(conv)
+        s.kv.k[:, :, :length] = k
+        s.kv.v[:, :, :length] = v
+        snap_logits = plain.model(anchor, s).logits
+        s.commit(1)
+        assert (snap_logits - ref_logits).abs().max() <= 1e-4, f"next logits at {length}"
 
 
 def _all_accepting(engine, ref, block=8):
@@ -160,6 +172,23 @@ def test_eos_at_every_offset_of_an_accepted_run(engines, offset):
     assert got.token_ids == expected
     assert engine.state.length == len(prompt) + len(expected) - 1
     assert engine.state.pending == 0
+
+
+def test_stop_string_inside_an_accepted_run(engines):
+    engine = engines("hybrid", "fp32")
+    prompt = _prompt(engine)
+    ref = _plain(engine, 24).token_ids
+    tok = engine.tokenizer
+    text = tok.decode(ref[:6], skip_special_tokens=True)
+    stop = text[-2:]
+    expected_len = next(i for i in range(1, 25)
+                        if stop in tok.decode(ref[:i], skip_special_tokens=True))
+    got = generate(engine, prompt, GenerationSettings(24, ignore_eos=True,
+                                                      stop_strings=(stop,)),
+                   proposer=_all_accepting(engine, ref))
+    assert got.finish_reason == "stop"
+    assert got.token_ids == ref[:expected_len]
+    assert engine.state.length == len(prompt) + expected_len - 1
 
 
 @pytest.mark.parametrize("max_new", [2, 5, 9, 13])
