@@ -1,10 +1,11 @@
-"""`flash-planner`: the command-line face of the engine.
+"""`flash-planner`: the command line of the planner and its engine.
 
-    flash-planner generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) [options]
+    flash-planner plan TASK [--context TEXT] [--model PRESET|DIR] [options]
+    flash-planner generate --model PRESET|DIR (--prompt TEXT | --prompt-ids 1,2,3) [options]
     flash-planner smoke    (writes a tiny random checkpoint and generates from it)
 
-Exit codes: 0 success, 1 the run failed, 2 bad input or usage. Expected failures print one
-line on stderr, never a traceback.
+Exit codes: 0 success, 1 no valid plan / the run failed, 2 bad input or usage. Expected
+failures print one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -39,16 +40,12 @@ def _prompt_ids(text: str) -> list[int]:
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--ignore-eos", action="store_true", help="generate until max-new-tokens")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="stop string (repeatable)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
-    p.add_argument("--kv-dtype", default="auto",
-                   choices=["auto", "fp32", "bf16", "fp16", "fp8"])
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    p.add_argument("--max-context", type=int, default=4096)
-    p.add_argument("--prefill-chunk", type=int, default=256)
+    """Engine options; None means 'the preset's or the engine's default'."""
+    p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"])
+    p.add_argument("--kv-dtype", choices=["auto", "fp32", "bf16", "fp16", "fp8"])
+    p.add_argument("--device", help="auto | cpu | cuda[:N]")
+    p.add_argument("--max-context", type=int)
+    p.add_argument("--prefill-chunk", type=int)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--drafter", metavar="DIR", help="DFlash drafter directory (turns "
@@ -57,7 +54,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                       "drafter")
     spec.add_argument("--block-size", type=int, help="verify block: anchor + drafts "
                       "(default: the drafter's)")
-    spec.add_argument("--window", type=int, default=128, help="drafter context window")
+    spec.add_argument("--window", type=int, help="drafter context window (default 128)")
     spec.add_argument("--no-window-seed", action="store_true",
                       help="do not seed the drafter window from the prompt")
     spec.add_argument("--relaxed-thinking", action="store_true",
@@ -69,38 +66,78 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="flash-planner", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    gen = sub.add_parser("generate", help="greedy generation from a model directory")
-    gen.add_argument("--model", required=True, metavar="DIR")
+
+    plan = sub.add_parser("plan", help="plan a task: a validated JSON plan of skills")
+    plan.add_argument("task")
+    plan.add_argument("--context", default="", help="scene description")
+    plan.add_argument("--model", metavar="PRESET|DIR")
+    plan.add_argument("--skills", metavar="YAML", help="skill catalog (default: "
+                      "config/skills.yaml)")
+    thinking = plan.add_mutually_exclusive_group()
+    thinking.add_argument("--thinking", dest="thinking", action="store_true", default=None)
+    thinking.add_argument("--no-thinking", dest="thinking", action="store_false")
+    plan.add_argument("--max-new-tokens", type=int, default=512)
+    _add_engine_args(plan)
+
+    gen = sub.add_parser("generate", help="greedy generation from a model")
+    gen.add_argument("--model", required=True, metavar="PRESET|DIR")
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT")
     src.add_argument("--prompt-ids", type=_prompt_ids, metavar="1,2,3")
     gen.add_argument("--chat", action="store_true",
                      help="render --prompt as a user message with the chat template")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--ignore-eos", action="store_true", help="generate until max-new-tokens")
+    gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                     help="stop string (repeatable)")
     _add_engine_args(gen)
+
     smoke = sub.add_parser("smoke", help="engine smoke run on a tiny random checkpoint")
     smoke.add_argument("--kind", default="hybrid", choices=["hybrid", "hybrid_vl", "dense"])
     smoke.add_argument("--prompt", default="pick up the red cup and place it on the table")
+    smoke.add_argument("--max-new-tokens", type=int, default=64)
     _add_engine_args(smoke)
     return parser
 
 
-def _run(args: argparse.Namespace, model_path: str) -> int:
-    from .engine.engine import Engine, EngineConfig
+def _load_engine(args: argparse.Namespace, model: str):
+    from .engine.engine import Engine
+    from .planning.presets import resolve_model
+
+    preset = resolve_model(model)
+    block = args.block_size
+    config = preset.engine_config(
+        dtype=args.dtype, kv_dtype=args.kv_dtype, device=args.device,
+        max_context=args.max_context, prefill_chunk=args.prefill_chunk,
+        drafter_path=args.drafter, block_size=block,
+        max_block=max(16, block or 0), window=args.window,
+        window_seed=False if args.no_window_seed else None)
+    return Engine.load(config), preset
+
+
+def _spec_settings(args: argparse.Namespace, preset) -> dict:
+    return dict(speculative=not args.no_spec,
+                relaxed_thinking=args.relaxed_thinking or preset.relaxed_thinking,
+                relaxed_topk=args.relaxed_topk, relaxed_delta=args.relaxed_delta)
+
+
+def _summary(stats) -> str:
+    spec = ""
+    if stats.drafted:
+        spec = (f", {stats.tokens_per_cycle:.2f} tokens/cycle "
+                f"(mean accepted {stats.mean_accepted:.2f})")
+    return (f"{stats.prompt_tokens} prompt + {stats.new_tokens} new tokens, "
+            f"TTFT {stats.ttft_ms:.1f} ms, {stats.decode_tokens_per_s:.1f} tok/s{spec}, "
+            f"total {stats.total_ms:.1f} ms")
+
+
+def _generate(args: argparse.Namespace, model: str) -> int:
     from .engine.generate import GenerationSettings, generate
 
-    block = args.block_size
-    config = EngineConfig(model_path=model_path, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                          device=args.device, max_context=args.max_context,
-                          prefill_chunk=args.prefill_chunk, drafter_path=args.drafter,
-                          block_size=block, max_block=max(16, block or 0),
-                          window=args.window, window_seed=not args.no_window_seed)
+    engine, preset = _load_engine(args, model)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens,
                                   ignore_eos=args.ignore_eos, stop_strings=tuple(args.stop),
-                                  speculative=not args.no_spec,
-                                  relaxed_thinking=args.relaxed_thinking,
-                                  relaxed_topk=args.relaxed_topk,
-                                  relaxed_delta=args.relaxed_delta)
-    engine = Engine.load(config)
+                                  **_spec_settings(args, preset))
     prompt = args.prompt_ids if getattr(args, "prompt_ids", None) else args.prompt
     if getattr(args, "chat", False):
         prompt = [{"role": "user", "content": args.prompt}]
@@ -112,16 +149,47 @@ def _run(args: argparse.Namespace, model_path: str) -> int:
                           "stats": result.stats.as_dict(),
                           "memory_bytes": engine.memory.as_dict()}))
     else:
-        s = result.stats
-        spec = ""
-        if s.drafted:
-            spec = (f", {s.tokens_per_cycle:.2f} tokens/cycle "
-                    f"(mean accepted {s.mean_accepted:.2f})")
-        print(f"\n[{s.prompt_tokens} prompt + {s.new_tokens} new tokens, "
-              f"finish={result.finish_reason}, TTFT {s.ttft_ms:.1f} ms, "
-              f"{s.decode_tokens_per_s:.1f} tok/s{spec}, total {s.total_ms:.1f} ms; "
+        print(f"\n[{_summary(result.stats)}, finish={result.finish_reason}; "
               f"{engine.memory}]")
     return EXIT_OK
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .planning.presets import default_skills_path
+    from .planning.request import PlanRequest
+    from .planning.service import PlannerConfig, PlannerService
+    from .planning.skills import SkillCatalog
+
+    if not args.model:
+        raise ValueError("no model given: pass --model PRESET|DIR")
+    limits = PlannerConfig()
+    request = PlanRequest(task=args.task, context=args.context,
+                          max_new_tokens=args.max_new_tokens, enable_thinking=args.thinking
+                          ).checked(limits.max_task_chars, limits.max_context_chars)
+    catalog = SkillCatalog.from_yaml(args.skills or default_skills_path())
+    engine, preset = _load_engine(args, args.model)
+    service = PlannerService(engine, catalog, PlannerConfig(**_spec_settings(args, preset)))
+    service.start()
+    try:
+        result = service.plan(request)
+    finally:
+        service.stop()
+    if args.json:
+        out = {"success": result.success}
+        out.update({"plan": result.plan} if result.success else {"error": result.error})
+        out.update(raw_text=result.raw_text, telemetry=result.telemetry)
+        print(json.dumps(out))
+    elif result.success:
+        print(json.dumps({"plan": result.plan}, indent=2))
+    if not args.json and not result.success:
+        print(f"flash-planner: no valid plan: {result.error}", file=sys.stderr)
+    if not args.json:
+        t = result.telemetry
+        print(f"[{t.get('new_tokens', 0)} tokens, TTFT {t.get('ttft_ms', 0):.1f} ms, "
+              f"{t.get('decode_tokens_per_s', 0):.1f} tok/s, "
+              f"{t.get('tokens_per_cycle', 0):.2f} tokens/cycle, "
+              f"total {t.get('total_latency_ms', 0):.1f} ms]", file=sys.stderr)
+    return EXIT_OK if result.success else EXIT_FAILED
 
 
 def _smoke(args: argparse.Namespace) -> int:
@@ -134,25 +202,23 @@ def _smoke(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"writing a tiny random {args.kind} checkpoint to {tmp} ...", flush=True)
         write_tiny_checkpoint(tmp, kind=args.kind)
-        args.ignore_eos = True  # random weights: show a full run of tokens
-        return _run(args, tmp)
+        args.ignore_eos, args.stop, args.prompt_ids = True, [], None  # random weights
+        return _generate(args, tmp)
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from .engine.cache import ContextOverflowError
-    from .engine.checkpoint import CheckpointError
-    from .engine.config import ConfigError
-
     try:
         args = build_parser().parse_args(argv)
         if args.command == "generate":
-            return _run(args, args.model)
+            return _generate(args, args.model)
+        if args.command == "plan":
+            return _plan(args)
         return _smoke(args)
     except UsageError as exc:
         print(f"flash-planner: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (CheckpointError, ConfigError, ContextOverflowError, ValueError) as exc:
+    except ValueError as exc:  # every expected error type here derives from ValueError
         print(f"flash-planner: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

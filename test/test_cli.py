@@ -107,3 +107,39 @@ def test_speculative_usage_errors(hybrid_dir, drafter_dir, capsys, extra, match)
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert match in err and "\n" not in err
+
+
+def test_plan_json_reports_no_valid_plan_from_a_random_model(hybrid_dir, capsys):
+    code = main(["plan", "pick up the red cup", "--model", str(hybrid_dir), "--json",
+                 "--max-new-tokens", "16", "--no-thinking", "--context", "cup on table"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert out["success"] is False and out["error"] and "plan" not in out
+    assert out["raw_text"]
+    for key in ("decode_tokens_per_s", "tokens_per_cycle", "mean_accepted", "cycles",
+                "ttft_ms", "total_ms", "queue_wait_ms", "total_latency_ms"):
+        assert key in out["telemetry"], key
+
+
+def test_plan_plain_output_explains_the_failure(hybrid_dir, capsys):
+    assert main(["plan", "open the fridge", "--model", str(hybrid_dir),
+                 "--max-new-tokens", "8"]) == 1
+    err = capsys.readouterr().err
+    assert "no valid plan:" in err and "tok/s" in err
+
+
+@pytest.mark.parametrize("args,match", [
+    (["plan", "  "], "task is empty"),
+    (["plan", "open the fridge"], "no model given"),
+    (["plan", "x", "--model", "no_such_preset"], "unknown model preset 'no_such_preset'"),
+    (["plan", "x", "--model", "qwen3_4b"], "does not exist"),
+    (["plan", "x", "--model", "./missing/dir"], "model directory ./missing/dir does not exist"),
+    (["plan", "x", "--model", "{model}", "--skills", "/no/skills.yaml"], "not readable"),
+])
+def test_plan_usage_errors_exit_2(hybrid_dir, capsys, args, match):
+    args = [a.replace("{model}", str(hybrid_dir)) for a in args]
+    if args[1].strip() == "":
+        args += ["--model", str(hybrid_dir)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert match in err and "\n" not in err and "Traceback" not in err

@@ -14,7 +14,10 @@ from pathlib import Path
 import torch
 
 KINDS = ("hybrid", "hybrid_vl", "dense")
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Added but not special (as in Qwen's tokenizers): decoded text keeps them, so the planner
+# can find the end of the thinking block.
+THINK_TOKENS = ["<think>", "</think>"]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
@@ -54,6 +57,7 @@ def write_tokenizer(path: Path, vocab_size: int) -> int:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(CORPUS * 4, trainer=trainer)
+    tok.add_tokens(THINK_TOKENS)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
                                    pad_token="<|endoftext|>",
                                    additional_special_tokens=SPECIAL_TOKENS[1:])

@@ -1,0 +1,106 @@
+"""From model output to a validated plan, or a precise reason why there is none.
+
+The answer is the text after `</think>` (the whole text when the model did not think). The
+first JSON object in it is parsed (code fences and trailing text are tolerated) and checked
+against the JSON-Schema generated from the skill catalog with the `jsonschema` library:
+first the plan's envelope, then each step's arguments against its skill's schema, so that an
+error names the step, the skill and the argument. An invalid plan is never returned as one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from .skills import SkillCatalog
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+ENVELOPE = {
+    "type": "object", "required": ["plan"], "additionalProperties": False,
+    "properties": {"plan": {"type": "array", "minItems": 1, "items": {
+        "type": "object", "required": ["skill", "args"], "additionalProperties": False,
+        "properties": {"skill": {"type": "string"}, "args": {"type": "object"}}}}},
+}
+_ENVELOPE = Draft202012Validator(ENVELOPE)
+
+
+class PlanError(ValueError):
+    """The model's output is not a valid plan; the message says precisely why."""
+
+
+def split_answer(text: str) -> tuple[str, str]:
+    """(thinking, answer). Raises PlanError if a thinking block was opened and not closed."""
+    if THINK_CLOSE in text:
+        thinking, _, answer = text.partition(THINK_CLOSE)
+        return thinking.replace(THINK_OPEN, "").strip(), answer.strip()
+    if THINK_OPEN in text:
+        raise PlanError("the model's thinking never ended (no </think>): no answer was given")
+    return "", text.strip()
+
+
+def extract_json(answer: str, truncated: bool = False) -> Any:
+    """The first JSON object in the answer; code fences and trailing text are ignored."""
+    start = answer.find("{")
+    if start < 0:
+        if truncated:
+            raise PlanError("output truncated at max_new_tokens before the JSON plan began")
+        shown = answer if len(answer) <= 60 else answer[:57] + "..."
+        raise PlanError(f"the answer is not JSON (no '{{' found): {shown!r}")
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(answer[start:])
+    except json.JSONDecodeError as exc:
+        if truncated:
+            raise PlanError("output truncated at max_new_tokens: the JSON plan is "
+                            "incomplete") from exc
+        raise PlanError(f"the answer is not valid JSON: {exc.msg} at line {exc.lineno} "
+                        f"column {exc.colno}") from exc
+    return obj
+
+
+def _where(path) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+
+
+def _describe(error, step: int, skill: str) -> str:
+    at = f"step {step + 1} ({skill})"
+    if error.validator == "required":
+        missing = next(k for k in error.validator_value if k not in error.instance)
+        return f"{at}: missing argument '{missing}'"
+    if error.validator == "additionalProperties":
+        allowed = set(error.schema.get("properties", {}))
+        extra = sorted(k for k in error.instance if k not in allowed)
+        return f"{at}: unexpected argument '{extra[0]}' (allowed: {', '.join(sorted(allowed))})"
+    arg = error.path[0] if error.path else "?"
+    if error.validator == "type":
+        got = type(error.instance).__name__
+        return f"{at}: argument '{arg}' must be {error.validator_value}, got {got}"
+    return f"{at}: argument '{arg}': {error.message}"
+
+
+def validate_plan(obj: Any, catalog: SkillCatalog) -> list[dict[str, Any]]:
+    """The plan's steps, or PlanError naming the first problem."""
+    envelope = next(iter(sorted(_ENVELOPE.iter_errors(obj), key=lambda e: list(e.path))), None)
+    if envelope is not None:
+        where = _where(envelope.path) or "the plan"
+        raise PlanError(f"{where}: {envelope.message} (expected "
+                        '{"plan": [{"skill": NAME, "args": {...}}, ...]})')
+    for i, step in enumerate(obj["plan"]):
+        skill = catalog.get(step["skill"])
+        if skill is None:
+            raise PlanError(f"step {i + 1}: unknown skill '{step['skill']}' "
+                            f"(known: {', '.join(catalog.names)})")
+        errors = sorted(Draft202012Validator(skill.args_schema()).iter_errors(step["args"]),
+                        key=lambda e: (e.validator != "required", list(e.path)))
+        if errors:
+            raise PlanError(_describe(errors[0], i, skill.name))
+    return obj["plan"]
+
+
+def parse_plan(text: str, catalog: SkillCatalog, truncated: bool = False
+               ) -> tuple[list[dict[str, Any]], str]:
+    """(validated steps, thinking) from the model's full output text."""
+    thinking, answer = split_answer(text)
+    return validate_plan(extract_json(answer, truncated), catalog), thinking

@@ -1,0 +1,95 @@
+"""Where the package's config lives, and model presets (config/models/*.yaml).
+
+The config directory is found, in order, from `FLASH_PLANNER_CONFIG`, a source checkout
+(editable installs, colcon --symlink-install), `<prefix>/share/flash_planner/config` (pip and
+colcon installs), or the ament index when ROS is sourced.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..engine.engine import EngineConfig
+
+
+class PresetError(ValueError):
+    """A model preset or path that cannot be used; the message says which and why."""
+
+
+def config_dir() -> Path:
+    candidates = []
+    if os.environ.get("FLASH_PLANNER_CONFIG"):
+        candidates.append(Path(os.environ["FLASH_PLANNER_CONFIG"]))
+    candidates.append(Path(__file__).resolve().parents[2] / "config")
+    candidates.append(Path(sys.prefix) / "share" / "flash_planner" / "config")
+    try:
+        from ament_index_python.packages import get_package_share_directory
+
+        candidates.append(Path(get_package_share_directory("flash_planner")) / "config")
+    except Exception:  # ament_index is absent without ROS, or the package is not indexed
+        pass
+    for path in candidates:
+        if (path / "skills.yaml").is_file():
+            return path
+    raise PresetError("cannot find flash_planner's config directory (looked in "
+                      f"{', '.join(map(str, candidates))}); set FLASH_PLANNER_CONFIG")
+
+
+def default_skills_path() -> Path:
+    return config_dir() / "skills.yaml"
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in (config_dir() / "models").glob("*.yaml"))
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    name: str
+    target_path: str
+    drafter_path: str | None = None
+    dtype: str = "auto"
+    kv_dtype: str = "auto"
+    max_context: int = 4096
+    block_size: int | None = None
+    window: int = 128
+    relaxed_thinking: bool = False
+
+    @classmethod
+    def load(cls, name: str) -> ModelPreset:
+        path = config_dir() / "models" / f"{name}.yaml"
+        if not path.is_file():
+            raise PresetError(f"unknown model preset '{name}' (available: "
+                              f"{', '.join(preset_names()) or 'none'})")
+        data = yaml.safe_load(path.read_text()) or {}
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise PresetError(f"{path}: unknown field(s) {unknown}")
+        try:
+            return cls(**{"name": name, **data})
+        except TypeError as exc:
+            raise PresetError(f"{path}: {exc}") from exc
+
+    def engine_config(self, **overrides: Any) -> EngineConfig:
+        values = dict(model_path=self.target_path, drafter_path=self.drafter_path,
+                      dtype=self.dtype, kv_dtype=self.kv_dtype, max_context=self.max_context,
+                      block_size=self.block_size, window=self.window)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return EngineConfig(**values)
+
+
+def resolve_model(model: str) -> ModelPreset:
+    """A model given as a checkpoint directory or as a preset name."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return ModelPreset(name=path.name, target_path=str(path))
+    if os.sep in model or model.startswith("."):
+        raise PresetError(f"model directory {model} does not exist")
+    return ModelPreset.load(model)

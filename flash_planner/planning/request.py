@@ -1,0 +1,115 @@
+"""Plan requests and results, and the checks a request passes before it is queued."""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+REQUEST_FIELDS = ("id", "task", "context", "max_new_tokens", "enable_thinking", "deadline_s")
+
+
+class RequestError(ValueError):
+    """A request that cannot be planned; the message names the field and the problem."""
+
+
+def _check_text(value: Any, name: str, limit: int, required: bool) -> str:
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RequestError(f"{name} is not valid UTF-8 (byte {exc.start})") from None
+    if not isinstance(value, str):
+        raise RequestError(f"{name} must be a string, got {type(value).__name__}")
+    if required and not value.strip():
+        raise RequestError(f"{name} is empty")
+    if len(value) > limit:
+        raise RequestError(f"{name} is {len(value)} characters, the limit is {limit}")
+    bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cs")
+                and c not in "\n\t"), None)
+    if bad is not None:
+        raise RequestError(f"{name} contains the control character U+{ord(bad):04X}")
+    return value
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    task: str
+    context: str = ""
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    max_new_tokens: int | None = None      # None: the service's default
+    enable_thinking: bool | None = None    # None: the service's default
+    deadline_s: float | None = None        # None: the service's default
+
+    def checked(self, max_task_chars: int, max_context_chars: int) -> PlanRequest:
+        """This request with validated text fields, or RequestError."""
+        task = _check_text(self.task, "task", max_task_chars, required=True)
+        context = _check_text(self.context, "context", max_context_chars, required=False)
+        if not isinstance(self.id, str) or not self.id.strip():
+            raise RequestError("id must be a non-empty string")
+        if self.max_new_tokens is not None and (
+                not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0):
+            raise RequestError(f"max_new_tokens must be a positive integer, "
+                               f"got {self.max_new_tokens!r}")
+        if self.deadline_s is not None and (
+                not isinstance(self.deadline_s, (int, float)) or self.deadline_s <= 0):
+            raise RequestError(f"deadline_s must be a positive number, got {self.deadline_s!r}")
+        if self.enable_thinking is not None and not isinstance(self.enable_thinking, bool):
+            raise RequestError("enable_thinking must be true or false")
+        return PlanRequest(task.strip(), context.strip(), self.id, self.max_new_tokens,
+                           self.enable_thinking, self.deadline_s)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PlanRequest:
+        unknown = sorted(set(data) - set(REQUEST_FIELDS))
+        if unknown:
+            raise RequestError(f"unknown request field(s) {unknown}; known: "
+                               f"{list(REQUEST_FIELDS)}")
+        if "task" not in data:
+            raise RequestError("the request has no 'task'")
+        kwargs = {k: data[k] for k in REQUEST_FIELDS if k in data and data[k] is not None}
+        if "id" in kwargs:
+            kwargs["id"] = str(kwargs["id"])
+        return cls(**kwargs)
+
+    @classmethod
+    def from_text(cls, text: str | bytes) -> PlanRequest:
+        """A `~/task` message: plain task text, or a JSON object {"id", "task", "context"}."""
+        if isinstance(text, bytes):
+            text = _check_text(text, "message", len(text) + 1, required=False)
+        if text.lstrip().startswith("{"):
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise RequestError(f"message looks like JSON but is malformed: {exc.msg} at "
+                                   f"column {exc.colno}") from None
+            if not isinstance(data, dict):
+                raise RequestError("a JSON request must be an object")
+            return cls.from_dict(data)
+        return cls(task=text)
+
+
+@dataclass
+class PlanResult:
+    request_id: str
+    task: str
+    success: bool
+    plan: list[dict[str, Any]] | None = None
+    error: str = ""
+    raw_text: str = ""
+    thinking: str = ""
+    finish_reason: str = ""
+    telemetry: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.request_id, "task": self.task,
+                               "success": self.success}
+        if self.success:
+            out["plan"] = self.plan
+        else:
+            out["error"] = self.error
+        out.update(raw_text=self.raw_text, finish_reason=self.finish_reason,
+                   telemetry=self.telemetry)
+        return out

@@ -1,0 +1,310 @@
+"""The planner service: a bounded request queue served by one worker thread.
+
+The engine decodes one request at a time. A request arriving while the worker is busy is
+queued, rejected, or preempts the running one (`policy`); a full queue rejects at once with
+the reason. Requests can be cancelled by id (the running one stops within one speculative
+cycle) and carry a deadline counted from submission. Every outcome is a `PlanResult`; an
+invalid request, a model answer that is not a valid plan, or an engine failure never stops
+the service from taking the next request.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..engine.cache import ContextOverflowError
+from ..engine.engine import Engine
+from ..engine.generate import CancelToken, GenerationSettings, generate
+from .parse import PlanError, parse_plan
+from .prompt import build_messages
+from .request import PlanRequest, PlanResult, RequestError
+from .skills import SkillCatalog
+
+log = logging.getLogger(__name__)
+POLICIES = ("queue", "preempt", "reject")
+
+
+class UnknownRequestError(ValueError):
+    """cancel() of an id that is neither queued nor running."""
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    queue_depth: int = 4
+    policy: str = "queue"
+    max_task_chars: int = 2000
+    max_context_chars: int = 4000
+    max_new_tokens: int = 512
+    enable_thinking: bool = True
+    deadline_s: float | None = None
+    speculative: bool = True
+    relaxed_thinking: bool = False
+    relaxed_topk: int = 3
+    relaxed_delta: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        for name in ("queue_depth", "max_task_chars", "max_context_chars", "max_new_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            raise ValueError(f"deadline_s must be positive, got {self.deadline_s!r}")
+
+
+@dataclass(frozen=True)
+class PlanFeedback:
+    request_id: str
+    delta_text: str
+    tokens_so_far: int
+    tokens_per_s: float
+    mean_accepted: float
+
+
+FeedbackCallback = Callable[[PlanFeedback], None]
+
+
+class PlanTicket:
+    """A submitted request; `result()` blocks until it is finished."""
+
+    def __init__(self, request: PlanRequest, on_feedback: FeedbackCallback | None):
+        self.request = request
+        self.on_feedback = on_feedback
+        self.cancel_token = CancelToken()
+        self.submitted = time.monotonic()
+        self.cancel_reason = "cancelled"
+        self._done = threading.Event()
+        self._result: PlanResult | None = None
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    def resolve(self, result: PlanResult) -> None:
+        self._result = result
+        self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> PlanResult:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.id} not finished after {timeout} s")
+        return self._result
+
+
+def _failed(request: PlanRequest, error: str, **extra) -> PlanResult:
+    return PlanResult(request.id, str(request.task), success=False, error=error, **extra)
+
+
+class PlannerService:
+    def __init__(self, engine: Engine, catalog: SkillCatalog, config: PlannerConfig):
+        self.engine, self.catalog, self.config = engine, catalog, config
+        self._lock = threading.Condition()
+        self._queue: collections.deque[PlanTicket] = collections.deque()
+        self._running: PlanTicket | None = None
+        self._stopping = False
+        self._worker: threading.Thread | None = None
+        self.on_result: Callable[[PlanResult], None] | None = None   # every finished result
+
+    # ---- lifecycle
+    def start(self) -> None:
+        with self._lock:
+            if self._worker is not None:
+                return
+            self._stopping = False
+            self._worker = threading.Thread(target=self._serve, name="flash-planner-worker",
+                                            daemon=True)
+            self._worker.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            self._stopping = True
+            dropped = list(self._queue)
+            self._queue.clear()
+            if self._running is not None:
+                self._running.cancel_reason = "the planner service stopped"
+                self._running.cancel_token.cancel()
+            self._lock.notify_all()
+            worker, self._worker = self._worker, None
+        for ticket in dropped:
+            self._finish(ticket, _failed(ticket.request, "the planner service stopped"))
+        if worker is not None:
+            worker.join(timeout)
+
+    @property
+    def queue_depth(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    @property
+    def busy(self) -> bool:
+        with self._lock:
+            return self._running is not None
+
+    # ---- requests
+    def submit(self, request: PlanRequest, on_feedback: FeedbackCallback | None = None
+               ) -> PlanTicket:
+        """Queue a request. Rejections resolve the returned ticket at once, with the reason."""
+        ticket = PlanTicket(request, on_feedback)
+        try:
+            ticket.request = request = request.checked(self.config.max_task_chars,
+                                                       self.config.max_context_chars)
+        except RequestError as exc:
+            self._finish(ticket, _failed(request, f"invalid request: {exc}"))
+            return ticket
+        preempted: list[PlanTicket] = []
+        with self._lock:
+            reason = self._admission(request, preempted)
+            if reason is None:
+                self._queue.append(ticket)
+                self._lock.notify_all()
+        for old in preempted:
+            if not old.cancel_token.cancelled:   # queued: never started
+                self._finish(old, _failed(old.request, f"preempted by request {request.id}"))
+        if reason is not None:
+            self._finish(ticket, _failed(request, reason))
+        return ticket
+
+    def _admission(self, request: PlanRequest, preempted: list[PlanTicket]) -> str | None:
+        """Why the request cannot be queued now (None: it can). Called under the lock."""
+        if self._stopping or self._worker is None:
+            return "the planner service is not running"
+        ids = {t.id for t in self._queue} | ({self._running.id} if self._running else set())
+        if request.id in ids:
+            return f"a request with id '{request.id}' is already queued or running"
+        busy = self._running is not None or self._queue
+        if busy and self.config.policy == "reject":
+            current = self._running.id if self._running else self._queue[0].id
+            return f"busy with request {current} (queue policy 'reject')"
+        if busy and self.config.policy == "preempt":
+            preempted.extend(self._queue)
+            self._queue.clear()
+            if self._running is not None:
+                self._running.cancel_reason = f"preempted by request {request.id}"
+                self._running.cancel_token.cancel()
+                preempted.append(self._running)
+            return None
+        if len(self._queue) >= self.config.queue_depth:
+            return f"queue full ({self.config.queue_depth} requests waiting)"
+        return None
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a queued or running request; UnknownRequestError if there is none."""
+        with self._lock:
+            queued = next((t for t in self._queue if t.id == request_id), None)
+            if queued is not None:
+                self._queue.remove(queued)
+            elif self._running is not None and self._running.id == request_id:
+                self._running.cancel_token.cancel()
+                return
+            else:
+                raise UnknownRequestError(f"no queued or running request with id "
+                                          f"'{request_id}'")
+        self._finish(queued, _failed(queued.request, "cancelled while queued",
+                                     finish_reason="cancelled"))
+
+    def plan(self, request: PlanRequest, on_feedback: FeedbackCallback | None = None,
+             timeout: float | None = None) -> PlanResult:
+        """Submit and wait: the blocking form."""
+        return self.submit(request, on_feedback).result(timeout)
+
+    # ---- the worker
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._stopping:
+                    self._lock.wait()
+                if self._stopping:
+                    return
+                ticket = self._queue.popleft()
+                self._running = ticket
+            try:
+                result = self._run(ticket)
+            except Exception as exc:  # keep serving whatever one request did
+                log.exception("request %s failed", ticket.id)
+                result = _failed(ticket.request, f"internal error: {type(exc).__name__}: {exc}")
+            with self._lock:
+                self._running = None
+            self._finish(ticket, result)
+
+    def _finish(self, ticket: PlanTicket, result: PlanResult) -> None:
+        result.telemetry.setdefault("request_id", ticket.id)
+        result.telemetry.setdefault("total_latency_ms",
+                                    round((time.monotonic() - ticket.submitted) * 1000, 3))
+        ticket.resolve(result)
+        if self.on_result is not None:
+            try:
+                self.on_result(result)
+            except Exception:  # a broken listener must not break the service
+                log.exception("on_result listener failed")
+
+    def _settings(self, request: PlanRequest, waited_s: float) -> GenerationSettings:
+        cfg = self.config
+        deadline = request.deadline_s if request.deadline_s is not None else cfg.deadline_s
+        return GenerationSettings(
+            max_new_tokens=request.max_new_tokens or cfg.max_new_tokens,
+            deadline_s=None if deadline is None else deadline - waited_s,
+            speculative=cfg.speculative, relaxed_thinking=cfg.relaxed_thinking,
+            relaxed_topk=cfg.relaxed_topk, relaxed_delta=cfg.relaxed_delta,
+            enable_thinking=(cfg.enable_thinking if request.enable_thinking is None
+                             else request.enable_thinking))
+
+    def _run(self, ticket: PlanTicket) -> PlanResult:
+        request = ticket.request
+        waited = time.monotonic() - ticket.submitted
+        telemetry = {"queue_wait_ms": round(waited * 1000, 3)}
+        deadline = request.deadline_s if request.deadline_s is not None else \
+            self.config.deadline_s
+        if deadline is not None and waited >= deadline:
+            return _failed(request, f"deadline of {deadline} s passed while queued",
+                           finish_reason="deadline", telemetry=telemetry)
+        messages = build_messages(self.catalog, request.task, request.context)
+        try:
+            settings = self._settings(request, waited)
+            out = generate(self.engine, messages, settings,
+                           on_token=self._feedback(ticket), cancel=ticket.cancel_token)
+        except (ContextOverflowError, ValueError) as exc:
+            return _failed(request, f"cannot plan this request: {exc}", telemetry=telemetry)
+        telemetry.update(out.stats.as_dict())
+        base = dict(raw_text=out.text, finish_reason=out.finish_reason, telemetry=telemetry)
+        if out.finish_reason == "cancelled":
+            return _failed(request, ticket.cancel_reason, **base)
+        if out.finish_reason == "deadline":
+            return _failed(request, f"deadline of {deadline} s reached during generation",
+                           **base)
+        try:
+            steps, thinking = parse_plan(out.text, self.catalog,
+                                         truncated=out.finish_reason == "length")
+        except PlanError as exc:
+            return _failed(request, str(exc), **base)
+        return PlanResult(request.id, request.task, True, plan=steps, thinking=thinking,
+                          **base)
+
+    def _feedback(self, ticket: PlanTicket):
+        if ticket.on_feedback is None:
+            return None
+        state = {"tokens": 0, "calls": 0, "t0": None}
+
+        def on_token(ids: list[int], delta: str) -> None:
+            now = time.monotonic()
+            state["t0"] = state["t0"] or now
+            state["tokens"] += len(ids)
+            state["calls"] += 1
+            cycles = state["calls"] - 1          # the first call is the prefill token
+            elapsed = now - state["t0"]
+            tps = (state["tokens"] - 1) / elapsed if elapsed > 0 else 0.0
+            accepted = (state["tokens"] - 1) / cycles - 1 if cycles else 0.0
+            try:
+                ticket.on_feedback(PlanFeedback(ticket.id, delta, state["tokens"], tps,
+                                                max(accepted, 0.0)))
+            except Exception:  # a broken feedback consumer must not stop decoding
+                log.exception("feedback callback of request %s failed", ticket.id)
+
+        return on_token

@@ -1,0 +1,119 @@
+"""The skill catalog (config/skills.yaml) and the JSON-Schema of a plan generated from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ARG_TYPES = ("string", "number", "integer", "boolean")
+CONSTRAINTS = ("enum", "minimum", "maximum")
+
+
+class CatalogError(ValueError):
+    """A skill catalog that cannot be used; the message names the file and entry."""
+
+
+@dataclass(frozen=True)
+class Argument:
+    name: str
+    type: str
+    description: str = ""
+    constraints: tuple[tuple[str, Any], ...] = ()
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": self.type, **dict(self.constraints)}
+
+    def signature(self) -> str:
+        extra = "".join(f", {k} {v}" for k, v in self.constraints)
+        return f"{self.name}: {self.type}{extra}"
+
+
+@dataclass(frozen=True)
+class Skill:
+    name: str
+    description: str
+    args: tuple[Argument, ...]
+
+    def args_schema(self) -> dict[str, Any]:
+        return {"type": "object", "properties": {a.name: a.schema() for a in self.args},
+                "required": [a.name for a in self.args], "additionalProperties": False}
+
+    def signature(self) -> str:
+        return f"{self.name}({', '.join(a.signature() for a in self.args)})"
+
+
+@dataclass(frozen=True)
+class SkillCatalog:
+    skills: tuple[Skill, ...]
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> SkillCatalog:
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise CatalogError(f"skill catalog {path} is not readable ({exc})") from exc
+        except yaml.YAMLError as exc:
+            raise CatalogError(f"skill catalog {path} is not valid YAML ({exc})") from exc
+        return cls.from_dict(data, where=str(path))
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "skill catalog") -> SkillCatalog:
+        if not isinstance(data, dict) or not isinstance(data.get("skills"), list):
+            raise CatalogError(f"{where}: expected a mapping with a 'skills' list")
+        skills, seen = [], set()
+        for i, entry in enumerate(data["skills"]):
+            skill = _skill(entry, f"{where}: skills[{i}]")
+            if skill.name in seen:
+                raise CatalogError(f"{where}: skill '{skill.name}' is defined twice")
+            seen.add(skill.name)
+            skills.append(skill)
+        if not skills:
+            raise CatalogError(f"{where}: the catalog has no skills")
+        return cls(tuple(skills))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.skills)
+
+    def get(self, name: str) -> Skill | None:
+        return next((s for s in self.skills if s.name == name), None)
+
+    def plan_schema(self) -> dict[str, Any]:
+        """JSON-Schema of a whole plan: {"plan": [{"skill": NAME, "args": {...}}, ...]}."""
+        steps = [{"type": "object",
+                  "properties": {"skill": {"const": s.name}, "args": s.args_schema()},
+                  "required": ["skill", "args"], "additionalProperties": False}
+                 for s in self.skills]
+        return {"type": "object", "required": ["plan"], "additionalProperties": False,
+                "properties": {"plan": {"type": "array", "minItems": 1,
+                                        "items": {"oneOf": steps}}}}
+
+
+def _skill(entry: Any, where: str) -> Skill:
+    if not isinstance(entry, dict):
+        raise CatalogError(f"{where}: expected a mapping")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name.isidentifier():
+        raise CatalogError(f"{where}: 'name' must be an identifier, got {name!r}")
+    args = entry.get("args") or {}
+    if not isinstance(args, dict):
+        raise CatalogError(f"{where} ({name}): 'args' must be a mapping")
+    return Skill(name, str(entry.get("description", "")),
+                 tuple(_argument(k, v, f"{where} ({name}) argument '{k}'")
+                       for k, v in args.items()))
+
+
+def _argument(name: str, spec: Any, where: str) -> Argument:
+    if isinstance(spec, str):
+        spec = {"type": spec}
+    if not isinstance(spec, dict) or spec.get("type") not in ARG_TYPES:
+        raise CatalogError(f"{where}: 'type' must be one of {ARG_TYPES}")
+    unknown = sorted(set(spec) - {"type", "description", *CONSTRAINTS})
+    if unknown:
+        raise CatalogError(f"{where}: unknown field(s) {unknown}")
+    constraints = tuple((k, spec[k]) for k in CONSTRAINTS if k in spec)
+    return Argument(name, spec["type"], str(spec.get("description", "")), constraints)

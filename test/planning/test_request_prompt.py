@@ -1,0 +1,73 @@
+"""Request checks (bad input gets a precise error) and the chat prompt."""
+
+from __future__ import annotations
+
+import pytest
+
+from flash_planner.planning.presets import default_skills_path
+from flash_planner.planning.prompt import build_messages
+from flash_planner.planning.request import PlanRequest, RequestError
+from flash_planner.planning.skills import SkillCatalog
+
+
+def _checked(**kwargs):
+    return PlanRequest(**kwargs).checked(max_task_chars=50, max_context_chars=100)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"task": ""}, "task is empty"),
+    ({"task": "  \n\t "}, "task is empty"),
+    ({"task": "x" * 51}, "task is 51 characters, the limit is 50"),
+    ({"task": b"pick up the \xff cup"}, "task is not valid UTF-8"),
+    ({"task": "pick up\x00 the cup"}, "control character U\\+0000"),
+    ({"task": "pick up \x1b[31mthe cup"}, "control character U\\+001B"),
+    ({"task": "ok", "context": "y" * 101}, "context is 101 characters"),
+    ({"task": 42}, "task must be a string"),
+    ({"task": "ok", "max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
+    ({"task": "ok", "deadline_s": -1}, "deadline_s must be a positive number"),
+])
+def test_bad_requests_are_refused_with_the_reason(kwargs, match):
+    with pytest.raises(RequestError, match=match):
+        _checked(**kwargs)
+
+
+def test_good_request_is_normalised():
+    req = _checked(task="  pick up the cup\n", context="table: cup", id="r1")
+    assert (req.task, req.context, req.id) == ("pick up the cup", "table: cup", "r1")
+    assert _checked(task=b"bytes are fine").task == "bytes are fine"
+
+
+@pytest.mark.parametrize("text,match", [
+    ('{"task": "x", "colour": "red"}', r"unknown request field\(s\) \['colour'\]"),
+    ('{"task": "x",', "looks like JSON but is malformed"),
+    ('{"context": "kitchen"}', "has no 'task'"),
+    (b"\xc3\x28", "message is not valid UTF-8"),
+])
+def test_bad_task_messages(text, match):
+    with pytest.raises(RequestError, match=match):
+        PlanRequest.from_text(text)
+
+
+def test_task_messages_plain_and_json():
+    assert PlanRequest.from_text("open the fridge").task == "open the fridge"
+    req = PlanRequest.from_text('{"id": 7, "task": "open it", "context": "fridge ahead"}')
+    assert (req.id, req.task, req.context) == ("7", "open it", "fridge ahead")
+
+
+def test_prompt_lists_every_skill_and_renders_with_the_chat_template(hybrid_dir):
+    from transformers import AutoTokenizer
+
+    catalog = SkillCatalog.from_yaml(default_skills_path())
+    messages = build_messages(catalog, "bring the cup", "cup on the table")
+    system, user = messages[0]["content"], messages[1]["content"]
+    for skill in catalog.skills:
+        assert skill.signature() in system
+    assert '{"plan": [{"skill": NAME' in system
+    assert user == "Task: bring the cup\nScene: cup on the table"
+    assert "Scene" not in build_messages(catalog, "bring the cup")[1]["content"]
+    tok = AutoTokenizer.from_pretrained(str(hybrid_dir))
+    on = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                 enable_thinking=True)
+    off = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                  enable_thinking=False)
+    assert "bring the cup" in on and off.endswith("<think>\n\n</think>\n\n")

@@ -1,0 +1,160 @@
+"""The planner service on a real tiny engine: queue policies, cancel, deadlines, failures.
+
+The tiny model has random weights, so its answers are never valid plans: every finished
+request here fails plan validation with a precise error, which is itself the path under
+test. The worker is held busy by a feedback callback that waits on an event.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from flash_planner.planning.presets import default_skills_path
+from flash_planner.planning.request import PlanRequest
+from flash_planner.planning.service import PlannerConfig, PlannerService, UnknownRequestError
+from flash_planner.planning.skills import SkillCatalog
+
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def engine(hybrid_dir, make_engine):
+    return make_engine(hybrid_dir, max_context=1024)
+
+
+@pytest.fixture
+def make_service(engine):
+    services = []
+
+    def make(**config):
+        service = PlannerService(engine, SkillCatalog.from_yaml(default_skills_path()),
+                                 PlannerConfig(**{"max_new_tokens": 24, **config}))
+        service.start()
+        services.append(service)
+        return service
+
+    yield make
+    for service in services:
+        service.stop()
+
+
+class Gate:
+    """A feedback callback that holds the worker until released."""
+
+    def __init__(self):
+        self.entered, self.release, self.events = threading.Event(), threading.Event(), []
+
+    def __call__(self, feedback):
+        self.events.append(feedback)
+        self.entered.set()
+        assert self.release.wait(TIMEOUT)
+
+
+def test_random_model_output_is_reported_as_no_valid_plan(make_service):
+    service = make_service()
+    result = service.plan(PlanRequest("pick up the red cup", id="a"), timeout=TIMEOUT)
+    assert not result.success and result.plan is None
+    assert result.error  # a precise parse/validation error
+    assert result.raw_text
+    assert result.telemetry["new_tokens"] > 0 and result.telemetry["request_id"] == "a"
+    assert result.telemetry["ttft_ms"] > 0 and "queue_wait_ms" in result.telemetry
+
+
+def test_bad_requests_fail_and_the_service_keeps_serving(make_service):
+    service = make_service()
+    bad = service.plan(PlanRequest("   "), timeout=TIMEOUT)
+    assert not bad.success and bad.error == "invalid request: task is empty"
+    ok = service.plan(PlanRequest("open the fridge"), timeout=TIMEOUT)
+    assert ok.telemetry.get("new_tokens", 0) > 0
+
+
+def test_feedback_streams_the_generated_text(make_service):
+    service = make_service()
+    events = []
+    result = service.plan(PlanRequest("open the fridge", max_new_tokens=12),
+                          on_feedback=events.append, timeout=TIMEOUT)
+    assert events and "".join(e.delta_text for e in events) == result.raw_text
+    assert events[-1].tokens_so_far == result.telemetry["new_tokens"]
+
+
+def test_reject_policy_and_full_queue(make_service):
+    service = make_service(policy="reject")
+    gate = Gate()
+    running = service.submit(PlanRequest("task one", id="one"), on_feedback=gate)
+    assert gate.entered.wait(TIMEOUT)
+    refused = service.submit(PlanRequest("task two", id="two")).result(TIMEOUT)
+    assert not refused.success and "busy with request one" in refused.error
+    gate.release.set()
+    running.result(TIMEOUT)
+
+    service = make_service(policy="queue", queue_depth=1)
+    gate = Gate()
+    first = service.submit(PlanRequest("task one", id="q1"), on_feedback=gate)
+    assert gate.entered.wait(TIMEOUT)
+    second = service.submit(PlanRequest("task two", id="q2"))
+    third = service.submit(PlanRequest("task three", id="q3")).result(TIMEOUT)
+    assert "queue full (1 requests waiting)" in third.error
+    assert service.queue_depth == 1
+    dup = service.submit(PlanRequest("again", id="q2")).result(TIMEOUT)
+    assert "already queued or running" in dup.error
+    gate.release.set()
+    assert first.result(TIMEOUT).telemetry["new_tokens"] > 0
+    assert second.result(TIMEOUT).telemetry["new_tokens"] > 0   # served after the first
+
+
+def test_preempt_policy_cancels_the_running_request(make_service):
+    service = make_service(policy="preempt", max_new_tokens=200)
+    gate = Gate()
+    old = service.submit(PlanRequest("old task", id="old"), on_feedback=gate)
+    assert gate.entered.wait(TIMEOUT)
+    new = service.submit(PlanRequest("new task", id="new"))
+    gate.release.set()
+    old_result = old.result(TIMEOUT)
+    assert not old_result.success and old_result.error == "preempted by request new"
+    assert old_result.finish_reason == "cancelled"
+    assert new.result(TIMEOUT).telemetry["new_tokens"] > 0
+
+
+def test_cancel_running_queued_and_unknown(make_service):
+    service = make_service(max_new_tokens=200)
+    gate = Gate()
+    running = service.submit(PlanRequest("long task", id="run"), on_feedback=gate)
+    assert gate.entered.wait(TIMEOUT)
+    queued = service.submit(PlanRequest("waiting task", id="wait"))
+    service.cancel("wait")
+    assert queued.result(TIMEOUT).error == "cancelled while queued"
+    with pytest.raises(UnknownRequestError, match="no queued or running request with id 'x'"):
+        service.cancel("x")
+    service.cancel("run")
+    gate.release.set()
+    result = running.result(TIMEOUT)
+    assert result.finish_reason == "cancelled" and result.error == "cancelled"
+    assert result.telemetry["new_tokens"] < 200
+
+
+def test_deadlines_while_queued_and_while_generating(make_service):
+    service = make_service(max_new_tokens=400)
+    gate = Gate()
+    first = service.submit(PlanRequest("hold", id="h"), on_feedback=gate)
+    assert gate.entered.wait(TIMEOUT)
+    late = service.submit(PlanRequest("late", id="late", deadline_s=0.05))
+    threading.Event().wait(0.2)
+    gate.release.set()
+    first.result(TIMEOUT)
+    result = late.result(TIMEOUT)
+    assert result.finish_reason == "deadline" and "passed while queued" in result.error
+
+    slow = service.plan(PlanRequest("go", deadline_s=0.05, max_new_tokens=400),
+                        on_feedback=lambda _: threading.Event().wait(0.1), timeout=TIMEOUT)
+    assert slow.finish_reason == "deadline"
+    assert slow.error == "deadline of 0.05 s reached during generation"
+    assert 1 <= slow.telemetry["new_tokens"] < 400
+
+
+def test_stopped_service_refuses_with_a_reason(make_service):
+    service = make_service()
+    service.stop()
+    result = service.submit(PlanRequest("anything")).result(TIMEOUT)
+    assert result.error == "the planner service is not running"
