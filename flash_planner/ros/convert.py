@@ -1,0 +1,134 @@
+"""Messages <-> planning objects, as plain field dicts (no rclpy, no generated types here).
+
+The node builds the ROS message and calls `fill(msg, fields)`; every key produced here is a
+field of flash_planner_interfaces' Plan.action / PlanTelemetry.msg (a test reads the
+.action/.msg files to check it). Values are converted to the field's Python type (int for
+int32, float for float32/float64, str for string) because generated setters check types.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from ..planning.request import PlanRequest, PlanResult
+
+if TYPE_CHECKING:  # the service module pulls in the engine (torch); only its type is needed
+    from ..planning.service import PlanFeedback
+
+# PlanTelemetry field -> (telemetry dict key, type). `stamp` is set by the node's clock and
+# `finish_reason` comes from the result, not the telemetry dict.
+TELEMETRY_MAP: dict[str, tuple[str, type]] = {
+    "request_id": ("request_id", str),
+    "queue_wait_ms": ("queue_wait_ms", float),
+    "ttft_ms": ("ttft_ms", float),
+    "decode_ms": ("decode_ms", float),
+    "total_latency_ms": ("total_latency_ms", float),
+    "prompt_tokens": ("prompt_tokens", int),
+    "new_tokens": ("new_tokens", int),
+    "tokens_per_s": ("decode_tokens_per_s", float),
+    "cycles": ("cycles", int),
+    "mean_accepted_length": ("mean_accepted", float),
+    "tokens_per_cycle": ("tokens_per_cycle", float),
+}
+PHASE_FIELDS = {"draft_ms_per_cycle": "draft", "verify_ms_per_cycle": "verify"}
+TERMINAL = ("succeed", "canceled", "abort")  # ServerGoalHandle method names
+
+
+def fill(msg: Any, fields: dict[str, Any]) -> Any:
+    """Set `fields` on `msg` (nested dicts fill nested messages); returns `msg`."""
+    for name, value in fields.items():
+        if not hasattr(msg, name):
+            raise AttributeError(f"{type(msg).__name__} has no field '{name}'")
+        if isinstance(value, dict):
+            fill(getattr(msg, name), value)
+        else:
+            setattr(msg, name, value)
+    return msg
+
+
+def goal_request_id(uuid: Any) -> str:
+    """The planner request id of an action goal: the hex of its 16-byte goal UUID."""
+    return bytes(bytearray(int(b) for b in uuid)).hex()
+
+
+def goal_to_request(goal: Any, request_id: str) -> PlanRequest:
+    """A Plan goal (task, context, max_new_tokens, enable_thinking) as a PlanRequest."""
+    return PlanRequest(task=goal.task, context=goal.context, id=request_id,
+                       max_new_tokens=int(goal.max_new_tokens) or None,
+                       enable_thinking=bool(goal.enable_thinking))
+
+
+def telemetry_fields(telemetry: dict[str, Any], finish_reason: str = "") -> dict[str, Any]:
+    """PlanTelemetry fields (all but `stamp`) from a result's telemetry dict; missing -> 0/""."""
+    out: dict[str, Any] = {}
+    for field, (key, kind) in TELEMETRY_MAP.items():
+        value = telemetry.get(key)
+        out[field] = kind(value) if value is not None else kind()
+    phases = telemetry.get("phase_ms_per_cycle") or {}
+    for field, phase in PHASE_FIELDS.items():
+        out[field] = float(phases.get(phase, 0.0))
+    out["finish_reason"] = str(finish_reason)
+    return out
+
+
+def result_fields(result: PlanResult) -> dict[str, Any]:
+    """Plan result fields: success, plan_json, error, raw_text and nested telemetry."""
+    return {
+        "success": bool(result.success),
+        "plan_json": json.dumps({"plan": result.plan}) if result.success else "",
+        "error": "" if result.success else str(result.error),
+        "raw_text": str(result.raw_text),
+        "telemetry": telemetry_fields(result.telemetry, result.finish_reason),
+    }
+
+
+def feedback_fields(feedback: PlanFeedback) -> dict[str, Any]:
+    """Plan feedback fields from the service's streaming feedback."""
+    return {
+        "delta_text": str(feedback.delta_text),
+        "tokens_so_far": int(feedback.tokens_so_far),
+        "tokens_per_s": float(feedback.tokens_per_s),
+        "mean_accepted_length": float(feedback.mean_accepted),
+    }
+
+
+def plan_topic_json(result: PlanResult) -> str:
+    """The `~/plan` topic message: id, task, success, plan or error, finish_reason, telemetry."""
+    out: dict[str, Any] = {"id": result.request_id, "task": result.task,
+                           "success": result.success}
+    if result.success:
+        out["plan"] = result.plan
+    else:
+        out["error"] = result.error
+    out["finish_reason"] = result.finish_reason
+    out["telemetry"] = result.telemetry
+    return json.dumps(out, default=str)
+
+
+def rejected_task(error: str, text: str | bytes = "", limit: int = 200) -> PlanResult:
+    """The failed result published for a `~/task` message that is not a request."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    task = text if len(text) <= limit else text[:limit] + "..."
+    return PlanResult("", task, success=False, error=f"invalid request: {error}")
+
+
+def terminal_state(success: bool, cancel_requested: bool) -> str:
+    """Which ServerGoalHandle method ends a goal: succeed, canceled or abort.
+
+    A failure after a cancel request is a cancel; any other failure (no valid plan,
+    preempted, rejected, engine error) aborts, with the error in the result.
+    """
+    if success:
+        return "succeed"
+    return "canceled" if cancel_requested else "abort"
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for a log: the message of a ValueError/OSError, else `Type: message`."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    if isinstance(exc, (ValueError, OSError)) and text:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,174 @@
+"""The planner's health for /diagnostics: a rolling latency window and a status from budgets.
+
+Pure Python (no rclpy, no diagnostic_updater): the node feeds every finished `PlanResult`
+into a `LatencyWindow` and, on each diagnostics period, turns the window into
+`(level, message, key_values)` with `status` / `node_status`. Levels are the ints 0/1/2 of
+diagnostic_msgs/DiagnosticStatus OK/WARN/ERROR (the node sends them as bytes).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..planning.request import PlanResult
+
+OK, WARN, ERROR = 0, 1, 2
+KeyValues = list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """p95 budgets in milliseconds: WARN above a budget, ERROR above twice it."""
+
+    ttft_ms: float
+    latency_ms: float
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "latency_ms"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"budget {name} must be positive, got {getattr(self, name)!r}")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation (numpy's default); 0 if empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What the window keeps of one request that reached the engine."""
+
+    ttft_ms: float
+    latency_ms: float
+    tokens_per_s: float
+    mean_accepted: float
+    cycles: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A snapshot of the window: percentiles over its samples, counters since start."""
+
+    samples: int
+    ok: int
+    failed: int
+    cancelled: int
+    last_error: str
+    ttft_p50: float
+    ttft_p95: float
+    latency_p50: float
+    latency_p95: float
+    tokens_per_s: float
+    mean_accepted: float
+
+    @property
+    def requests(self) -> int:
+        return self.ok + self.failed + self.cancelled
+
+
+class LatencyWindow:
+    """The last `size` requests that ran on the engine, plus outcome counters (thread-safe).
+
+    Requests refused before generation (invalid, queue full, cancelled while queued) count
+    as failed/cancelled but add no latency sample: they would only drag percentiles down.
+    """
+
+    def __init__(self, size: int):
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"window size must be a positive integer, got {size!r}")
+        self._lock = threading.Lock()
+        self._samples: collections.deque[Sample] = collections.deque(maxlen=size)
+        self._ok = self._failed = self._cancelled = 0
+        self._last_error = ""
+
+    def add(self, result: PlanResult) -> None:
+        """Fold one finished request into the window."""
+        t = result.telemetry
+        with self._lock:
+            if result.success:
+                self._ok += 1
+            elif result.finish_reason == "cancelled":
+                self._cancelled += 1
+            else:
+                self._failed += 1
+                self._last_error = result.error
+            if "ttft_ms" in t:
+                self._samples.append(Sample(
+                    float(t["ttft_ms"]), float(t.get("total_latency_ms", t.get("total_ms", 0))),
+                    float(t.get("decode_tokens_per_s", 0.0)), float(t.get("mean_accepted", 0.0)),
+                    int(t.get("cycles", 0))))
+
+    def summary(self) -> Summary:
+        """Percentiles and means over the window's samples, and the counters."""
+        with self._lock:
+            samples = list(self._samples)
+            counts = (self._ok, self._failed, self._cancelled, self._last_error)
+        ttft = [s.ttft_ms for s in samples]
+        latency = [s.latency_ms for s in samples]
+        return Summary(
+            len(samples), *counts, percentile(ttft, 50), percentile(ttft, 95),
+            percentile(latency, 50), percentile(latency, 95),
+            _mean([s.tokens_per_s for s in samples if s.tokens_per_s > 0]),
+            _mean([s.mean_accepted for s in samples if s.cycles > 0]))
+
+
+def _grade(name: str, value: float, budget: float) -> tuple[int, str]:
+    if value > 2 * budget:
+        return ERROR, f"p95 {name} {value:.0f} ms over twice the {budget:.0f} ms budget"
+    if value > budget:
+        return WARN, f"p95 {name} {value:.0f} ms over the {budget:.0f} ms budget"
+    return OK, ""
+
+
+def status(window: LatencyWindow | Summary, budgets: Budgets, queue_depth: int
+           ) -> tuple[int, str, KeyValues]:
+    """(level, message, key_values) of the planner from its window and the budgets."""
+    s = window.summary() if isinstance(window, LatencyWindow) else window
+    values = [
+        ("requests ok", str(s.ok)), ("requests failed", str(s.failed)),
+        ("requests cancelled", str(s.cancelled)), ("window samples", str(s.samples)),
+        ("ttft p50 ms", f"{s.ttft_p50:.1f}"), ("ttft p95 ms", f"{s.ttft_p95:.1f}"),
+        ("latency p50 ms", f"{s.latency_p50:.1f}"), ("latency p95 ms", f"{s.latency_p95:.1f}"),
+        ("tokens per s", f"{s.tokens_per_s:.1f}"),
+        ("mean accepted length", f"{s.mean_accepted:.2f}"),
+        ("queue depth", str(queue_depth)), ("last error", s.last_error),
+        ("ttft budget ms", f"{budgets.ttft_ms:.0f}"),
+        ("latency budget ms", f"{budgets.latency_ms:.0f}"),
+    ]
+    if s.samples == 0:
+        message = "no requests yet" if s.requests == 0 else \
+            f"no request reached the engine yet ({s.failed} failed, {s.cancelled} cancelled)"
+        return OK, message, values
+    grades = [_grade("latency", s.latency_p95, budgets.latency_ms),
+              _grade("TTFT", s.ttft_p95, budgets.ttft_ms)]
+    level = max(g[0] for g in grades)
+    if level == OK:
+        message = (f"ok: p95 latency {s.latency_p95:.0f} ms, p95 TTFT {s.ttft_p95:.0f} ms, "
+                   f"{s.tokens_per_s:.1f} tokens/s")
+    else:
+        message = "; ".join(text for lvl, text in grades if lvl > OK)
+    return level, message, values
+
+
+def node_status(state: str, load_error: str, window: LatencyWindow | None, budgets: Budgets,
+                queue_depth: int) -> tuple[int, str, KeyValues]:
+    """The node's status: ERROR after a failed model load, OK while not serving, else `status`."""
+    if load_error:
+        return ERROR, f"model failed to load: {load_error}", [("state", state)]
+    if state != "active" or window is None:
+        return OK, f"{state}: not serving requests", [("state", state)]
+    level, message, values = status(window, budgets, queue_depth)
+    return level, message, [("state", state), *values]

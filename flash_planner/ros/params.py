@@ -1,0 +1,234 @@
+"""Every ROS parameter of the planner node in one table, and its conversion to configs.
+
+The table is the single source: the node declares from it (`declare`), config/planner.yaml
+mirrors it (a test checks names, defaults and types), and `build_configs` turns the values
+into an `EngineConfig`, a `PlannerConfig` and the skill catalog path. Only the latency
+budgets are dynamic; everything else is read-only and applied at configure. No rclpy here at
+import time: `descriptor` and `declare` import rcl_interfaces when they are called.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+Value = bool | int | float | str
+DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+MAX_BLOCK = 16  # the engine's default verify-block capacity; raised for larger blocks
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter: dotted name, default (its type is the ROS type), description, limits."""
+
+    name: str
+    default: Value
+    description: str
+    read_only: bool = True
+    range: tuple[float, float] | None = None  # inclusive
+    choices: tuple[str, ...] = ()
+
+
+def _p(name: str, default: Value, description: str, **kw: Any) -> Param:
+    return Param(name, default, description, **kw)
+
+
+PARAMS: tuple[Param, ...] = (
+    _p("autostart", True, "Configure and activate once at startup."),
+    # model
+    _p("model.preset", "", "Model preset in config/models (e.g. qwen3_6_27b); '' = none."),
+    _p("model.path", "", "Target checkpoint directory; overrides the preset's target."),
+    _p("model.drafter_path", "", "DFlash drafter directory; overrides the preset's drafter."),
+    _p("model.dtype", "auto", "Weight dtype; auto = the preset's, else bf16 on CUDA, fp32 on CPU.",
+       choices=("auto", "fp32", "bf16", "fp16")),
+    _p("model.device", "auto", "auto, cpu, cuda or cuda:N."),
+    # engine
+    _p("engine.max_context", 0, "Prompt + generated tokens (sizes the KV cache); 0 = preset's.",
+       range=(0, 1 << 20)),
+    _p("engine.prefill_chunk", 256, "Prompt tokens per prefill forward.", range=(1, 65536)),
+    _p("engine.kv_dtype", "auto", "KV cache dtype; auto = the preset's, else the weight dtype.",
+       choices=("auto", "fp32", "bf16", "fp16", "fp8")),
+    _p("engine.dense_backend", "torch", "Dense-segment backend (only torch is implemented).",
+       choices=("torch", "onnxruntime", "tensorrt", "auto")),
+    # speculative decoding
+    _p("speculative.enabled", True, "Speculative decoding when a drafter is loaded."),
+    _p("speculative.block_size", 0, "Verify block (anchor + drafts); 0 = preset's/drafter's.",
+       range=(0, 64)),
+    _p("speculative.window", 0, "Drafter context window in tokens; 0 = the preset's (128).",
+       range=(0, 65536)),
+    _p("speculative.window_seed", True, "Seed the drafter window from the prompt's tail."),
+    _p("speculative.relaxed_thinking", False, "Relaxed acceptance inside <think> (or preset)."),
+    _p("speculative.relaxed_topk", 3, "Relaxed acceptance: draft within the target's top-k.",
+       range=(1, 64)),
+    _p("speculative.relaxed_delta", 1.0, "Relaxed acceptance: max logit gap to the top token.",
+       range=(0.0, 100.0)),
+    # planner
+    _p("planner.skills_file", "", "Skill catalog YAML; '' = the installed config/skills.yaml."),
+    _p("planner.enable_thinking", True, "Thinking phase for ~/task requests that do not say."),
+    _p("planner.max_new_tokens", 512, "Default bound on generated tokens.", range=(1, 131072)),
+    _p("planner.max_task_chars", 2000, "Longest task text accepted.", range=(1, 1_000_000)),
+    _p("planner.max_context_chars", 4000, "Longest context text accepted.",
+       range=(1, 1_000_000)),
+    _p("planner.queue_policy", "queue", "While busy: queue, preempt the running request, or "
+       "reject.", choices=("queue", "preempt", "reject")),
+    _p("planner.queue_depth", 4, "Requests waiting at most; more are rejected.",
+       range=(1, 1024)),
+    _p("planner.deadline_s", 0.0, "Per-request deadline from submission; 0 = none.",
+       range=(0.0, 3600.0)),
+    # diagnostics
+    _p("diagnostics.ttft_budget_ms", 500.0, "p95 TTFT budget: WARN above, ERROR above 2x.",
+       read_only=False, range=(1.0, 1e6)),
+    _p("diagnostics.latency_budget_ms", 5000.0, "p95 end-to-end latency budget: WARN above, "
+       "ERROR above 2x.", read_only=False, range=(1.0, 1e7)),
+    _p("diagnostics.window", 50, "Requests in the rolling latency window.", range=(1, 10000)),
+    _p("diagnostics.period_s", 1.0, "Diagnostics publishing period.", range=(0.1, 60.0)),
+    # QoS
+    _p("qos.plan_depth", 10, "~/plan history depth (reliable, transient local).",
+       range=(1, 1000)),
+    _p("qos.task_depth", 10, "~/task history depth (reliable).", range=(1, 1000)),
+    _p("qos.telemetry_depth", 10, "~/telemetry history depth (reliable).", range=(1, 1000)),
+)
+BY_NAME = {p.name: p for p in PARAMS}
+
+
+def defaults() -> dict[str, Value]:
+    """Parameter name -> default value."""
+    return {p.name: p.default for p in PARAMS}
+
+
+def check(param: Param, value: Any) -> Value:
+    """`value` for `param`, type-, range- and choice-checked; ValueError names the parameter."""
+    kind = type(param.default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if type(value) is not kind:
+        raise ValueError(f"{param.name} must be a {kind.__name__}, got {value!r}")
+    if param.range is not None and not param.range[0] <= value <= param.range[1]:
+        raise ValueError(f"{param.name} must be within {param.range[0]}..{param.range[1]}, "
+                         f"got {value!r}")
+    if param.choices and value not in param.choices:
+        raise ValueError(f"{param.name} must be one of {', '.join(param.choices)}, "
+                         f"got {value!r}")
+    return value
+
+
+def validated(values: dict[str, Any]) -> dict[str, Value]:
+    """Defaults overlaid with `values`, each checked; unknown names are an error."""
+    unknown = sorted(set(values) - set(BY_NAME))
+    if unknown:
+        raise ValueError(f"unknown parameter(s) {unknown}")
+    merged = {**defaults(), **values}
+    return {name: check(BY_NAME[name], value) for name, value in merged.items()}
+
+
+def _model(v: dict[str, Value]):
+    """The model preset the model.* parameters describe."""
+    from ..planning.presets import ModelPreset, resolve_model
+
+    if not v["model.preset"] and not v["model.path"]:
+        raise ValueError("no model: set model.preset (a config/models preset) or model.path "
+                         "(a checkpoint directory); no demo model ships yet")
+    path = str(Path(v["model.path"]).expanduser()) if v["model.path"] else ""
+    if path and not Path(path).is_dir():
+        raise ValueError(f"model.path: directory {path} does not exist")
+    try:
+        preset = resolve_model(v["model.preset"]) if v["model.preset"] else None
+    except ValueError as exc:
+        raise ValueError(f"model.preset: {exc}") from None
+    if preset is None:
+        preset = ModelPreset(name=Path(path).name, target_path=path)
+    elif path:
+        preset = replace(preset, target_path=path)
+    if v["model.drafter_path"]:
+        drafter = Path(v["model.drafter_path"]).expanduser()
+        if not drafter.is_dir():
+            raise ValueError(f"model.drafter_path: directory {drafter} does not exist")
+        preset = replace(preset, drafter_path=str(drafter))
+    return preset
+
+
+def build_configs(values: dict[str, Any]):
+    """(EngineConfig, PlannerConfig, skills path) from parameter values (missing = default).
+
+    Zero / "auto" values defer to the model preset. Raises ValueError naming the parameter.
+    """
+    from ..planning.presets import default_skills_path
+    from ..planning.service import PlannerConfig
+
+    v = validated(values)
+    if not DEVICE.match(v["model.device"]):
+        raise ValueError(f"model.device must be auto, cpu, cuda or cuda:N, "
+                         f"got {v['model.device']!r}")
+    if v["engine.dense_backend"] in ("onnxruntime", "tensorrt"):
+        raise ValueError(f"engine.dense_backend {v['engine.dense_backend']!r} is not available "
+                         "yet: only 'torch' is implemented (use torch or auto)")
+    block = v["speculative.block_size"] or None
+    if block == 1:
+        raise ValueError("speculative.block_size must be 0 (the drafter's) or 2..64, got 1")
+    preset = _model(v)
+    try:
+        engine = preset.engine_config(
+            dtype=None if v["model.dtype"] == "auto" else v["model.dtype"],
+            kv_dtype=None if v["engine.kv_dtype"] == "auto" else v["engine.kv_dtype"],
+            device=v["model.device"], max_context=v["engine.max_context"] or None,
+            prefill_chunk=v["engine.prefill_chunk"], block_size=block,
+            max_block=max(MAX_BLOCK, block or preset.block_size or 0),
+            window=v["speculative.window"] or None, window_seed=v["speculative.window_seed"])
+    except ValueError as exc:
+        raise ValueError(f"model/engine parameters: {exc}") from None
+    if v["planner.max_new_tokens"] >= engine.max_context:
+        raise ValueError(f"planner.max_new_tokens ({v['planner.max_new_tokens']}) must be below "
+                         f"the context of {engine.max_context} tokens (engine.max_context)")
+    planner = PlannerConfig(
+        queue_depth=v["planner.queue_depth"], policy=v["planner.queue_policy"],
+        max_task_chars=v["planner.max_task_chars"],
+        max_context_chars=v["planner.max_context_chars"],
+        max_new_tokens=v["planner.max_new_tokens"], enable_thinking=v["planner.enable_thinking"],
+        deadline_s=v["planner.deadline_s"] or None, speculative=v["speculative.enabled"],
+        relaxed_thinking=v["speculative.relaxed_thinking"] or preset.relaxed_thinking,
+        relaxed_topk=v["speculative.relaxed_topk"], relaxed_delta=v["speculative.relaxed_delta"])
+    skills = v["planner.skills_file"]
+    skills_path = Path(skills).expanduser() if skills else default_skills_path()
+    if not skills_path.is_file():
+        raise ValueError(f"planner.skills_file: {skills_path} is not a file")
+    return engine, planner, skills_path
+
+
+def descriptor(param: Param):
+    """The rcl_interfaces ParameterDescriptor of `param` (description, read_only, range)."""
+    from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor
+
+    desc = ParameterDescriptor(description=param.description, read_only=param.read_only)
+    if param.choices:
+        desc.additional_constraints = "one of: " + ", ".join(param.choices)
+    if param.range is not None and isinstance(param.default, float):
+        lo, hi = (float(x) for x in param.range)
+        desc.floating_point_range = [FloatingPointRange(from_value=lo, to_value=hi, step=0.0)]
+    elif param.range is not None:
+        lo, hi = (int(x) for x in param.range)
+        desc.integer_range = [IntegerRange(from_value=lo, to_value=hi, step=1)]
+    return desc
+
+
+def declare(node) -> list[str]:
+    """Declare every parameter on `node`; returns one message per rejected override.
+
+    A rejected override (wrong type, out of range) leaves the default in place and is
+    reported, so the node stays up and configure can fail with the reason.
+    """
+    errors = []
+    for param in PARAMS:
+        try:
+            node.declare_parameter(param.name, param.default, descriptor(param))
+        except Exception as exc:  # rclpy's InvalidParameter{Type,Value}Exception and kin
+            errors.append(f"{param.name}: {exc}")
+            node.declare_parameter(param.name, param.default, descriptor(param),
+                                   ignore_override=True)
+    return errors
+
+
+def read(node) -> dict[str, Value]:
+    """Current values of every parameter declared by `declare`."""
+    return {p.name: node.get_parameter(p.name).value for p in PARAMS}

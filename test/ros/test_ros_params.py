@@ -1,0 +1,154 @@
+"""The parameter table: config/planner.yaml mirrors it, and build_configs turns it into configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flash_planner.ros import params
+from flash_planner.ros.params import PARAMS, build_configs
+
+REPO = Path(__file__).resolve().parents[2]
+YAML = REPO / "config" / "planner.yaml"
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        out.update(_flatten(value, f"{name}.") if isinstance(value, dict) else {name: value})
+    return out
+
+
+def test_yaml_covers_every_parameter_with_the_table_default():
+    data = yaml.safe_load(YAML.read_text())
+    assert list(data) == ["/**"] and list(data["/**"]) == ["ros__parameters"]
+    values = _flatten(data["/**"]["ros__parameters"])
+    assert sorted(values) == sorted(p.name for p in PARAMS)
+    for p in PARAMS:
+        # ROS parameters are strictly typed: 0 is not a valid value for a float parameter.
+        assert type(values[p.name]) is type(p.default), p.name
+        assert values[p.name] == p.default, p.name
+
+
+def test_table_is_well_formed():
+    names = [p.name for p in PARAMS]
+    assert len(names) == len(set(names))
+    groups = {n.split(".")[0] for n in names if "." in n}
+    assert groups == {"model", "engine", "speculative", "planner", "diagnostics", "qos"}
+    for p in PARAMS:
+        assert p.description and type(p.default) in (bool, int, float, str), p.name
+        assert params.check(p, p.default) == p.default  # defaults pass their own checks
+        if p.range is not None:
+            assert type(p.default) in (int, float) and p.range[0] <= p.range[1], p.name
+    dynamic = {p.name for p in PARAMS if not p.read_only}
+    assert dynamic == {"diagnostics.ttft_budget_ms", "diagnostics.latency_budget_ms"}
+
+
+def test_preset_gives_the_preset_engine_config():
+    engine, planner, skills = build_configs({"model.preset": "qwen3_4b"})
+    assert engine.model_path == "/models/Qwen3-4B"
+    assert engine.drafter_path == "/models/Qwen3-4B-DFlash"
+    assert (engine.dtype, engine.kv_dtype, engine.max_context) == ("bf16", "bf16", 8192)
+    assert engine.block_size == 16 and engine.window == 128 and engine.window_seed
+    assert planner.policy == "queue" and planner.queue_depth == 4 and planner.deadline_s is None
+    assert skills.name == "skills.yaml" and skills.is_file()
+
+
+def test_path_and_overrides_on_top_of_a_preset(hybrid_dir, tmp_path):
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    skills = tmp_path / "skills.yaml"
+    skills.write_text("skills: []\n")
+    engine, planner, skills_path = build_configs({
+        "model.preset": "qwen3_6_27b", "model.path": str(hybrid_dir),
+        "model.drafter_path": str(drafter), "model.dtype": "fp32", "model.device": "cpu",
+        "engine.max_context": 1024, "engine.kv_dtype": "fp8", "speculative.block_size": 8,
+        "speculative.window": 32, "speculative.window_seed": False,
+        "speculative.enabled": False, "planner.queue_policy": "preempt",
+        "planner.deadline_s": 2, "planner.max_new_tokens": 100,
+        "planner.skills_file": str(skills), "planner.enable_thinking": False})
+    assert engine.model_path == str(hybrid_dir) and engine.drafter_path == str(drafter)
+    assert (engine.dtype, engine.kv_dtype, engine.device) == ("fp32", "fp8", "cpu")
+    assert (engine.max_context, engine.block_size, engine.window) == (1024, 8, 32)
+    assert not engine.window_seed
+    assert not planner.speculative and planner.policy == "preempt"
+    assert planner.deadline_s == 2.0 and planner.max_new_tokens == 100
+    assert not planner.enable_thinking and skills_path == skills
+
+
+def test_path_alone_uses_engine_defaults(hybrid_dir):
+    engine, _, _ = build_configs({"model.path": str(hybrid_dir)})
+    assert engine.model_path == str(hybrid_dir) and engine.drafter_path is None
+    assert (engine.dtype, engine.max_context, engine.block_size) == ("auto", 4096, None)
+
+
+def test_large_block_raises_max_block(hybrid_dir):
+    engine, _, _ = build_configs({"model.path": str(hybrid_dir), "speculative.block_size": 32})
+    assert engine.block_size == 32 and engine.max_block >= 32
+
+
+def test_no_model_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"set model\.preset .* or model\.path"):
+        build_configs({})
+
+
+@pytest.mark.parametrize("values, name", [
+    ({"model.preset": "no_such_preset"}, "model.preset"),
+    ({"model.path": "/nonexistent/model"}, "model.path"),
+    ({"model.preset": "qwen3_4b", "model.drafter_path": "/nonexistent"}, "model.drafter_path"),
+    ({"model.preset": "qwen3_4b", "model.dtype": "int4"}, "model.dtype"),
+    ({"model.preset": "qwen3_4b", "model.device": "tpu"}, "model.device"),
+    ({"model.preset": "qwen3_4b", "engine.kv_dtype": "int8"}, "engine.kv_dtype"),
+    ({"model.preset": "qwen3_4b", "engine.dense_backend": "tensorrt"}, "engine.dense_backend"),
+    ({"model.preset": "qwen3_4b", "engine.dense_backend": "vulkan"}, "engine.dense_backend"),
+    ({"model.preset": "qwen3_4b", "engine.prefill_chunk": 0}, "engine.prefill_chunk"),
+    ({"model.preset": "qwen3_4b", "speculative.block_size": 1}, "speculative.block_size"),
+    ({"model.preset": "qwen3_4b", "speculative.enabled": 1}, "speculative.enabled"),
+    ({"model.preset": "qwen3_4b", "planner.queue_policy": "lifo"}, "planner.queue_policy"),
+    ({"model.preset": "qwen3_4b", "planner.queue_depth": 0}, "planner.queue_depth"),
+    ({"model.preset": "qwen3_4b", "planner.deadline_s": -1.0}, "planner.deadline_s"),
+    ({"model.preset": "qwen3_4b", "planner.max_new_tokens": 9000}, "planner.max_new_tokens"),
+    ({"model.preset": "qwen3_4b", "planner.skills_file": "/nonexistent.yaml"},
+     "planner.skills_file"),
+    ({"model.preset": "qwen3_4b", "planner.max_task_chars": "2000"}, "planner.max_task_chars"),
+    ({"model.preset": "qwen3_4b", "diagnostics.window": 0}, "diagnostics.window"),
+])
+def test_errors_name_the_parameter(values, name):
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        build_configs(values)
+
+
+def test_unknown_parameter_is_refused():
+    with pytest.raises(ValueError, match="unknown parameter"):
+        build_configs({"model.preset": "qwen3_4b", "model.presett": "x"})
+
+
+def test_dense_backend_auto_is_torch():
+    build_configs({"model.preset": "qwen3_4b", "engine.dense_backend": "auto"})
+
+
+def test_descriptors_carry_description_read_only_and_ranges(fake_ros):
+    by_name = {p.name: params.descriptor(p) for p in PARAMS}
+    d = by_name["engine.max_context"]
+    assert d.read_only and d.description and d.integer_range[0].to_value == 1 << 20
+    assert d.integer_range[0].from_value == 0 and isinstance(d.integer_range[0].step, int)
+    d = by_name["diagnostics.latency_budget_ms"]
+    assert not d.read_only and d.floating_point_range[0].from_value == 1.0
+    assert "queue, preempt, reject" in by_name["planner.queue_policy"].additional_constraints
+    assert not hasattr(by_name["model.path"], "integer_range")
+
+
+def test_declare_reports_a_rejected_override_and_keeps_the_default(fake_ros):
+    node_type = fake_ros.modules["rclpy.lifecycle"].Node
+    node = node_type("n", parameter_overrides=[
+        fake_ros.Parameter("planner.deadline_s", 0),         # int for a float parameter
+        fake_ros.Parameter("planner.queue_depth", 5000),     # out of range
+        fake_ros.Parameter("model.path", "/m")])
+    errors = params.declare(node)
+    assert [e.split(":")[0] for e in errors] == ["planner.queue_depth", "planner.deadline_s"]
+    values = params.read(node)
+    assert values["planner.deadline_s"] == 0.0 and values["planner.queue_depth"] == 4
+    assert values["model.path"] == "/m" and set(values) == {p.name for p in PARAMS}
