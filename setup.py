@@ -38,7 +38,8 @@ setup(
         "jsonschema",
         "numpy",
     ],
-    extras_require={"test": ["pytest", "onnx", "onnxruntime", "onnxscript", "ruff"]},
+    extras_require={"test": ["pytest", "onnx", "onnxruntime", "onnxscript", "ruff"],
+                    "bench": ["matplotlib"]},
     zip_safe=False,
     entry_points={
         "console_scripts": [

@@ -77,7 +77,7 @@ def build_prompts(tokenizer, count: int) -> list[list[int]]:
     return prompts
 
 
-def _clock_class():
+def token_clock_class():
     from transformers import StoppingCriteria
 
     class TokenClock(StoppingCriteria):
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
     log(f"torch threads: {torch.get_num_threads()}")
-    clock_cls = _clock_class()
+    clock_cls = token_clock_class()
     t0 = time.perf_counter()
     load_start = os.getloadavg()[0]
     configs = []

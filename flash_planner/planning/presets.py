@@ -2,7 +2,8 @@
 
 The config directory is found, in order, from `FLASH_PLANNER_CONFIG`, a source checkout
 (editable installs, colcon --symlink-install), `<prefix>/share/flash_planner/config` (pip and
-colcon installs), or the ament index when ROS is sourced.
+colcon installs), or the ament index when ROS is sourced. Preset paths starting with
+`@assets/` point into the installed package's own data (the embedded demo model).
 """
 
 from __future__ import annotations
@@ -39,6 +40,16 @@ def config_dir() -> Path:
             return path
     raise PresetError("cannot find flash_planner's config directory (looked in "
                       f"{', '.join(map(str, candidates))}); set FLASH_PLANNER_CONFIG")
+
+
+ASSETS_PREFIX = "@assets/"
+
+
+def asset_path(path: str | None) -> str | None:
+    """Expand an `@assets/...` preset path to the package's data directory."""
+    if path is None or not path.startswith(ASSETS_PREFIX):
+        return path
+    return str(Path(__file__).resolve().parents[1] / "assets" / path[len(ASSETS_PREFIX):])
 
 
 def default_skills_path() -> Path:
@@ -78,7 +89,8 @@ class ModelPreset:
             raise PresetError(f"{path}: {exc}") from exc
 
     def engine_config(self, **overrides: Any) -> EngineConfig:
-        values = dict(model_path=self.target_path, drafter_path=self.drafter_path,
+        values = dict(model_path=asset_path(self.target_path),
+                      drafter_path=asset_path(self.drafter_path),
                       dtype=self.dtype, kv_dtype=self.kv_dtype, max_context=self.max_context,
                       block_size=self.block_size, window=self.window)
         values.update({k: v for k, v in overrides.items() if v is not None})

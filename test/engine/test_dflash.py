@@ -164,3 +164,11 @@ def test_missing_or_broken_drafter_fails_at_engine_load(tmp_path, target, drafte
     save_file(weights, str(dst / "model.safetensors"))
     with pytest.raises(DrafterError, match="layers.1.self_attn.o_proj.weight is missing"):
         make_engine(target, drafter_path=str(dst))
+
+
+def test_config_written_by_to_hf_dict_reads_back_identically(drafter_dir):
+    from flash_planner.engine.models.dflash import DraftConfig
+
+    raw = json.loads((drafter_dir / "config.json").read_text())
+    cfg = DraftConfig.from_hf_dict(raw, "drafter")
+    assert DraftConfig.from_hf_dict(cfg.to_hf_dict(), "again") == cfg

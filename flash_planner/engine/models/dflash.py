@@ -122,6 +122,34 @@ class DraftConfig:
             output_multiplier=float(raw.get("output_multiplier") or 1.0),
             final_logit_softcapping=raw.get("final_logit_softcapping"))
 
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The upstream on-disk config.json (a Qwen3 config plus dflash_config)."""
+        window = next((w for w in self.layer_window if w is not None), None)
+        out = {
+            "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+            "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size, "rms_norm_eps": self.rms_norm_eps,
+            "hidden_act": "silu", "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope.theta},
+            "layer_types": ["sliding_attention" if w is not None else "full_attention"
+                            for w in self.layer_window],
+            "use_sliding_window": window is not None, "sliding_window": window,
+            "num_target_layers": self.num_target_layers,
+            "dflash_config": {"target_layer_ids": list(self.tap_ids),
+                              "mask_token_id": self.mask_token_id,
+                              "block_size": self.block_size},
+        }
+        if any(c != (w is not None) for c, w in zip(self.layer_causal, self.layer_window)):
+            out["is_causal"] = self.layer_causal[0]   # an override applies to every layer
+        for key in ("input_embedding_scale", "output_multiplier"):
+            if getattr(self, key) != 1.0:
+                out[key] = getattr(self, key)
+        if self.final_logit_softcapping:
+            out["final_logit_softcapping"] = self.final_logit_softcapping
+        return out
+
     def check_target(self, target: ModelConfig, where: str) -> None:
         """Refuse a drafter that was not made for this target."""
         problems = []
@@ -211,8 +239,8 @@ class DFlashDrafter(nn.Module):
         return [layer.self_attn.kv(features, cos, sin) for layer in self.layers]
 
     def block_mask(self, layer: int, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        """[T, C+T] visibility of keys at k_pos for queries at q_pos in one draft layer."""
-        diff = q_pos[:, None] - k_pos[None, :]
+        """[..., T, C+T] visibility of keys at k_pos [..., C+T] for queries at q_pos [..., T]."""
+        diff = q_pos[..., :, None] - k_pos[..., None, :]
         visible = torch.ones_like(diff, dtype=torch.bool)
         if self.cfg.layer_causal[layer]:
             visible &= diff >= 0
@@ -221,20 +249,32 @@ class DFlashDrafter(nn.Module):
             visible &= diff < window
         return visible
 
-    def forward(self, block_embeds: torch.Tensor, start: int, ctx_kv, ctx_pos: torch.Tensor
-                ) -> torch.Tensor:
-        """Block embeddings [B, T, hidden] at positions start.. -> normed hidden [B, T, hidden].
+    def forward(self, block_embeds: torch.Tensor, start: int | torch.Tensor, ctx_kv,
+                ctx_pos: torch.Tensor, context_window: int | None = None) -> torch.Tensor:
+        """Blocks [K, T, hidden] starting at positions `start` (int or [K]) -> normed hidden.
 
-        ctx_kv: per layer (k, v) of the context rows [B, C, Hkv, D]; ctx_pos [C].
+        ctx_kv: per layer (k, v) of the context rows, [1 or K, C, Hkv, D]; ctx_pos [C].
+        A context row is visible to a block only if it precedes the block's anchor (and lies
+        within `context_window` rows of it): at inference the window already holds only such
+        rows; in training one context serves blocks at many anchors.
         """
-        t = block_embeds.shape[1]
-        q_pos = torch.arange(start, start + t, device=block_embeds.device)
-        cos, sin = self.rope(q_pos[None], block_embeds.dtype)
-        k_pos = torch.cat((ctx_pos, q_pos))
+        k, t = block_embeds.shape[:2]
+        device = block_embeds.device
+        start = torch.as_tensor(start, device=device).reshape(-1, 1).expand(k, 1)
+        q_pos = start + torch.arange(t, device=device)                 # [K, T]
+        cos, sin = self.rope(q_pos, block_embeds.dtype)
+        ctx = ctx_pos[None, :].expand(k, -1)                           # [K, C]
+        k_pos = torch.cat((ctx, q_pos), dim=1)                         # [K, C+T]
+        in_context = ctx < start
+        if context_window is not None:
+            in_context &= ctx >= start - context_window
+        visible_ctx = torch.cat((in_context, torch.ones_like(q_pos, dtype=torch.bool)), dim=1)
         x = block_embeds * self.cfg.input_embedding_scale
         for i, layer in enumerate(self.layers):
-            k, v = ctx_kv[i]
-            x = layer(x, cos, sin, k, v, self.block_mask(i, q_pos, k_pos))
+            ck, cv = ctx_kv[i]
+            mask = self.block_mask(i, q_pos, k_pos) & visible_ctx[:, None, :]  # [K, T, C+T]
+            x = layer(x, cos, sin, ck.expand(k, -1, -1, -1), cv.expand(k, -1, -1, -1),
+                      mask[:, None])
         return self.norm(x)
 
     def draft_logits(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:

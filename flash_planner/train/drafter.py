@@ -1,0 +1,150 @@
+"""Train the demo DFlash drafter on the frozen target's tapped hidden states.
+
+The block-anchor recipe: per sequence, random anchors where the answer is; each block
+[x_a, mask x (B-1)] at positions a..a+B-1 attends bidirectionally inside itself and to the
+context rows strictly before its anchor (at most `window` of them, as at inference), and
+never to other blocks. Row k predicts x[a+k] (k = 0 is not trained), weighted by
+exp(-(k-1)/gamma). The target (embeddings and lm_head included) stays frozen. The result is
+written in the upstream on-disk format.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from ..engine.config import RopeConfig
+from ..engine.models.dflash import DFlashDrafter, DraftConfig
+from .target import TrainSettings, lr_at, pad_batch, progress_line
+
+GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    num_layers: int = 1
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 48
+    intermediate_size: int = 512
+    block_size: int = 16
+    tap_ids: tuple[int, ...] = (1, 2, 3)
+    anchors_per_sequence: int = 8
+    window: int = 128
+
+    def config(self, hidden: int, vocab: int, mask_id: int, n_target: int) -> DraftConfig:
+        return DraftConfig(
+            hidden_size=hidden, intermediate_size=self.intermediate_size,
+            num_layers=self.num_layers, num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, vocab_size=vocab,
+            rms_norm_eps=1e-6, rope=RopeConfig(theta=10000.0, rotary_dim=self.head_dim),
+            block_size=self.block_size, mask_token_id=mask_id, tap_ids=self.tap_ids,
+            layer_causal=(False,) * self.num_layers, layer_window=(None,) * self.num_layers,
+            num_target_layers=n_target)
+
+
+def sample_anchors(mask: torch.Tensor, k: int, rng: random.Random) -> list[list[int]]:
+    """Per sequence, k anchor positions a whose next token is an answer token."""
+    out = []
+    for row in mask:
+        positions = [a for a in range(row.shape[0] - 1) if row[a + 1]]
+        out.append([rng.choice(positions) for _ in range(k)])
+    return out
+
+
+def drafter_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, mask: torch.Tensor,
+                 anchors: list[list[int]], window: int) -> torch.Tensor:
+    """Weighted block cross-entropy for blocks at `anchors` of the sequences `ids` [N, S]."""
+    cfg = drafter.cfg
+    b = cfg.block_size
+    with torch.no_grad():
+        out = target(input_ids=ids, output_hidden_states=True)
+        taps = torch.cat([out.hidden_states[t + 1] for t in cfg.tap_ids], dim=-1)
+    n, s = ids.shape
+    positions = torch.arange(s)
+    features = drafter.context_features(taps)                          # [N, S, H]
+    ctx_kv = drafter.context_kv(features, positions.expand(n, s))      # per layer [N, S, ..]
+    seq = torch.tensor([i for i, row in enumerate(anchors) for _ in row])
+    start = torch.tensor([a for row in anchors for a in row])          # [N*K]
+    block_ids = torch.full((len(start), b), cfg.mask_token_id, dtype=torch.long)
+    block_ids[:, 0] = ids[seq, start]
+    embed = target.get_input_embeddings()
+    hidden = drafter(embed(block_ids), start, [(k[seq], v[seq]) for k, v in ctx_kv],
+                     positions, context_window=window)
+    logits = drafter.draft_logits(hidden[:, 1:], embed.weight)          # [N*K, B-1, V]
+    goal_pos = start[:, None] + torch.arange(1, b)                     # [N*K, B-1]
+    valid = goal_pos < s
+    goal_pos = goal_pos.clamp(max=s - 1)
+    goal = ids[seq[:, None], goal_pos]
+    valid &= mask[seq[:, None], goal_pos]
+    weight = torch.exp(-torch.arange(b - 1, dtype=torch.float32) / GAMMA.get(b, b / 2.3))
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), goal.reshape(-1),
+                         reduction="none").view_as(goal)
+    w = weight[None, :] * valid
+    return (ce * w).sum() / w.sum().clamp_min(1e-6)
+
+
+def save_drafter(drafter: DFlashDrafter, out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(drafter.cfg.to_hf_dict(), indent=2))
+    tensors = {k: v.detach().contiguous() for k, v in drafter.state_dict().items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def train_drafter(examples: Sequence[tuple[list[int], list[int]]], target_dir: str | Path,
+                  mask_id: int, pad_id: int, out_dir: str | Path,
+                  spec: DrafterSpec | None = None, settings: TrainSettings | None = None,
+                  log=print) -> list[float]:
+    """Train against the frozen target in target_dir and save to out_dir; returns losses."""
+    from transformers import AutoModelForCausalLM
+
+    spec = spec or DrafterSpec()
+    settings = settings or TrainSettings(steps=600, batch_size=16, lr=1e-3)
+    torch.set_num_threads(settings.threads)
+    torch.manual_seed(settings.seed)
+    rng = random.Random(settings.seed)
+    target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    tcfg = target.config
+    drafter = DFlashDrafter(spec.config(tcfg.hidden_size, tcfg.vocab_size, mask_id,
+                                        tcfg.num_hidden_layers)).train()
+    params = sum(p.numel() for p in drafter.parameters())
+    log(f"[drafter] {params / 1e6:.2f}M parameters, block {spec.block_size}, "
+        f"{settings.steps} steps of {settings.batch_size} x {spec.anchors_per_sequence} blocks")
+    opt = torch.optim.AdamW(drafter.parameters(), lr=settings.lr, betas=(0.9, 0.95),
+                            weight_decay=settings.weight_decay)
+    order: list[int] = []
+    losses, t0 = [], time.perf_counter()
+    for step in range(settings.steps):
+        if len(order) < settings.batch_size:
+            order = list(range(len(examples)))
+            rng.shuffle(order)
+        ids, mask = pad_batch([examples[order.pop()] for _ in range(settings.batch_size)],
+                              pad_id)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, settings)
+        anchors = sample_anchors(mask, spec.anchors_per_sequence, rng)
+        loss = drafter_loss(drafter, target, ids, mask, anchors, spec.window)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        if not math.isfinite(loss.item()):
+            raise RuntimeError(f"drafter loss is {loss.item()} at step {step}")
+        if step % settings.log_every == 0 or step == settings.steps - 1:
+            losses.append(loss.item())
+            log(progress_line("drafter", step + 1, settings.steps, losses[-1], t0))
+    save_drafter(drafter.eval(), out_dir)
+    return losses

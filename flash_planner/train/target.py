@@ -1,0 +1,138 @@
+"""Train the demo target: a tiny Qwen3.5-style hybrid (3 GDN layers + 1 gated attention).
+
+Training runs transformers' own Qwen3.5 implementation (its torch fallbacks have a backward
+pass); the result is a standard Hugging Face checkpoint that both transformers and our
+engine load. The loss covers answer tokens only. A fixed number of steps (not a time budget)
+keeps a run reproducible from its seed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    hidden_size: int = 192
+    intermediate_size: int = 512
+    layer_types: tuple[str, ...] = ("linear_attention",) * 3 + ("full_attention",)
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 48
+    linear_key_heads: int = 4
+    linear_key_dim: int = 32
+    linear_value_heads: int = 4
+    linear_value_dim: int = 48
+    partial_rotary: float = 0.5
+
+    def hf_config(self, vocab_size: int, eos_id: int, pad_id: int):
+        from transformers import Qwen3_5TextConfig
+
+        pairs = int(self.head_dim * self.partial_rotary) // 2
+        third = pairs // 3
+        return Qwen3_5TextConfig(
+            vocab_size=vocab_size, hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=len(self.layer_types), layer_types=list(self.layer_types),
+            num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
+            head_dim=self.head_dim, linear_num_key_heads=self.linear_key_heads,
+            linear_key_head_dim=self.linear_key_dim,
+            linear_num_value_heads=self.linear_value_heads,
+            linear_value_head_dim=self.linear_value_dim, linear_conv_kernel_dim=4,
+            tie_word_embeddings=True, eos_token_id=eos_id, pad_token_id=pad_id,
+            max_position_embeddings=4096, initializer_range=0.02, rms_norm_eps=1e-6,
+            # Qwen3.5's default mrope_section assumes head_dim 256: give one that fits.
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": self.partial_rotary,
+                             "mrope_section": [pairs - 2 * third, third, third]})
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    steps: int = 1200
+    batch_size: int = 32
+    lr: float = 2e-3
+    warmup: int = 60
+    weight_decay: float = 0.01
+    seed: int = 0
+    threads: int = 1
+    log_every: int = 25
+
+
+def pad_batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int):
+    """[(ids, loss_mask)] -> ids [N, S], loss_mask [N, S] (right-padded)."""
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.bool)
+    for i, (row, row_mask) in enumerate(examples):
+        ids[i, :len(row)] = torch.tensor(row)
+        mask[i, :len(row)] = torch.tensor(row_mask, dtype=torch.bool)
+    return ids, mask
+
+
+def lr_at(step: int, settings: TrainSettings) -> float:
+    """Linear warmup, then cosine decay to 10%."""
+    if step < settings.warmup:
+        return settings.lr * (step + 1) / settings.warmup
+    progress = (step - settings.warmup) / max(1, settings.steps - settings.warmup)
+    return settings.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+def progress_line(name: str, step: int, total: int, loss: float, t0: float) -> str:
+    elapsed = time.perf_counter() - t0
+    eta = elapsed / max(step, 1) * (total - step)
+    return (f"[{name}] step {step}/{total}  loss {loss:.4f}  "
+            f"{elapsed / 60:.1f} min elapsed, ~{eta / 60:.1f} min left")
+
+
+def train_target(examples: Sequence[tuple[list[int], list[int]]], vocab_size: int,
+                 eos_id: int, pad_id: int, out_dir: str | Path,
+                 spec: TargetSpec | None = None, settings: TrainSettings | None = None,
+                 log=print) -> list[float]:
+    """Train from scratch and `save_pretrained` to out_dir; returns the logged losses.
+
+    examples: (input_ids, loss_mask) pairs; loss_mask[t] marks tokens to predict.
+    """
+    from transformers import Qwen3_5ForCausalLM
+
+    spec, settings = spec or TargetSpec(), settings or TrainSettings()
+    torch.set_num_threads(settings.threads)
+    torch.manual_seed(settings.seed)
+    rng = random.Random(settings.seed)
+    model = Qwen3_5ForCausalLM(spec.hf_config(vocab_size, eos_id, pad_id)).train()
+    params = sum(p.numel() for p in model.parameters())
+    log(f"[target] {params / 1e6:.2f}M parameters, {settings.steps} steps of "
+        f"{settings.batch_size}, {torch.get_num_threads()} thread(s)")
+    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.95),
+                            weight_decay=settings.weight_decay)
+    order: list[int] = []
+    losses, t0 = [], time.perf_counter()
+    for step in range(settings.steps):
+        if len(order) < settings.batch_size:
+            order = list(range(len(examples)))
+            rng.shuffle(order)
+        batch = [examples[order.pop()] for _ in range(settings.batch_size)]
+        ids, mask = pad_batch(batch, pad_id)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, settings)
+        logits = model(input_ids=ids).logits[:, :-1]
+        target = ids[:, 1:].masked_fill(~mask[:, 1:], -100)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                               target.reshape(-1), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % settings.log_every == 0 or step == settings.steps - 1:
+            losses.append(loss.item())
+            log(progress_line("target", step + 1, settings.steps, losses[-1], t0))
+    model.eval().save_pretrained(str(out_dir))
+    return losses
