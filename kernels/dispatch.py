@@ -1,8 +1,9 @@
 """The one dispatch point between Triton kernels and their torch references.
 
 The engine calls the functions exported here. Each picks the Triton kernel for CUDA tensors
-when one exists and the plain-torch reference otherwise; `FLASH_PLANNER_KERNELS=torch|triton`
-(or `set_backend`) forces one side. Every fallback is logged once with its reason.
+and the plain-torch reference otherwise; `FLASH_PLANNER_KERNELS=torch|triton` (or
+`set_backend`) forces one side ("triton" on CPU tensors needs TRITON_INTERPRET=1). Where
+Triton cannot be imported the references serve, and the reason is logged once.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import os
 
 import torch
 
+from .accept.reference import accept_rows as _accept_rows_ref
 from .checkpoint_select.reference import checkpoint_select as _checkpoint_select_ref
 from .gdn_steps.reference import gdn_steps as _gdn_steps_ref
 from .kv_append.reference import kv_append as _kv_append_ref
-from .kv_append.reference import kv_read as _kv_read_ref
+from .kv_append.reference import kv_read
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +25,20 @@ BACKENDS = ("auto", "torch", "triton")
 _backend = os.environ.get("FLASH_PLANNER_KERNELS", "auto")
 _warned: set[str] = set()
 
-# op name -> Triton implementation; filled in as kernels land (none are registered yet).
-TRITON_OPS: dict[str, object] = {}
+
+def _triton_ops() -> tuple[dict[str, object], str]:
+    try:
+        from .accept.kernel import accept_rows
+        from .checkpoint_select.kernel import checkpoint_select
+        from .gdn_steps.kernel import gdn_steps
+        from .kv_append.kernel import kv_append
+    except ImportError as exc:  # triton is optional at run time (CPU-only installs)
+        return {}, f"Triton is not importable ({exc})"
+    return {"accept_rows": accept_rows, "checkpoint_select": checkpoint_select,
+            "gdn_steps": gdn_steps, "kv_append": kv_append}, ""
+
+
+TRITON_OPS, TRITON_MISSING = _triton_ops()
 
 
 def set_backend(name: str) -> None:
@@ -42,15 +56,15 @@ def backend() -> str:
 
 def _pick(op: str, reference, tensor: torch.Tensor):
     choice = backend()
-    if choice == "torch":
+    if choice == "torch" or (choice == "auto" and not tensor.is_cuda):
         return reference
     impl = TRITON_OPS.get(op)
-    if impl is not None and (tensor.is_cuda or choice == "triton"):
-        return impl
-    if choice == "triton" and op not in _warned:
-        _warned.add(op)
-        log.warning("kernel %s: no Triton implementation yet, using the torch reference", op)
-    return reference
+    if impl is None:
+        if op not in _warned:
+            _warned.add(op)
+            log.warning("kernel %s: %s; using the torch reference", op, TRITON_MISSING)
+        return reference
+    return impl
 
 
 def gdn_steps(q, k, v, g, beta, state, step_states=None):
@@ -61,10 +75,14 @@ def kv_append(cache, rows, positions, scale=None):
     return _pick("kv_append", _kv_append_ref, rows)(cache, rows, positions, scale)
 
 
-def kv_read(cache, length, scale, dtype):
-    return _pick("kv_read", _kv_read_ref, cache)(cache, length, scale, dtype)
-
-
 def checkpoint_select(state, step_states, conv_state, conv_rows, step, num_steps):
     return _pick("checkpoint_select", _checkpoint_select_ref, state)(
         state, step_states, conv_state, conv_rows, step, num_steps)
+
+
+def accept_rows(drafts, logits, relaxed, topk, delta):
+    return _pick("accept_rows", _accept_rows_ref, logits)(drafts, logits, relaxed, topk, delta)
+
+
+__all__ = ["accept_rows", "backend", "checkpoint_select", "gdn_steps", "kv_append", "kv_read",
+           "set_backend"]

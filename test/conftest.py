@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-import pytest
+import os
+
 import torch
 
-from flash_planner.engine.engine import Engine, EngineConfig
-from flash_planner.engine.tiny import write_tiny_checkpoint
+# Without a GPU, Triton kernels run in the interpreter; the variable must be set before any
+# @triton.jit function is created (i.e. before flash_planner.kernels is imported).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from flash_planner.engine.engine import Engine, EngineConfig  # noqa: E402
+from flash_planner.engine.tiny import write_tiny_checkpoint  # noqa: E402
 
 CUDA = torch.cuda.is_available()
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _quiet_transformers():

@@ -7,8 +7,9 @@ committed tokens are d_1..d_n followed by the bonus token argmax(row n).
 
 - `StrictAcceptance`: d_i accepted iff it equals argmax(row i-1) and every earlier draft was
   accepted. Greedy speculative decoding with it is lossless.
-- `RelaxedThinking`: inside `<think> ... </think>`, d_i is also accepted when it is among the
-  top-k of row i-1 and within `delta` logits of the top-1 (a raw-logit margin, the same as a
+- `RelaxedThinking`: inside `<think> ... </think>`, d_i is also accepted when fewer than k
+  logits of row i-1 beat its own (it is in the top-k) and it is within `delta` logits of the
+  top-1 (a raw-logit margin, the same as a
   log-prob margin). A draft equal to `</think>` and everything after the thinking block is
   judged strictly, so the answer is verified exactly. The think state starts from the prompt
   (the last think marker in it) and toggles on committed markers.
@@ -20,10 +21,14 @@ from collections.abc import Sequence
 
 import torch
 
+from ..kernels import dispatch
+from ..kernels.accept.reference import accepted_prefix
 
-def accepted_prefix(ok: torch.Tensor) -> torch.Tensor:
-    """Length of the leading run of True in ok [k] (0-dim long tensor)."""
-    return torch.cumprod(ok.long(), dim=0).sum()
+
+def _accepted(drafts: torch.Tensor, logits: torch.Tensor, relaxed: torch.Tensor, topk: int,
+              delta: float) -> torch.Tensor:
+    ok = dispatch.accept_rows(drafts[None], logits[None], relaxed[None], topk, delta)
+    return accepted_prefix(ok[0])
 
 
 class StrictAcceptance:
@@ -33,7 +38,7 @@ class StrictAcceptance:
         pass
 
     def accept(self, drafts: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        return accepted_prefix(drafts == logits[:-1].argmax(dim=-1))
+        return _accepted(drafts, logits, torch.zeros_like(drafts, dtype=torch.bool), 1, 0.0)
 
     def observe(self, tokens: Sequence[int]) -> None:
         pass
@@ -75,11 +80,5 @@ class RelaxedThinking:
         return torch.where(last >= 0, from_event, torch.full_like(from_event, self.thinking))
 
     def accept(self, drafts: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        rows = logits[:-1].float()                                     # [k, V]
-        strict = drafts == rows.argmax(dim=-1)
-        k = min(self.topk, rows.shape[-1])
-        in_topk = (rows.topk(k, dim=-1).indices == drafts[:, None]).any(dim=-1)
-        margin = rows.max(dim=-1).values - rows.gather(1, drafts[:, None])[:, 0]
-        relaxed = in_topk & (margin <= self.delta)
         use_relaxed = self.thinking_before(drafts) & (drafts != self.close)
-        return accepted_prefix(torch.where(use_relaxed, relaxed | strict, strict))
+        return _accepted(drafts, logits, use_relaxed, self.topk, self.delta)

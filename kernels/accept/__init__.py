@@ -1,0 +1,1 @@
+"""Acceptance of drafts against verify logits: strict and relaxed (top-k + logit margin)."""

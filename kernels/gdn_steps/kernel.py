@@ -1,0 +1,87 @@
+"""Triton gated delta rule over a short block, emitting the state after every step.
+
+Grid (sequence x value head, block of value columns): each program keeps a [Dk, BV] slice
+of its head's state in registers and runs the T steps in order: q/k L2 normalisation and the
+Dk^-0.5 query scale in the kernel, all math in float32 (the CPU interpreter gets bf16
+arithmetic wrong; loads are upcast at once). Non-power-of-two head dims are masked.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gdn_steps_kernel(q, k, v, g, beta, state, step_states, out, steps, hk, hv, dk, dv,
+                      slots, scale, STORE_STEPS: tl.constexpr, BK: tl.constexpr,
+                      BV: tl.constexpr):
+    bh = tl.program_id(0)                       # b * Hv + h
+    vb = tl.program_id(1)
+    b = bh // hv
+    h = bh % hv
+    kh = h // (hv // hk)
+    ik = tl.arange(0, BK)
+    iv = vb * BV + tl.arange(0, BV)
+    mk = ik < dk
+    mv = iv < dv
+    mkv = mk[:, None] & mv[None, :]
+    s_off = bh.to(tl.int64) * dk * dv + ik[:, None] * dv + iv[None, :]
+    s = tl.load(state + s_off, mask=mkv, other=0.0)
+    for t in range(steps):
+        row = b.to(tl.int64) * steps + t                              # index into [B, T]
+        qt = tl.load(q + (row * hk + kh) * dk + ik, mask=mk, other=0.0).to(tl.float32)
+        kt = tl.load(k + (row * hk + kh) * dk + ik, mask=mk, other=0.0).to(tl.float32)
+        vt = tl.load(v + (row * hv + h) * dv + iv, mask=mv, other=0.0).to(tl.float32)
+        gt = tl.load(g + row * hv + h).to(tl.float32)
+        bt = tl.load(beta + row * hv + h).to(tl.float32)
+        qt = qt / tl.sqrt(tl.sum(qt * qt, axis=0) + 1e-6) * scale
+        kt = kt / tl.sqrt(tl.sum(kt * kt, axis=0) + 1e-6)
+        s = s * tl.exp(gt)
+        kv_mem = tl.sum(s * kt[:, None], axis=0)                      # [BV]
+        delta = (vt - kv_mem) * bt
+        s = s + kt[:, None] * delta[None, :]
+        ot = tl.sum(s * qt[:, None], axis=0)
+        tl.store(out + (row * hv + h) * dv + iv, ot.to(out.dtype.element_ty), mask=mv)
+        if STORE_STEPS:
+            # step_states [B, slots, Hv, Dk, Dv]
+            off = ((b.to(tl.int64) * slots + t) * hv + h) * dk * dv
+            tl.store(step_states + off + ik[:, None] * dv + iv[None, :], s, mask=mkv)
+    tl.store(state + s_off, s, mask=mkv)
+
+
+def gdn_steps(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    step_states: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Same contract as the reference: q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta
+    [B, T, Hv]; state [B, Hv, Dk, Dv] float32 updated in place; optional step_states
+    [B, >=T, Hv, Dk, Dv] float32 receives the state after each step. Returns o [B, T, Hv, Dv].
+    """
+    b, t, hk, dk = k.shape
+    hv, dv = v.shape[-2:]
+    if state.shape != (b, hv, dk, dv) or state.dtype != torch.float32:
+        raise ValueError(f"state must be float32 [{b}, {hv}, {dk}, {dv}], "
+                         f"got {state.dtype} {tuple(state.shape)}")
+    if step_states is not None and (step_states.shape[1] < t or not step_states.is_contiguous()
+                                    or step_states.dtype != torch.float32):
+        raise ValueError("step_states must be contiguous float32 holding at least T steps")
+    if not state.is_contiguous():
+        raise ValueError("gdn_steps: state must be contiguous")
+    out = torch.empty(b, t, hv, dv, dtype=v.dtype, device=v.device)
+    if b * t == 0:
+        return out
+    bv = min(triton.next_power_of_2(dv), 32)
+    steps_arg = step_states if step_states is not None else state  # unused without steps
+    _gdn_steps_kernel[(b * hv, triton.cdiv(dv, bv))](
+        q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
+        state, steps_arg, out, t, hk, hv, dk, dv,
+        step_states.shape[1] if step_states is not None else 0, dk ** -0.5,
+        STORE_STEPS=step_states is not None, BK=triton.next_power_of_2(dk), BV=bv)
+    return out
