@@ -1,0 +1,141 @@
+"""Each Triton kernel next to its torch reference at Qwen3.6-27B shapes (CUDA).
+
+Shapes: 48 GDN layers, 48 value heads, Dk = Dv = 128, a verify block of S = 16, conv window
+3 x 10240 channels; FP8 KV with 4 kv heads x 256 (a 4096-row prefill chunk, and the 16 rows
+of one verify); acceptance over 15 drafts and a 248320-token vocabulary. Times are CUDA-event
+medians after warm-up. For the copy/append kernels, the bytes moved over the time are also
+shown as a fraction of this GPU's device-to-device copy bandwidth, measured in the same run.
+
+    python bench/kernels.py            # needs a CUDA GPU
+    python bench/kernels.py --small    # tiny shapes on CPU (TRITON_INTERPRET=1): a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+SMALL = "--small" in sys.argv
+if SMALL:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from flash_planner.kernels.accept import kernel as accept_k  # noqa: E402
+from flash_planner.kernels.accept import reference as accept_r  # noqa: E402
+from flash_planner.kernels.checkpoint_select import kernel as select_k  # noqa: E402
+from flash_planner.kernels.checkpoint_select import reference as select_r  # noqa: E402
+from flash_planner.kernels.gdn_steps import kernel as gdn_k  # noqa: E402
+from flash_planner.kernels.gdn_steps import reference as gdn_r  # noqa: E402
+from flash_planner.kernels.kv_append import kernel as kv_k  # noqa: E402
+from flash_planner.kernels.kv_append import reference as kv_r  # noqa: E402
+
+BIG = dict(layers=48, hv=48, hk=16, d=128, steps=16, conv=10240, kv_heads=4, kv_dim=256,
+           prefill=4096, vocab=248320, repeats=50)
+TINY = dict(layers=2, hv=4, hk=2, d=16, steps=16, conv=64, kv_heads=2, kv_dim=32,
+            prefill=64, vocab=500, repeats=2)
+
+
+def timed_ms(fn, repeats: int) -> float:
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def copy_bandwidth(device) -> float:
+    """Bytes/s of a large device-to-device copy (read + write)."""
+    n = (1 << 28) if device == "cuda" else (1 << 20)
+    a = torch.empty(n, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    ms = timed_ms(lambda: b.copy_(a), 20)
+    return 2 * n / (ms / 1000)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--small", action="store_true", help="tiny shapes, CPU smoke run")
+    args = parser.parse_args(argv)
+    if not args.small and not torch.cuda.is_available():
+        print("bench/kernels.py needs a CUDA GPU (use --small for a CPU smoke run)",
+              file=sys.stderr)
+        return 2
+    device = "cpu" if args.small else "cuda"
+    s = TINY if args.small else BIG
+    L, hv, hk, d, S = s["layers"], s["hv"], s["hk"], s["d"], s["steps"]
+    rows = []
+
+    state = torch.randn(L, 1, hv, d, d, device=device)
+    steps = torch.randn(L, 1, S, hv, d, d, device=device)
+    conv = torch.randn(L, 1, 3, s["conv"], device=device)
+    conv_rows = torch.randn(L, 1, 3 + S, s["conv"], device=device)
+    step = torch.tensor([S // 2], device=device)
+    moved = 2 * (state.nbytes + conv.nbytes)
+    for name, fn in (("triton", select_k.checkpoint_select),
+                     ("torch", select_r.checkpoint_select)):
+        ms = timed_ms(lambda fn=fn: fn(state, steps, conv, conv_rows, step, S), s["repeats"])
+        rows.append((f"checkpoint_select ({L} layers)", name, ms, moved))
+
+    q, k = (torch.randn(1, S, hk, d, device=device) for _ in range(2))
+    v = torch.randn(1, S, hv, d, device=device)
+    g, beta = -torch.rand(1, S, hv, device=device), torch.rand(1, S, hv, device=device)
+    live = torch.zeros(1, hv, d, d, device=device)
+    per_step = torch.zeros(1, S, hv, d, d, device=device)
+    for name, fn in (("triton", gdn_k.gdn_steps), ("torch", gdn_r.gdn_steps)):
+        ms = timed_ms(lambda fn=fn: fn(q, k, v, g, beta, live, per_step), s["repeats"])
+        rows.append(("gdn_steps (1 layer, S=16)", name, ms, None))
+
+    for n_rows in (S, s["prefill"]):
+        kv_rows = torch.randn(1, n_rows, s["kv_heads"], s["kv_dim"], device=device,
+                              dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+        cache = torch.zeros(1, n_rows, s["kv_heads"], s["kv_dim"], dtype=torch.uint8,
+                            device=device)
+        pos = torch.arange(n_rows, device=device)[None]
+        scale = torch.full((s["kv_heads"],), 0.05, device=device)
+        for name, fn in (("triton", kv_k.kv_append), ("torch", kv_r.kv_append)):
+            call = (cache, kv_rows, pos, scale)
+            ms = timed_ms(lambda fn=fn, call=call: fn(*call), s["repeats"])
+            rows.append((f"kv_append fp8 ({n_rows} rows)", name, ms,
+                         kv_rows.nbytes + cache.nbytes))
+
+    logits = torch.randn(1, S, s["vocab"], device=device)
+    drafts = logits[:, :-1].argmax(-1)
+    relaxed = torch.zeros_like(drafts, dtype=torch.bool)
+    for name, fn in (("triton", accept_k.accept_rows), ("torch", accept_r.accept_rows)):
+        ms = timed_ms(lambda fn=fn: fn(drafts, logits, relaxed, 3, 1.0), s["repeats"])
+        rows.append(("accept (15 drafts)", name, ms, logits.nbytes))
+
+    bw = copy_bandwidth(device)
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "CPU (interpreter)"
+    print(f"{gpu}; copy bandwidth {bw / 1e9:.0f} GB/s; median of {s['repeats']}")
+    print(f"{'kernel':<30}{'impl':<8}{'ms':>10}{'GB/s':>9}{'of copy bw':>12}{'vs torch':>10}")
+    by_op = {}
+    for op, impl, ms, _ in rows:
+        by_op.setdefault(op, {})[impl] = ms
+    for op, impl, ms, nbytes in rows:
+        rate = f"{nbytes / (ms / 1000) / 1e9:>9.0f}" if nbytes else f"{'':>9}"
+        frac = f"{100 * nbytes / (ms / 1000) / bw:>11.0f}%" if nbytes else f"{'':>12}"
+        ratio = by_op[op]["torch"] / ms if impl == "triton" else 1.0
+        print(f"{op:<30}{impl:<8}{ms:>10.4f}{rate}{frac}{ratio:>9.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
