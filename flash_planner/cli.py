@@ -2,6 +2,7 @@
 
     flash-planner plan TASK [--context TEXT] [--model PRESET|DIR] [options]
     flash-planner generate --model PRESET|DIR (--prompt TEXT | --prompt-ids 1,2,3) [options]
+    flash-planner build-engines --model PRESET|DIR [--backend onnxruntime|tensorrt]
     flash-planner smoke    (writes a tiny random checkpoint and generates from it)
 
 Exit codes: 0 success, 1 no valid plan / the run failed, 2 bad input or usage. Expected
@@ -46,6 +47,11 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="auto | cpu | cuda[:N]")
     p.add_argument("--max-context", type=int)
     p.add_argument("--prefill-chunk", type=int)
+    p.add_argument("--dense-backend", choices=["torch", "onnxruntime", "tensorrt", "auto"],
+                   help="how the dense segments run (default torch; auto = TensorRT on "
+                   "CUDA when installed)")
+    p.add_argument("--segment-cache", metavar="DIR", help="exported/built segments "
+                   "(default ~/.cache/flash_planner/segments)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--drafter", metavar="DIR", help="DFlash drafter directory (turns "
@@ -70,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="plan a task: a validated JSON plan of skills")
     plan.add_argument("task")
     plan.add_argument("--context", default="", help="scene description")
-    plan.add_argument("--model", metavar="PRESET|DIR")
+    plan.add_argument("--model", metavar="PRESET|DIR", default="demo",
+                      help="model preset or checkpoint directory (default: the embedded "
+                      "demo planner)")
     plan.add_argument("--skills", metavar="YAML", help="skill catalog (default: "
                       "config/skills.yaml)")
     thinking = plan.add_mutually_exclusive_group()
@@ -92,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stop string (repeatable)")
     _add_engine_args(gen)
 
+    build = sub.add_parser("build-engines", help="export (and build) every dense segment")
+    build.add_argument("--model", required=True, metavar="PRESET|DIR")
+    build.add_argument("--backend", choices=["onnxruntime", "tensorrt"], default="tensorrt")
+    build.add_argument("--segment-cache", metavar="DIR")
+    build.add_argument("--device", help="auto | cpu | cuda[:N]")
+    build.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"])
+
     smoke = sub.add_parser("smoke", help="engine smoke run on a tiny random checkpoint")
     smoke.add_argument("--kind", default="hybrid", choices=["hybrid", "hybrid_vl", "dense"])
     smoke.add_argument("--prompt", default="pick up the red cup and place it on the table")
@@ -100,19 +115,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_engine(args: argparse.Namespace, model: str):
+def _load_engine(args: argparse.Namespace, model: str, progress=None):
     from .engine.engine import Engine
     from .planning.presets import resolve_model
 
     preset = resolve_model(model)
-    block = args.block_size
+    block = getattr(args, "block_size", None)
     config = preset.engine_config(
-        dtype=args.dtype, kv_dtype=args.kv_dtype, device=args.device,
-        max_context=args.max_context, prefill_chunk=args.prefill_chunk,
-        drafter_path=args.drafter, block_size=block,
-        max_block=max(16, block or 0), window=args.window,
-        window_seed=False if args.no_window_seed else None)
-    return Engine.load(config), preset
+        dtype=args.dtype, kv_dtype=getattr(args, "kv_dtype", None), device=args.device,
+        max_context=getattr(args, "max_context", None),
+        prefill_chunk=getattr(args, "prefill_chunk", None),
+        drafter_path=getattr(args, "drafter", None), block_size=block,
+        max_block=max(16, block or 0), window=getattr(args, "window", None),
+        window_seed=False if getattr(args, "no_window_seed", False) else None,
+        dense_backend=getattr(args, "dense_backend", None) or getattr(args, "backend", None),
+        segment_cache=args.segment_cache)
+    return Engine.load(config, progress=progress), preset
 
 
 def _spec_settings(args: argparse.Namespace, preset) -> dict:
@@ -160,8 +178,6 @@ def _plan(args: argparse.Namespace) -> int:
     from .planning.service import PlannerConfig, PlannerService
     from .planning.skills import SkillCatalog
 
-    if not args.model:
-        raise ValueError("no model given: pass --model PRESET|DIR")
     limits = PlannerConfig()
     request = PlanRequest(task=args.task, context=args.context,
                           max_new_tokens=args.max_new_tokens, enable_thinking=args.thinking
@@ -192,6 +208,19 @@ def _plan(args: argparse.Namespace) -> int:
     return EXIT_OK if result.success else EXIT_FAILED
 
 
+def _build_engines(args: argparse.Namespace) -> int:
+    print(f"building dense segments of {args.model} with {args.backend} ...", flush=True)
+    engine, _ = _load_engine(args, args.model,
+                             progress=lambda line: print(line, flush=True))
+    got = engine.model.dense.name
+    if got != args.backend:
+        print(f"flash-planner: {args.backend} could not serve (see the warning above); "
+              f"the engine would run the dense segments with {got}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"{len(engine.model.segments)} segments ready for {args.backend}")
+    return EXIT_OK
+
+
 def _smoke(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
@@ -214,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args, args.model)
         if args.command == "plan":
             return _plan(args)
+        if args.command == "build-engines":
+            return _build_engines(args)
         return _smoke(args)
     except UsageError as exc:
         print(f"flash-planner: {exc}", file=sys.stderr)

@@ -8,6 +8,7 @@ it holds. Requests that cannot fit are refused before prefill by `check_fits`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from .checkpoint import Checkpoint, load_checkpoint
 from .config import ConfigError
 from .models.dflash import load_drafter
 from .proposer import DFlashProposer, Proposer
+from .trt.backends import DENSE_BACKENDS, make_dense
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ class EngineConfig:
     block_size: int | None = None     # verify block (anchor + drafts); None = the drafter's
     window: int = 128                 # drafter context window, committed tokens
     window_seed: bool = True          # seed the window from the prompt's tail at prefill
+    dense_backend: str = "torch"      # torch | onnxruntime | tensorrt | auto
+    segment_cache: str | None = None  # exported/built segments; None = ~/.cache/flash_planner
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -47,6 +51,9 @@ class EngineConfig:
                 f"kv_dtype must be auto or one of {sorted(KV_DTYPES)}, got {self.kv_dtype!r}")
         if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
             raise ConfigError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        if self.dense_backend not in DENSE_BACKENDS:
+            raise ConfigError(f"dense_backend must be one of {DENSE_BACKENDS}, "
+                              f"got {self.dense_backend!r}")
         if self.block_size is not None and not 2 <= self.block_size <= self.max_block:
             raise ConfigError(f"block_size must be within 2..max_block ({self.max_block}), "
                               f"got {self.block_size!r}")
@@ -117,10 +124,18 @@ class Engine:
         self.proposer = proposer
 
     @classmethod
-    def load(cls, config: EngineConfig) -> Engine:
+    def load(cls, config: EngineConfig, progress: Callable[[str], None] | None = None
+             ) -> Engine:
+        """Load weights (and drafter), preallocate state, and set up the dense backend;
+        `progress` receives one line per exported/built segment."""
         device = config.resolve_device()
         dtype = config.resolve_dtype(device)
         checkpoint = load_checkpoint(Path(config.model_path), dtype=dtype, device=device)
+        if config.dense_backend != "torch":
+            checkpoint.model.set_dense(make_dense(
+                checkpoint.model, config.dense_backend, config.segment_cache,
+                max_tokens=max(config.prefill_chunk, config.max_block),
+                opt_tokens=config.max_block, progress=progress))
         proposer = None
         if config.drafter_path:
             drafter = load_drafter(config.drafter_path, checkpoint.config, dtype, device)
@@ -137,7 +152,8 @@ class Engine:
                                kv_dtype=config.resolve_kv_dtype(dtype), compute_dtype=dtype,
                                device=device)
         engine = cls(config, checkpoint, state, device, dtype, proposer)
-        log.info("loaded %s on %s (%s): %s", config.model_path, device, dtype, engine.memory)
+        log.info("loaded %s on %s (%s, dense segments: %s): %s", config.model_path, device,
+                 dtype, checkpoint.model.dense.name, engine.memory)
         return engine
 
     @property

@@ -38,7 +38,8 @@ def _p(name: str, default: Value, description: str, **kw: Any) -> Param:
 PARAMS: tuple[Param, ...] = (
     _p("autostart", True, "Configure and activate once at startup."),
     # model
-    _p("model.preset", "", "Model preset in config/models (e.g. qwen3_6_27b); '' = none."),
+    _p("model.preset", "demo", "Model preset in config/models (demo, qwen3_6_27b, ...); "
+       "'' = model.path only."),
     _p("model.path", "", "Target checkpoint directory; overrides the preset's target."),
     _p("model.drafter_path", "", "DFlash drafter directory; overrides the preset's drafter."),
     _p("model.dtype", "auto", "Weight dtype; auto = the preset's, else bf16 on CUDA, fp32 on CPU.",
@@ -50,7 +51,8 @@ PARAMS: tuple[Param, ...] = (
     _p("engine.prefill_chunk", 256, "Prompt tokens per prefill forward.", range=(1, 65536)),
     _p("engine.kv_dtype", "auto", "KV cache dtype; auto = the preset's, else the weight dtype.",
        choices=("auto", "fp32", "bf16", "fp16", "fp8")),
-    _p("engine.dense_backend", "torch", "Dense-segment backend (only torch is implemented).",
+    _p("engine.dense_backend", "torch", "Dense segments: torch, onnxruntime, tensorrt, or auto "
+       "(TensorRT on CUDA when installed); an unavailable one falls back to torch (logged).",
        choices=("torch", "onnxruntime", "tensorrt", "auto")),
     # speculative decoding
     _p("speculative.enabled", True, "Speculative decoding when a drafter is loaded."),
@@ -128,8 +130,8 @@ def _model(v: dict[str, Value]):
     from ..planning.presets import ModelPreset, resolve_model
 
     if not v["model.preset"] and not v["model.path"]:
-        raise ValueError("no model: set model.preset (a config/models preset) or model.path "
-                         "(a checkpoint directory); no demo model ships yet")
+        raise ValueError("no model: set model.preset (a config/models preset, e.g. demo) or "
+                         "model.path (a checkpoint directory)")
     path = str(Path(v["model.path"]).expanduser()) if v["model.path"] else ""
     if path and not Path(path).is_dir():
         raise ValueError(f"model.path: directory {path} does not exist")
@@ -139,8 +141,8 @@ def _model(v: dict[str, Value]):
         raise ValueError(f"model.preset: {exc}") from None
     if preset is None:
         preset = ModelPreset(name=Path(path).name, target_path=path)
-    elif path:
-        preset = replace(preset, target_path=path)
+    elif path:  # another target: the preset's drafter was made for the preset's target
+        preset = replace(preset, target_path=path, drafter_path=None)
     if v["model.drafter_path"]:
         drafter = Path(v["model.drafter_path"]).expanduser()
         if not drafter.is_dir():
@@ -161,9 +163,6 @@ def build_configs(values: dict[str, Any]):
     if not DEVICE.match(v["model.device"]):
         raise ValueError(f"model.device must be auto, cpu, cuda or cuda:N, "
                          f"got {v['model.device']!r}")
-    if v["engine.dense_backend"] in ("onnxruntime", "tensorrt"):
-        raise ValueError(f"engine.dense_backend {v['engine.dense_backend']!r} is not available "
-                         "yet: only 'torch' is implemented (use torch or auto)")
     block = v["speculative.block_size"] or None
     if block == 1:
         raise ValueError("speculative.block_size must be 0 (the drafter's) or 2..64, got 1")
@@ -175,7 +174,8 @@ def build_configs(values: dict[str, Any]):
             device=v["model.device"], max_context=v["engine.max_context"] or None,
             prefill_chunk=v["engine.prefill_chunk"], block_size=block,
             max_block=max(MAX_BLOCK, block or preset.block_size or 0),
-            window=v["speculative.window"] or None, window_seed=v["speculative.window_seed"])
+            window=v["speculative.window"] or None, window_seed=v["speculative.window_seed"],
+            dense_backend=v["engine.dense_backend"])
     except ValueError as exc:
         raise ValueError(f"model/engine parameters: {exc}") from None
     if v["planner.max_new_tokens"] >= engine.max_context:

@@ -61,7 +61,7 @@ def _goal(fake_ros, task="pick up the cup", max_new_tokens=8):
 
 
 def test_configure_without_a_model_fails_and_diagnostics_say_error(make_node):
-    node = make_node()
+    node = make_node(**{"model.preset": ""})
     assert node.trigger_configure().name == "FAILURE"
     errors = [text for level, text in node.logger.lines if level == "error"]
     assert len(errors) == 1 and "set model.preset" in errors[0] and "model.path" in errors[0]

@@ -198,7 +198,7 @@ def test_invalid_task_message_gets_a_failed_result_on_plan(harness, hybrid_dir):
 
 
 def test_failed_configure_keeps_the_node_and_reports_error(harness):
-    h = harness()  # no model.preset, no model.path
+    h = harness(**{"model.preset": ""})  # no preset, no model.path
     assert h.node.trigger_configure() == TransitionCallbackReturn.FAILURE
     assert wait_for(lambda: any(s.level == DiagnosticStatus.ERROR
                                 and "model failed to load" in s.message

@@ -79,8 +79,14 @@ def test_path_and_overrides_on_top_of_a_preset(hybrid_dir, tmp_path):
     assert not planner.enable_thinking and skills_path == skills
 
 
+def test_defaults_use_the_demo_preset():
+    engine, _, _ = build_configs({})
+    assert engine.model_path.endswith("assets/demo/target")
+    assert engine.drafter_path.endswith("assets/demo/drafter")
+
+
 def test_path_alone_uses_engine_defaults(hybrid_dir):
-    engine, _, _ = build_configs({"model.path": str(hybrid_dir)})
+    engine, _, _ = build_configs({"model.path": str(hybrid_dir), "model.preset": ""})
     assert engine.model_path == str(hybrid_dir) and engine.drafter_path is None
     assert (engine.dtype, engine.max_context, engine.block_size) == ("auto", 4096, None)
 
@@ -92,7 +98,7 @@ def test_large_block_raises_max_block(hybrid_dir):
 
 def test_no_model_is_a_clear_error():
     with pytest.raises(ValueError, match=r"set model\.preset .* or model\.path"):
-        build_configs({})
+        build_configs({"model.preset": ""})
 
 
 @pytest.mark.parametrize("values, name", [
@@ -102,7 +108,6 @@ def test_no_model_is_a_clear_error():
     ({"model.preset": "qwen3_4b", "model.dtype": "int4"}, "model.dtype"),
     ({"model.preset": "qwen3_4b", "model.device": "tpu"}, "model.device"),
     ({"model.preset": "qwen3_4b", "engine.kv_dtype": "int8"}, "engine.kv_dtype"),
-    ({"model.preset": "qwen3_4b", "engine.dense_backend": "tensorrt"}, "engine.dense_backend"),
     ({"model.preset": "qwen3_4b", "engine.dense_backend": "vulkan"}, "engine.dense_backend"),
     ({"model.preset": "qwen3_4b", "engine.prefill_chunk": 0}, "engine.prefill_chunk"),
     ({"model.preset": "qwen3_4b", "speculative.block_size": 1}, "speculative.block_size"),
@@ -126,8 +131,11 @@ def test_unknown_parameter_is_refused():
         build_configs({"model.preset": "qwen3_4b", "model.presett": "x"})
 
 
-def test_dense_backend_auto_is_torch():
-    build_configs({"model.preset": "qwen3_4b", "engine.dense_backend": "auto"})
+def test_dense_backend_reaches_the_engine_config():
+    for backend in ("torch", "onnxruntime", "tensorrt", "auto"):
+        engine, _, _ = build_configs({"model.preset": "qwen3_4b",
+                                      "engine.dense_backend": backend})
+        assert engine.dense_backend == backend
 
 
 def test_descriptors_carry_description_read_only_and_ranges(fake_ros):

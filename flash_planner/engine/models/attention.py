@@ -31,23 +31,24 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.zero_centred_norm)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.zero_centred_norm)
 
-    def pre(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """h [B, T, hidden] -> (q [B,T,H,D], k [B,T,Hkv,D], v [B,T,Hkv,D], gate [B,T,H*D])."""
+    def pre(self, h: torch.Tensor):
+        """h [B, T, hidden] -> mixer inputs (q [B,T,H,D], k, v [B,T,Hkv,D]) and post inputs
+        ((gate [B,T,H*D],) when gated, else ())."""
         b, t, _ = h.shape
         q = self.q_proj(h)
+        post: tuple[torch.Tensor, ...] = ()
         if self.gated:
             q, gate = q.view(b, t, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-            gate = gate.reshape(b, t, self.num_heads * self.head_dim)
+            post = (gate.reshape(b, t, self.num_heads * self.head_dim),)
         else:
             q = q.view(b, t, self.num_heads, self.head_dim)
-            gate = q.new_zeros(0)
         k = self.k_proj(h).view(b, t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(h).view(b, t, self.num_kv_heads, self.head_dim)
-        return self.q_norm(q), self.k_norm(k), v, gate
+        return (self.q_norm(q), self.k_norm(k), v), post
 
     def mix(self, inputs: tuple[torch.Tensor, ...], ctx: ForwardContext) -> torch.Tensor:
         """Causal attention of the block over the cached prefix and itself -> [B, T, H*D]."""
-        q, k, v, _ = inputs
+        q, k, v = inputs
         b, t = q.shape[:2]
         q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
         kv = ctx.state.kv
@@ -61,7 +62,7 @@ class Attention(nn.Module):
             enable_gqa=self.num_heads != self.num_kv_heads)            # [B, H, T, D]
         return out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
 
-    def post(self, core: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def post(self, core: torch.Tensor, post: tuple[torch.Tensor, ...]) -> torch.Tensor:
         if self.gated:
-            core = core * torch.sigmoid(inputs[3])
+            core = core * torch.sigmoid(post[0])
         return self.o_proj(core)

@@ -37,16 +37,17 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(value_dim, cfg.hidden_size, bias=False)
 
-    def pre(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """h [B, T, hidden] -> (qkv [B,T,conv_dim], z [B,T,Hv*Dv], g [B,T,Hv], beta [B,T,Hv])."""
+    def pre(self, h: torch.Tensor):
+        """h [B, T, hidden] -> mixer inputs (qkv [B,T,conv_dim], g [B,T,Hv], beta [B,T,Hv])
+        and post inputs (z [B,T,Hv*Dv],)."""
         beta = torch.sigmoid(self.in_proj_b(h))
         # float32 so that exp(A_log) cannot overflow in half precision
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(h).float() + self.dt_bias)
-        return self.in_proj_qkv(h), self.in_proj_z(h), g, beta
+        return (self.in_proj_qkv(h), g, beta), (self.in_proj_z(h),)
 
     def mix(self, inputs: tuple[torch.Tensor, ...], ctx: ForwardContext) -> torch.Tensor:
         """Conv + gated delta rule over the block -> o [B, T, Hv, Dv]."""
-        qkv, _, g, beta = inputs
+        qkv, g, beta = inputs
         b, t, _ = qkv.shape
         gdn = ctx.state.gdn
         slot = gdn.slot[self.layer_idx]
@@ -70,7 +71,7 @@ class GatedDeltaNet(nn.Module):
         steps = gdn.step_states[slot] if ctx.record_steps else None
         return dispatch.gdn_steps(q, k, v, g, beta, gdn.state[slot], steps)
 
-    def post(self, core: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def post(self, core: torch.Tensor, post: tuple[torch.Tensor, ...]) -> torch.Tensor:
         b, t = core.shape[:2]
-        z = inputs[1].reshape(b, t, self.hv, self.dv)
+        z = post[0].reshape(b, t, self.hv, self.dv)
         return self.out_proj(self.norm(core, z).reshape(b, t, self.hv * self.dv))

@@ -20,6 +20,7 @@ from .attention import Attention
 from .context import ForwardContext
 from .gdn import GatedDeltaNet
 from .layers import MLP, RMSNorm, rope_cos_sin
+from .segments import build_segments, layer_arity
 
 
 class DecoderLayer(nn.Module):
@@ -39,8 +40,8 @@ class DecoderLayer(nn.Module):
     def mixer(self) -> nn.Module:
         return self.linear_attn if self.is_linear else self.self_attn
 
-    def pre_mixer(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Dense: input norm and the mixer's projections."""
+    def pre_mixer(self, x: torch.Tensor):
+        """Dense: input norm and the mixer's projections -> (mixer inputs, post inputs)."""
         return self.mixer.pre(self.input_layernorm(x))
 
     def mix(self, inputs: tuple[torch.Tensor, ...], ctx: ForwardContext) -> torch.Tensor:
@@ -48,9 +49,9 @@ class DecoderLayer(nn.Module):
         return self.mixer.mix(inputs, ctx)
 
     def post_mixer(self, x: torch.Tensor, core: torch.Tensor,
-                   inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+                   post: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """Dense: mixer output projection, residual, MLP, residual."""
-        x = x + self.mixer.post(core, inputs)
+        x = x + self.mixer.post(core, post)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -58,6 +59,18 @@ class DecoderLayer(nn.Module):
 class ForwardOutput:
     logits: torch.Tensor          # [B, T or 1, vocab] float32
     taps: list[torch.Tensor]      # per requested layer id, its output [B, T, hidden]
+
+
+class TorchDense:
+    """Runs the dense segments eagerly: the reference every other backend is checked against."""
+
+    name = "torch"
+
+    def __init__(self, segments: list[nn.Module]):
+        self.segments = segments
+
+    def run(self, index: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.segments[index](*tensors)
 
 
 class TargetModel(nn.Module):
@@ -69,10 +82,15 @@ class TargetModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norm)
         self.lm_head = (None if cfg.tie_word_embeddings
                         else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+        # A plain list: the segments share the parameters above and must not register them
+        # again under other names.
+        self.segments = build_segments(self)
+        self.arity = [layer_arity(layer) for layer in self.layers]
+        self.dense = TorchDense(self.segments)
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return (h @ weight.T).float()
+    def set_dense(self, runner) -> None:
+        """Run the dense segments with another backend (same `run(index, *tensors)`)."""
+        self.dense = runner
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, state: InferenceState, *, record_steps: bool = False,
@@ -84,6 +102,7 @@ class TargetModel(nn.Module):
         all_logits: logits of every row (verify) instead of the last row only (prefill).
         """
         b, t = ids.shape
+        n = len(self.layers)
         start = state.begin(t, record_steps)
         try:
             positions = torch.arange(start, start + t, device=ids.device).expand(b, t)
@@ -93,17 +112,24 @@ class TargetModel(nn.Module):
             ctx = ForwardContext(state, start, positions, cos, sin, record_steps)
             wanted = {layer: i for i, layer in enumerate(taps)}
             tapped: list[torch.Tensor] = [ids.new_zeros(0)] * len(taps)
-            x = self.embed_tokens(ids)
-            inputs = self.layers[0].pre_mixer(x)
+            outs = self.dense.run(0, ids)
             for i, layer in enumerate(self.layers):
-                core = layer.mix(inputs, ctx)
-                x = layer.post_mixer(x, core, inputs)
+                n_mix = self.arity[i][0]
+                x, mix, post = outs[0], outs[1:1 + n_mix], outs[1 + n_mix:]
+                core = layer.mix(mix, ctx)
+                if i + 1 < n:
+                    outs = self.dense.run(i + 1, x, core, *post)
+                    if i in wanted:
+                        tapped[wanted[i]] = outs[0]
+                    continue
+                # The last segment is per-row: run it on the last row only unless every
+                # row's logits, or the last layer's output, are wanted.
+                rows = slice(None) if all_logits or i in wanted else slice(-1, None)
+                x_out, logits = self.dense.run(n, x[:, rows], core[:, rows],
+                                               *(p[:, rows] for p in post))
                 if i in wanted:
-                    tapped[wanted[i]] = x
-                if i + 1 < len(self.layers):
-                    inputs = self.layers[i + 1].pre_mixer(x)
-            h = self.norm(x if all_logits else x[:, -1:])
-            return ForwardOutput(self.logits(h), tapped)
+                    tapped[wanted[i]] = x_out
+            return ForwardOutput(logits if all_logits else logits[:, -1:], tapped)
         except BaseException:
             # The mixers update state in place: after a failed forward it is unreliable.
             state.reset()
