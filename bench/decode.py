@@ -1,7 +1,7 @@
 """Greedy decode speed of our engine against transformers `generate`, same checkpoint and prompts.
 
 What is measured. For each (size, kind) a random-weight checkpoint is written with
-`flash_planner.engine.tiny.write_tiny_checkpoint` into a temporary directory and loaded twice
+`flash_planner.train.tiny.write_tiny_checkpoint` into a temporary directory and loaded twice
 in this one process: by our `Engine` and by `AutoModelForCausalLM` (fp32, CPU). Both decode the
 same prompts (exact token counts, cut from the checkpoint's own tokenizer's encoding of
 robot-task text) greedily for exactly N new tokens: ours with `ignore_eos=True`, transformers
@@ -145,7 +145,7 @@ def bench_config(workdir: Path, size: str, kind: str, args, clock_cls) -> dict:
     from transformers import AutoModelForCausalLM
 
     from flash_planner.engine.engine import Engine, EngineConfig
-    from flash_planner.engine.tiny import write_tiny_checkpoint
+    from flash_planner.train.tiny import write_tiny_checkpoint
 
     path = workdir / f"{size}-{kind}"
     log(f"writing {size} {kind} checkpoint to {path} ...")
@@ -236,7 +236,7 @@ def print_table(report: dict) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from flash_planner.engine.tiny import KINDS, SIZES
+    from flash_planner.train.tiny import KINDS, SIZES
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="tiny,bench", help="comma list of " + ",".join(SIZES))

@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from flash_planner.engine.engine import Engine, EngineConfig  # noqa: E402
-from flash_planner.engine.tiny import write_tiny_checkpoint  # noqa: E402
+from flash_planner.train.tiny import write_tiny_checkpoint  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 

@@ -67,7 +67,7 @@ def test_console_entry_point_reports_bad_model_without_traceback(tmp_path):
 
 @pytest.fixture(scope="module")
 def drafter_dir(tmp_path_factory, hybrid_dir):
-    from flash_planner.engine.tiny import write_tiny_drafter
+    from flash_planner.train.tiny import write_tiny_drafter
 
     return write_tiny_drafter(tmp_path_factory.mktemp("drafter"), hybrid_dir)
 

@@ -11,9 +11,7 @@ written in the upstream on-disk format.
 from __future__ import annotations
 
 import json
-import math
 import random
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +22,7 @@ from safetensors.torch import save_file
 
 from ..engine.config import RopeConfig
 from ..engine.models.dflash import DFlashDrafter, DraftConfig
-from .target import TrainSettings, lr_at, pad_batch, progress_line
+from .target import TrainSettings, optimise
 
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -113,7 +111,6 @@ def train_drafter(examples: Sequence[tuple[list[int], list[int]]], target_dir: s
     settings = settings or TrainSettings(steps=600, batch_size=16, lr=1e-3)
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
-    rng = random.Random(settings.seed)
     target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
     for p in target.parameters():
         p.requires_grad_(False)
@@ -123,28 +120,11 @@ def train_drafter(examples: Sequence[tuple[list[int], list[int]]], target_dir: s
     params = sum(p.numel() for p in drafter.parameters())
     log(f"[drafter] {params / 1e6:.2f}M parameters, block {spec.block_size}, "
         f"{settings.steps} steps of {settings.batch_size} x {spec.anchors_per_sequence} blocks")
-    opt = torch.optim.AdamW(drafter.parameters(), lr=settings.lr, betas=(0.9, 0.95),
-                            weight_decay=settings.weight_decay)
-    order: list[int] = []
-    losses, t0 = [], time.perf_counter()
-    for step in range(settings.steps):
-        if len(order) < settings.batch_size:
-            order = list(range(len(examples)))
-            rng.shuffle(order)
-        ids, mask = pad_batch([examples[order.pop()] for _ in range(settings.batch_size)],
-                              pad_id)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, settings)
+
+    def loss_fn(ids, mask, rng):
         anchors = sample_anchors(mask, spec.anchors_per_sequence, rng)
-        loss = drafter_loss(drafter, target, ids, mask, anchors, spec.window)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        if not math.isfinite(loss.item()):
-            raise RuntimeError(f"drafter loss is {loss.item()} at step {step}")
-        if step % settings.log_every == 0 or step == settings.steps - 1:
-            losses.append(loss.item())
-            log(progress_line("drafter", step + 1, settings.steps, losses[-1], t0))
+        return drafter_loss(drafter, target, ids, mask, anchors, spec.window)
+
+    losses = optimise("drafter", drafter, examples, pad_id, settings, loss_fn, log)
     save_drafter(drafter.eval(), out_dir)
     return losses

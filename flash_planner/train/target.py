@@ -93,6 +93,46 @@ def progress_line(name: str, step: int, total: int, loss: float, t0: float) -> s
             f"{elapsed / 60:.1f} min elapsed, ~{eta / 60:.1f} min left")
 
 
+def optimise(name: str, model: torch.nn.Module, examples, pad_id: int,
+             settings: TrainSettings, loss_fn, log) -> list[float]:
+    """The loop both trainers share: shuffled batches, warmup + cosine LR, AdamW, gradient
+    clipping, progress lines. loss_fn(ids, mask, rng) -> loss; rng is the loop's own
+    generator (seeded from settings.seed), so a run is reproducible end to end."""
+    rng = random.Random(settings.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95),
+                            weight_decay=settings.weight_decay)
+    order: list[int] = []
+    losses, t0 = [], time.perf_counter()
+    for step in range(settings.steps):
+        if len(order) < settings.batch_size:
+            order = list(range(len(examples)))
+            rng.shuffle(order)
+        ids, mask = pad_batch([examples[order.pop()] for _ in range(settings.batch_size)],
+                              pad_id)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, settings)
+        loss = loss_fn(ids, mask, rng)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if not math.isfinite(loss.item()):
+            raise RuntimeError(f"{name} loss is {loss.item()} at step {step}")
+        if step % settings.log_every == 0 or step == settings.steps - 1:
+            losses.append(loss.item())
+            log(progress_line(name, step + 1, settings.steps, losses[-1], t0))
+    return losses
+
+
+def answer_loss(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy on the tokens the mask marks (the answer)."""
+    logits = model(input_ids=ids).logits[:, :-1]
+    target = ids[:, 1:].masked_fill(~mask[:, 1:], -100)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
+                           ignore_index=-100)
+
+
 def train_target(examples: Sequence[tuple[list[int], list[int]]], vocab_size: int,
                  eos_id: int, pad_id: int, out_dir: str | Path,
                  spec: TargetSpec | None = None, settings: TrainSettings | None = None,
@@ -106,33 +146,11 @@ def train_target(examples: Sequence[tuple[list[int], list[int]]], vocab_size: in
     spec, settings = spec or TargetSpec(), settings or TrainSettings()
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
-    rng = random.Random(settings.seed)
     model = Qwen3_5ForCausalLM(spec.hf_config(vocab_size, eos_id, pad_id)).train()
     params = sum(p.numel() for p in model.parameters())
     log(f"[target] {params / 1e6:.2f}M parameters, {settings.steps} steps of "
         f"{settings.batch_size}, {torch.get_num_threads()} thread(s)")
-    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.95),
-                            weight_decay=settings.weight_decay)
-    order: list[int] = []
-    losses, t0 = [], time.perf_counter()
-    for step in range(settings.steps):
-        if len(order) < settings.batch_size:
-            order = list(range(len(examples)))
-            rng.shuffle(order)
-        batch = [examples[order.pop()] for _ in range(settings.batch_size)]
-        ids, mask = pad_batch(batch, pad_id)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, settings)
-        logits = model(input_ids=ids).logits[:, :-1]
-        target = ids[:, 1:].masked_fill(~mask[:, 1:], -100)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                               target.reshape(-1), ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step % settings.log_every == 0 or step == settings.steps - 1:
-            losses.append(loss.item())
-            log(progress_line("target", step + 1, settings.steps, losses[-1], t0))
+    losses = optimise("target", model, examples, pad_id, settings,
+                      lambda ids, mask, _rng: answer_loss(model, ids, mask), log)
     model.eval().save_pretrained(str(out_dir))
     return losses

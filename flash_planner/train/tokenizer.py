@@ -4,8 +4,8 @@ Saved as a transformers tokenizer directory (tokenizer.json + tokenizer_config.j
 tokens: `<|endoftext|>` (pad), `<|im_start|>`, `<|im_end|>` (eos) and `<|mask|>` (the DFlash
 drafter's mask token). `<think>` and `</think>` are added but not special, as in Qwen's
 tokenizers: decoded text keeps them, so the planner can find the end of the thinking block.
-The chat template behaves exactly like `flash_planner.engine.tiny.CHAT_TEMPLATE`, including
-the `enable_thinking=False` branch that closes an empty thinking block in the prompt.
+The chat template has an `enable_thinking=False` branch that closes an empty thinking block
+in the prompt. The tiny test checkpoints (`train/tiny.py`) use this same tokenizer.
 """
 
 from __future__ import annotations

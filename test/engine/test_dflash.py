@@ -14,7 +14,7 @@ from flash_planner.engine.checkpoint import read_config
 from flash_planner.engine.generate import prefill
 from flash_planner.engine.models.dflash import DrafterError, default_tap_ids, load_drafter
 from flash_planner.engine.proposer import DFlashProposer
-from flash_planner.engine.tiny import write_tiny_drafter
+from flash_planner.train.tiny import write_tiny_drafter
 
 
 @pytest.fixture(scope="module")

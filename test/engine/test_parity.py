@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import CUDA
 from transformers import AutoModelForCausalLM, Qwen3_5ForConditionalGeneration
 
 from flash_planner.engine.cache import InferenceState
 from flash_planner.engine.checkpoint import load_checkpoint
 from flash_planner.engine.generate import GenerationSettings, generate
 
+CUDA = torch.cuda.is_available()
 KINDS = ["hybrid", "hybrid_vl", "dense"]
 TOL = {torch.float32: 1e-4, torch.bfloat16: 0.15}
 

@@ -18,7 +18,7 @@ import torch
 from flash_planner.engine.acceptance import RelaxedThinking, StrictAcceptance
 from flash_planner.engine.generate import GenerationSettings, generate
 from flash_planner.engine.proposer import Proposer
-from flash_planner.engine.tiny import write_tiny_drafter
+from flash_planner.train.tiny import write_tiny_drafter
 
 BLOCK = 8
 

@@ -12,7 +12,7 @@ import torch
 
 from flash_planner.engine.generate import CancelToken, GenerationSettings, generate
 from flash_planner.engine.proposer import DFlashProposer, ReplayProposer
-from flash_planner.engine.tiny import write_tiny_drafter
+from flash_planner.train.tiny import write_tiny_drafter
 
 NEAR_TIE = 1e-3
 PROMPT = "open the top drawer, take the blue screwdriver"

@@ -7,7 +7,7 @@ import torch
 
 from flash_planner.engine.generate import GenerationSettings, generate
 from flash_planner.engine.proposer import DFlashProposer, ReplayProposer
-from flash_planner.engine.tiny import write_tiny_drafter
+from flash_planner.train.tiny import write_tiny_drafter
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from flash_planner.engine.tiny import write_tiny_checkpoint
 from flash_planner.ros.interface_spec import read_action, read_fields
+from flash_planner.train.tiny import write_tiny_checkpoint
 
 IFACE = Path(__file__).resolve().parents[2] / "flash_planner_interfaces"
 INTS = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "byte"}

@@ -67,7 +67,7 @@ else:
 
 def _params_file() -> str:
     """The installed planner.yaml with a tiny random checkpoint as the model."""
-    from flash_planner.engine.tiny import write_tiny_checkpoint
+    from flash_planner.train.tiny import write_tiny_checkpoint
 
     work = Path(tempfile.mkdtemp(prefix="flash_planner_launch_"))
     model = write_tiny_checkpoint(work / "tiny")

@@ -119,18 +119,6 @@ def test_thinking_off_renders_empty_think_block_and_json_answer(splits, tokenize
         assert render(ex, tok).endswith(answer_text(ex) + EOS)
 
 
-def test_chat_template_behaves_like_the_engines(splits, tokenizer, catalog):
-    from flash_planner.engine.tiny import CHAT_TEMPLATE as ENGINE_TEMPLATE
-    from flash_planner.planning.prompt import build_messages
-
-    tok, _ = tokenizer
-    messages = build_messages(catalog, splits[0][0].task, splits[0][0].context)
-    for thinking in (True, False):
-        kwargs = dict(add_generation_prompt=True, tokenize=False, enable_thinking=thinking)
-        assert (tok.apply_chat_template(messages, **kwargs)
-                == tok.apply_chat_template(messages, chat_template=ENGINE_TEMPLATE, **kwargs))
-
-
 def test_loss_mask_covers_exactly_answer_and_end_of_turn(splits, tokenizer):
     tok, ids = tokenizer
     for ex in splits[0][:40] + splits[1][:20]:

@@ -1,9 +1,10 @@
 """Tiny random-weight checkpoints in genuine Hugging Face format, for smoke runs and tests.
 
-The weights are written by transformers' own `save_pretrained` and the tokenizer is a real
-byte-level BPE trained here with `tokenizers`, so loading goes through exactly the path a
-downloaded checkpoint takes. Kinds: `hybrid` (Qwen3_5ForCausalLM, text-only), `hybrid_vl`
-(Qwen3_5ForConditionalGeneration, text under model.language_model), `dense` (Qwen3ForCausalLM).
+The weights are written by transformers' own `save_pretrained` and the tokenizer is the
+planner's byte-level BPE (`train/tokenizer.py`) trained on a small corpus, so loading goes
+through exactly the path a downloaded checkpoint takes. Kinds: `hybrid` (Qwen3_5ForCausalLM,
+text-only), `hybrid_vl` (Qwen3_5ForConditionalGeneration, text under model.language_model),
+`dense` (Qwen3ForCausalLM).
 Sizes: `tiny` (~0.1M parameters) and `bench` (~60M parameters, a decode benchmark config).
 """
 
@@ -13,17 +14,9 @@ from pathlib import Path
 
 import torch
 
+from .tokenizer import train_tokenizer
+
 KINDS = ("hybrid", "hybrid_vl", "dense")
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-# Added but not special (as in Qwen's tokenizers): decoded text keeps them, so the planner
-# can find the end of the thinking block.
-THINK_TOKENS = ["<think>", "</think>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
-    "{% endif %}{% endif %}"
-)
 CORPUS = [
     "pick up the red cup and place it on the kitchen table",
     "navigate to the charging dock and wait for five seconds",
@@ -43,27 +36,6 @@ SIZES = {
                   linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64,
                   linear_value_head_dim=64, vocab=4096, init=0.03),
 }
-
-
-def write_tokenizer(path: Path, vocab_size: int) -> int:
-    """Train a byte-level BPE on a small corpus and save it as a transformers tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(CORPUS * 4, trainer=trainer)
-    tok.add_tokens(THINK_TOKENS)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>",
-                                   additional_special_tokens=SPECIAL_TOKENS[1:])
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(str(path))
-    return len(fast)
 
 
 def _hf_config(kind: str, size: str, vocab: int, eos: int, rotary: float, init: float | None):
@@ -121,9 +93,9 @@ def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "t
         raise ValueError(f"size must be one of {tuple(SIZES)}, got {size!r}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    n_tok = write_tokenizer(path, vocab_size=min(SIZES[size]["vocab"], 512) - 16)
-    vocab = max(SIZES[size]["vocab"], n_tok)
-    eos = SPECIAL_TOKENS.index("<|im_end|>")
+    ids = train_tokenizer(CORPUS * 4, path, vocab_size=min(SIZES[size]["vocab"], 512) - 16)
+    vocab = max(SIZES[size]["vocab"], ids["vocab_size"])
+    eos = ids["eos_id"]
     torch.manual_seed(seed)
     cfg = _hf_config(kind, size, vocab, eos, rotary, init)
     cls = {"hybrid": Qwen3_5ForCausalLM, "hybrid_vl": Qwen3_5ForConditionalGeneration,
@@ -153,7 +125,7 @@ def write_tiny_drafter(path: str | Path, target: str | Path, num_layers: int = 2
     from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3Model
 
-    from .models.dflash import default_tap_ids
+    from ..engine.models.dflash import default_tap_ids
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
