@@ -8,10 +8,8 @@ from __future__ import annotations
 from .skills import SkillCatalog
 
 SYSTEM = (
-    "You are the task planner of a robot. Turn the task into a plan using only these "
-    "skills:\n{skills}\n"
-    'Answer with one JSON object and nothing else: {{"plan": [{{"skill": NAME, "args": '
-    '{{ARG: VALUE}}}}, ...]}}. Every step uses exactly the listed arguments.'
+    "Plan the robot's task with these skills:\n{skills}\n"
+    'Reply with JSON only: {{"plan": [{{"skill": NAME, "args": {{ARG: VALUE}}}}, ...]}}'
 )
 
 

@@ -27,7 +27,10 @@ class Argument:
         return {"type": self.type, **dict(self.constraints)}
 
     def signature(self) -> str:
-        extra = "".join(f", {k} {v}" for k, v in self.constraints)
+        """`name` for a plain string argument, else `name: type` and its constraints."""
+        if self.type == "string" and not self.constraints:
+            return self.name
+        extra = "".join(f" {k} {v}" for k, v in self.constraints)
         return f"{self.name}: {self.type}{extra}"
 
 

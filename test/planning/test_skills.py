@@ -17,7 +17,7 @@ def catalog():
 def test_shipped_catalog_has_the_documented_skills(catalog):
     assert set(catalog.names) >= {"navigate_to", "pick", "place", "open", "close", "say",
                                   "wait"}
-    assert catalog.get("place").signature() == "place(object: string, location: string)"
+    assert catalog.get("place").signature() == "place(object, location)"
     assert "minimum 0" in catalog.get("wait").signature()
 
 
