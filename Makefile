@@ -8,7 +8,9 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.installed
 LINT_PATHS := flash_planner kernels test bench launch setup.py
 
-.PHONY: all venv test demo lint lint-fix clean distclean
+DEMO_TASK  ?= bring the red cup from the kitchen table to the sink
+
+.PHONY: all venv test demo demo-model bench lint lint-fix clean distclean
 
 all: test
 
@@ -27,8 +29,20 @@ $(STAMP): setup.py setup.cfg | $(VENV)/bin/python
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -q test
 
+# Plan a sample task with the embedded demo model (shipped in flash_planner/assets/demo).
 demo: $(STAMP)
-	$(VENV)/bin/flash-planner smoke
+	$(VENV)/bin/flash-planner plan "$(DEMO_TASK)"
+
+# Retrain the demo model from scratch (fixed seeds; about 35 minutes on 2 CPU cores).
+demo-model: $(STAMP)
+	$(VENV)/bin/python -m flash_planner.train.build_demo
+
+# The benchmarks (timings are printed, never asserted).
+bench: $(STAMP)
+	$(VENV)/bin/pip install -q matplotlib
+	$(VENV)/bin/python bench/decode.py --threads 1
+	$(VENV)/bin/python bench/spec.py
+	$(VENV)/bin/python bench/plan.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
