@@ -133,7 +133,7 @@ def write_png(rows, path: Path) -> str:
     left.set_ylabel("decode tokens/s")
     left.set_title("demo planner, held-out tasks (CPU, fp32)")
     for r in rows:
-        if r["accept_hist"]:
+        if r["mode"] in ("dflash", "relaxed"):          # the modes that draft
             hist = r["accept_hist"]
             right.plot(range(len(hist)), [c / sum(hist) for c in hist], marker="o",
                        label=r["mode"])

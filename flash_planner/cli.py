@@ -195,8 +195,9 @@ def _plan(args: argparse.Namespace) -> int:
         out.update({"plan": result.plan} if result.success else {"error": result.error})
         out.update(raw_text=result.raw_text, telemetry=result.telemetry)
         print(json.dumps(out))
-    elif result.success:
-        print(json.dumps({"plan": result.plan}, indent=2))
+    elif result.success:  # valid JSON, one step per line
+        steps = ",\n".join(f"  {json.dumps(step)}" for step in result.plan)
+        print(f'{{"plan": [\n{steps}\n]}}')
     if not args.json and not result.success:
         print(f"flash-planner: no valid plan: {result.error}", file=sys.stderr)
     if not args.json:
@@ -224,7 +225,7 @@ def _build_engines(args: argparse.Namespace) -> int:
 def _smoke(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
-    from .engine.tiny import write_tiny_checkpoint
+    from .train.tiny import write_tiny_checkpoint
 
     hf_logging.disable_progress_bar()
     with tempfile.TemporaryDirectory(prefix="flash-planner-smoke-") as tmp:
