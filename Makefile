@@ -27,7 +27,7 @@ $(STAMP): setup.py setup.cfg | $(VENV)/bin/python
 	touch $@
 
 test: $(STAMP)
-	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -q test
+	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -q -rs test
 
 # Plan a sample task with the embedded demo model (shipped in flash_planner/assets/demo).
 demo: $(STAMP)
