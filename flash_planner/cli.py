@@ -191,10 +191,7 @@ def _plan(args: argparse.Namespace) -> int:
     finally:
         service.stop()
     if args.json:
-        out = {"success": result.success}
-        out.update({"plan": result.plan} if result.success else {"error": result.error})
-        out.update(raw_text=result.raw_text, telemetry=result.telemetry)
-        print(json.dumps(out))
+        print(json.dumps(result.as_dict()))
     elif result.success:  # valid JSON, one step per line
         steps = ",\n".join(f"  {json.dumps(step)}" for step in result.plan)
         print(f'{{"plan": [\n{steps}\n]}}')

@@ -95,15 +95,7 @@ def feedback_fields(feedback: PlanFeedback) -> dict[str, Any]:
 
 def plan_topic_json(result: PlanResult) -> str:
     """The `~/plan` topic message: id, task, success, plan or error, finish_reason, telemetry."""
-    out: dict[str, Any] = {"id": result.request_id, "task": result.task,
-                           "success": result.success}
-    if result.success:
-        out["plan"] = result.plan
-    else:
-        out["error"] = result.error
-    out["finish_reason"] = result.finish_reason
-    out["telemetry"] = result.telemetry
-    return json.dumps(out, default=str)
+    return json.dumps(result.as_dict(raw_text=False), default=str)
 
 
 def rejected_task(error: str, text: str | bytes = "", limit: int = 200) -> PlanResult:
