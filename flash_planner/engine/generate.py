@@ -121,23 +121,21 @@ def prefill(engine: Engine, ids: list[int], tap_ids: tuple[int, ...] = (), tail:
     return logits[0, -1], taps
 
 
-class TextStream:
-    """Incremental detokenizer: returns only the new text, holding back partial characters."""
+def decode_text(tokenizer, ids: list[int]) -> str:
+    return "" if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=True)
 
-    def __init__(self, tokenizer) -> None:
+
+class TextStream:
+    """Incremental detokenizer over a growing token list: returns only the new text, holding
+    back a trailing partial character until the final call."""
+
+    def __init__(self, tokenizer, ids: list[int]) -> None:
         self.tokenizer = tokenizer
-        self.ids: list[int] = []
+        self.ids = ids              # the caller's list; it appends, this reads
         self.emitted = ""
 
-    def text(self) -> str:
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(self.ids, skip_special_tokens=True)
-
-    def push(self, ids: list[int], final: bool = False) -> str:
-        """New text after `ids`; until `final`, a trailing incomplete character waits."""
-        self.ids.extend(ids)
-        text = self.text()
+    def delta(self, final: bool = False) -> str:
+        text = decode_text(self.tokenizer, self.ids)
         if not final:
             text = text.rstrip("\ufffd")  # may be a multi-byte character cut short
         delta, self.emitted = text[len(self.emitted):], text
@@ -228,8 +226,9 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
         proposer.begin(ids, taps)
     stats.prefill_ms = now_ms() - t0
     rules = StopRules(settings, engine.eos_ids(), engine.tokenizer)
-    stream = TextStream(engine.tokenizer)
     published: list[int] = []
+    # Decoding the text so far every cycle is only worth it for a listener.
+    stream = TextStream(engine.tokenizer, published) if on_token is not None else None
     new = [int(logits.argmax())]
     policy.observe(new)
     stats.ttft_ms = now_ms() - t0
@@ -237,8 +236,10 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
     cycle = None
 
     def emit(ids: list[int], final: bool) -> None:
-        delta = stream.push(ids, final)
-        if on_token is not None and (ids or delta):
+        if stream is None:
+            return
+        delta = stream.delta(final)
+        if ids or delta:
             on_token(ids, delta)
 
     while True:
@@ -263,4 +264,4 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
     stats.decode_ms = now_ms() - t_first
     stats.total_ms = now_ms() - t0
     stats.phase_ms = dict(timer.ms)
-    return GenerationResult(published, stream.text(), reason, stats)
+    return GenerationResult(published, decode_text(engine.tokenizer, published), reason, stats)

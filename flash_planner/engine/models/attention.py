@@ -54,11 +54,9 @@ class Attention(nn.Module):
         kv = ctx.state.kv
         kv.append(self.layer_idx, k, v, ctx.start)
         keys, values = kv.read(self.layer_idx, ctx.start + t)          # [B, L, Hkv, D]
-        key_pos = torch.arange(ctx.start + t, device=q.device)
-        mask = key_pos[None, :] <= ctx.positions[0, :, None]           # [T, L]
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=mask, scale=self.head_dim ** -0.5,
+            attn_mask=ctx.causal_mask, scale=self.head_dim ** -0.5,
             enable_gqa=self.num_heads != self.num_kv_heads)            # [B, H, T, D]
         return out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
 

@@ -17,3 +17,4 @@ class ForwardContext:
     cos: torch.Tensor          # [B, T, rotary_dim]
     sin: torch.Tensor
     record_steps: bool         # keep per-step GDN checkpoints for a later partial commit
+    causal_mask: torch.Tensor  # [T, start+T]: key position <= query position (all layers)

@@ -109,7 +109,9 @@ class TargetModel(nn.Module):
             dtype = self.embed_tokens.weight.dtype
             cos, sin = rope_cos_sin(positions, self.cfg.rope.rotary_dim, self.cfg.rope.theta,
                                     dtype)
-            ctx = ForwardContext(state, start, positions, cos, sin, record_steps)
+            key_pos = torch.arange(start + t, device=ids.device)
+            mask = key_pos[None, :] <= positions[0, :, None]           # [T, start+T]
+            ctx = ForwardContext(state, start, positions, cos, sin, record_steps, mask)
             wanted = {layer: i for i, layer in enumerate(taps)}
             tapped: list[torch.Tensor] = [ids.new_zeros(0)] * len(taps)
             outs = self.dense.run(0, ids)
