@@ -15,6 +15,7 @@ import torch
 
 from .accept.reference import accept_rows as _accept_rows_ref
 from .checkpoint_select.reference import checkpoint_select as _checkpoint_select_ref
+from .gdn_steps.chunked import gdn_steps as _gdn_steps_chunked
 from .gdn_steps.reference import gdn_steps as _gdn_steps_ref
 from .kv_append.reference import kv_append as _kv_append_ref
 from .kv_append.reference import kv_read
@@ -67,8 +68,14 @@ def _pick(op: str, reference, tensor: torch.Tensor):
     return impl
 
 
+def _gdn_steps_torch(q, k, v, g, beta, state, step_states=None):
+    # one decode step is cheapest as the plain recurrence; blocks and prefills in chunked form
+    impl = _gdn_steps_ref if q.shape[1] == 1 else _gdn_steps_chunked
+    return impl(q, k, v, g, beta, state, step_states)
+
+
 def gdn_steps(q, k, v, g, beta, state, step_states=None):
-    return _pick("gdn_steps", _gdn_steps_ref, q)(q, k, v, g, beta, state, step_states)
+    return _pick("gdn_steps", _gdn_steps_torch, q)(q, k, v, g, beta, state, step_states)
 
 
 def kv_append(cache, rows, positions, scale=None):

@@ -51,7 +51,8 @@ def test_commit_step_n_equals_forward_over_n_tokens(setup, n):
     state.commit(n)
     assert state.length == prompt.shape[1] + n
     assert torch.allclose(state.gdn.state, ref_state, atol=1e-5)
-    assert torch.allclose(state.gdn.conv, ref_conv, atol=1e-6)
+    # 1e-5, not exact: n tokens run as one chunk vs S tokens in chunked form sum in other orders
+    assert torch.allclose(state.gdn.conv, ref_conv, atol=1e-5)
     logits = model(probe, state).logits
     state.commit(1)
     assert (logits - ref_logits).abs().max().item() <= 1e-4
