@@ -60,13 +60,23 @@ def sample_anchors(mask: torch.Tensor, k: int, rng: random.Random) -> list[list[
 
 
 def drafter_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, mask: torch.Tensor,
-                 anchors: list[list[int]], window: int) -> torch.Tensor:
-    """Weighted block cross-entropy for blocks at `anchors` of the sequences `ids` [N, S]."""
+                 anchors: list[list[int]], window: int,
+                 target_labels: bool = True) -> torch.Tensor:
+    """Weighted block cross-entropy for blocks at `anchors` of the sequences `ids` [N, S].
+
+    target_labels: row k learns the frozen target's greedy next token at a+k-1 instead of
+    the corpus token x[a+k]. Verification accepts what the target would emit, not what the
+    corpus says: where the corpus picks one of several paraphrases at random, the target
+    commits to one, and the drafter should learn that one.
+    """
     cfg = drafter.cfg
     b = cfg.block_size
     with torch.no_grad():
         out = target(input_ids=ids, output_hidden_states=True)
         taps = torch.cat([out.hidden_states[t + 1] for t in cfg.tap_ids], dim=-1)
+        labels = ids.clone()
+        if target_labels:
+            labels[:, 1:] = out.logits[:, :-1].argmax(dim=-1)
     n, s = ids.shape
     positions = torch.arange(s)
     features = drafter.context_features(taps)                          # [N, S, H]
@@ -82,7 +92,7 @@ def drafter_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, mask: torch.
     goal_pos = start[:, None] + torch.arange(1, b)                     # [N*K, B-1]
     valid = goal_pos < s
     goal_pos = goal_pos.clamp(max=s - 1)
-    goal = ids[seq[:, None], goal_pos]
+    goal = labels[seq[:, None], goal_pos]
     valid &= mask[seq[:, None], goal_pos]
     weight = torch.exp(-torch.arange(b - 1, dtype=torch.float32) / GAMMA.get(b, b / 2.3))
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), goal.reshape(-1),

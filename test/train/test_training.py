@@ -7,9 +7,15 @@ import random
 import torch
 
 from flash_planner.engine.checkpoint import load_checkpoint
-from flash_planner.engine.models.dflash import load_drafter
-from flash_planner.train.drafter import DrafterSpec, train_drafter
-from flash_planner.train.target import TargetSpec, TrainSettings, train_target
+from flash_planner.engine.models.dflash import DFlashDrafter, load_drafter
+from flash_planner.train.drafter import DrafterSpec, drafter_loss, train_drafter
+from flash_planner.train.target import (
+    TargetSpec,
+    TrainSettings,
+    length_bucketed_batches,
+    pad_batch,
+    train_target,
+)
 
 VOCAB, PAD, EOS, MASK = 48, 0, 1, 2
 SPEC = TargetSpec(hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1,
@@ -46,3 +52,46 @@ def test_target_and_drafter_training_reduce_loss_and_write_loadable_checkpoints(
     assert d_losses[-1] < d_losses[0]
     drafter = load_drafter(tmp_path / "drafter", target.config, torch.float32, "cpu")
     assert drafter.cfg.block_size == 4 and drafter.cfg.tap_ids == (1, 3)
+
+
+def test_length_bucketed_batches_cover_the_epoch_with_little_padding():
+    rng = random.Random(1)
+    lengths = [rng.randrange(20, 200) for _ in range(1000)]
+    batches = length_bucketed_batches(lengths, 32, random.Random(0))
+    flat = [i for b in batches for i in b]
+    assert all(len(b) == 32 for b in batches)
+    assert len(flat) == len(set(flat)) and len(lengths) - len(flat) < 32
+    waste = sum(max(lengths[i] for i in b) * 32 - sum(lengths[i] for i in b) for b in batches)
+    shuffled = list(range(len(lengths)))
+    random.Random(0).shuffle(shuffled)
+    plain = sum(max(lengths[i] for i in shuffled[j:j + 32]) * 32
+                - sum(lengths[i] for i in shuffled[j:j + 32]) for j in range(0, 992, 32))
+    assert waste < plain / 4
+    assert batches == length_bucketed_batches(lengths, 32, random.Random(0))   # seeded
+
+
+def test_drafter_learns_the_targets_greedy_tokens_not_the_corpus(tmp_path):
+    """Target labels = the corpus exactly where the corpus is the target's own greedy text."""
+    data = _examples(16)
+    train_target(data, VOCAB, EOS, PAD, tmp_path / "target", SPEC,
+                 TrainSettings(steps=2, batch_size=8, log_every=5), log=lambda _: None)
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(str(tmp_path / "target")).eval()
+    spec = DrafterSpec(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                       intermediate_size=64, block_size=4, tap_ids=(1, 3))
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(spec.config(32, VOCAB, MASK, 4))
+    ids, mask = pad_batch(data[:4], PAD)
+    anchors = [[6, 7], [6, 8], [7, 9], [6, 6]]
+    greedy = ids.clone()
+    with torch.no_grad():
+        for p in range(6, ids.shape[1]):            # the answer, decoded greedily
+            greedy[:, p] = target(input_ids=greedy[:, :p]).logits[:, -1].argmax(-1)
+        assert not torch.equal(greedy, ids)         # an untrained target: not the corpus
+        losses = {(name, labels_from_target): drafter_loss(drafter, target, seq, mask, anchors,
+                                                           128, labels_from_target)
+                  for name, seq in (("corpus", ids), ("greedy", greedy))
+                  for labels_from_target in (True, False)}
+    assert torch.equal(losses["greedy", True], losses["greedy", False])
+    assert not torch.isclose(losses["corpus", True], losses["corpus", False])
