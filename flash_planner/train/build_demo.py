@@ -26,7 +26,7 @@ DEFAULT_OUT = Path(__file__).resolve().parents[1] / "assets" / "demo"
 
 
 def build(out: Path, seed: int, target_steps: int, drafter_steps: int, threads: int,
-          check: int) -> None:
+          check: int, drafter_only: bool = False) -> None:
     t0 = time.perf_counter()
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     catalog = SkillCatalog.from_yaml(default_skills_path())
@@ -38,9 +38,15 @@ def build(out: Path, seed: int, target_steps: int, drafter_steps: int, threads: 
     data = [encode(ex, tok, catalog) for ex in train]
     log(f"[tokenizer] {ids['vocab_size']} tokens; mean example "
         f"{sum(len(i) for i, _ in data) / len(data):.0f} tokens")
-    train_target(data, ids["vocab_size"], ids["eos_id"], ids["pad_id"], target_dir,
-                 TargetSpec(), TrainSettings(steps=target_steps, seed=seed, threads=threads),
-                 log=log)
+    if drafter_only:
+        if not (target_dir / "model.safetensors").is_file():
+            raise SystemExit(f"--drafter-only: no trained target in {target_dir}")
+        log(f"[target] kept: {target_dir}")
+    else:
+        train_target(data, ids["vocab_size"], ids["eos_id"], ids["pad_id"], target_dir,
+                     TargetSpec(), TrainSettings(steps=target_steps, seed=seed,
+                                                 threads=threads, length_buckets=False),
+                     log=log)
     train_drafter(data, target_dir, ids["mask_id"], ids["pad_id"], drafter_dir,
                   DrafterSpec(), TrainSettings(steps=drafter_steps, batch_size=16, lr=1e-3,
                                                seed=seed, threads=threads), log=log)
@@ -61,17 +67,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target-steps", type=int, default=1400)
+    parser.add_argument("--target-steps", type=int, default=1000)
     parser.add_argument("--drafter-steps", type=int, default=1800)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--check", type=int, default=50, help="held-out tasks to check")
+    parser.add_argument("--drafter-only", action="store_true",
+                        help="keep the target in OUT/target, train only the drafter")
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     build(args.out, args.seed, args.target_steps, args.drafter_steps, args.threads,
-          args.check)
+          args.check, args.drafter_only)
     return 0
 
 

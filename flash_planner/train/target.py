@@ -66,6 +66,10 @@ class TrainSettings:
     seed: int = 0
     threads: int = 1
     log_every: int = 25
+    # batches from length-sorted pools (less padding, ~28% cheaper steps on the demo corpus)
+    # or plain random batches; the demo target keeps random ones: trained bucketed for 1400
+    # steps it planned 93.2% of 500 held-out tasks exactly, vs 95.4% after 1000 random ones
+    length_buckets: bool = True
 
 
 def pad_batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int):
@@ -114,7 +118,7 @@ def length_bucketed_batches(lengths: Sequence[int], batch_size: int, rng: random
 
 def optimise(name: str, model: torch.nn.Module, examples, pad_id: int,
              settings: TrainSettings, loss_fn, log) -> list[float]:
-    """The loop both trainers share: length-bucketed shuffled batches, warmup + cosine LR,
+    """The loop both trainers share: shuffled (length-bucketed) batches, warmup + cosine LR,
     AdamW, gradient clipping, progress lines. loss_fn(ids, mask, rng) -> loss; rng is the
     loop's own generator (seeded from settings.seed), so a run is reproducible end to end."""
     rng = random.Random(settings.seed)
@@ -126,11 +130,19 @@ def optimise(name: str, model: torch.nn.Module, examples, pad_id: int,
                          f"{settings.batch_size}")
     lengths = [len(ids) for ids, _ in examples]
     batches: list[list[int]] = []
+    order: list[int] = []
     losses, t0 = [], time.perf_counter()
     for step in range(settings.steps):
-        if not batches:
-            batches = length_bucketed_batches(lengths, settings.batch_size, rng)
-        ids, mask = pad_batch([examples[i] for i in batches.pop()], pad_id)
+        if settings.length_buckets:
+            if not batches:
+                batches = length_bucketed_batches(lengths, settings.batch_size, rng)
+            batch = batches.pop()
+        else:
+            if len(order) < settings.batch_size:
+                order = list(range(len(examples)))
+                rng.shuffle(order)
+            batch = [order.pop() for _ in range(settings.batch_size)]
+        ids, mask = pad_batch([examples[i] for i in batch], pad_id)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, settings)
         loss = loss_fn(ids, mask, rng)
