@@ -3,7 +3,7 @@
     python -m flash_planner.train.build_demo [--out DIR] [--seed N] [--threads N]
 
 Everything is trained from scratch on the CPU with fixed seeds (`make demo-model`, about
-30-45 minutes on 2 cores) and written to flash_planner/assets/demo/{target,drafter}: a
+38 minutes on 2 cores) and written to flash_planner/assets/demo/{target,drafter}: a
 standard Hugging Face checkpoint (with the tokenizer) and a DFlash drafter in its upstream
 format.
 """

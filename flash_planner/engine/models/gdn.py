@@ -58,8 +58,8 @@ class GatedDeltaNet(nn.Module):
             gdn.conv_rows[slot, :, :k1] = window
             gdn.conv_rows[slot, :, k1:k1 + t] = x
         full = torch.cat((window, x), dim=1)                          # [B, K-1+T, C]
-        # causal depthwise conv as one windowed product: for a few rows this is several times
-        # cheaper on a CPU than conv1d's dispatch, and it keeps the [B, T, C] layout
+        # causal depthwise conv as one windowed product in the [B, T, C] layout: on a CPU,
+        # cheaper than conv1d with its transposes (plain decode of the demo model: +19%)
         taps = full.unfold(1, self.kernel, 1)                         # [B, T, C, K]
         conv = (taps * self.conv1d.weight[:, 0].float()).sum(dim=-1)  # [B, T, C]
         conv = F.silu(conv).to(qkv.dtype)
