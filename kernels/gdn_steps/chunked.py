@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .reference import _l2norm
+from .reference import _l2norm, check_state
 
 CHUNK = 64
 LOG_FLOOR = -60.0
@@ -37,9 +37,7 @@ def gdn_steps(
     `step_states` [B, >=T, Hv, Dk, Dv] if given; returns o [B, T, Hv, Dv] in v's dtype."""
     b, t, hk, dk = k.shape
     hv, dv = v.shape[-2:]
-    if state.shape != (b, hv, dk, dv) or state.dtype != torch.float32:
-        raise ValueError(f"state must be float32 [{b}, {hv}, {dk}, {dv}], "
-                         f"got {state.dtype} {tuple(state.shape)}")
+    check_state(k, v, state)
     if step_states is not None and step_states.shape[1] < t:
         raise ValueError(f"step_states holds {step_states.shape[1]} steps, block has {t}")
     rep = hv // hk

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .reference import check_state
+
 
 @triton.jit
 def _gdn_steps_kernel(q, k, v, g, beta, state, step_states, out, steps, hk, hv, dk, dv,
@@ -66,9 +68,7 @@ def gdn_steps(
     """
     b, t, hk, dk = k.shape
     hv, dv = v.shape[-2:]
-    if state.shape != (b, hv, dk, dv) or state.dtype != torch.float32:
-        raise ValueError(f"state must be float32 [{b}, {hv}, {dk}, {dv}], "
-                         f"got {state.dtype} {tuple(state.shape)}")
+    check_state(k, v, state)
     if step_states is not None and (step_states.shape[1] < t or not step_states.is_contiguous()
                                     or step_states.dtype != torch.float32):
         raise ValueError("step_states must be contiguous float32 holding at least T steps")

@@ -17,6 +17,15 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
+def check_state(k: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> None:
+    """The state every form of this op updates in place: float32 [B, Hv, Dk, Dv]."""
+    b, _, _, dk = k.shape
+    hv, dv = v.shape[-2:]
+    if state.shape != (b, hv, dk, dv) or state.dtype != torch.float32:
+        raise ValueError(f"state must be float32 [{b}, {hv}, {dk}, {dv}], "
+                         f"got {state.dtype} {tuple(state.shape)}")
+
+
 def gdn_steps(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -34,9 +43,7 @@ def gdn_steps(
     """
     b, t, hk, dk = k.shape
     hv, dv = v.shape[-2:]
-    if state.shape != (b, hv, dk, dv) or state.dtype != torch.float32:
-        raise ValueError(f"state must be float32 [{b}, {hv}, {dk}, {dv}], "
-                         f"got {state.dtype} {tuple(state.shape)}")
+    check_state(k, v, state)
     if step_states is not None and step_states.shape[1] < t:
         raise ValueError(f"step_states holds {step_states.shape[1]} steps, block has {t}")
     rep = hv // hk
