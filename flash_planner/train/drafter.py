@@ -74,9 +74,8 @@ def drafter_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, mask: torch.
     with torch.no_grad():
         out = target(input_ids=ids, output_hidden_states=True)
         taps = torch.cat([out.hidden_states[t + 1] for t in cfg.tap_ids], dim=-1)
-        labels = ids.clone()
-        if target_labels:
-            labels[:, 1:] = out.logits[:, :-1].argmax(dim=-1)
+        labels = (torch.cat((ids[:, :1], out.logits[:, :-1].argmax(dim=-1)), dim=1)
+                  if target_labels else ids)
     n, s = ids.shape
     positions = torch.arange(s)
     features = drafter.context_features(taps)                          # [N, S, H]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .reference import _l2norm, check_state
+from .reference import check_state, expand_qk
 
 CHUNK = 64
 LOG_FLOOR = -60.0
@@ -35,15 +35,10 @@ def gdn_steps(
 ) -> torch.Tensor:
     """As reference.gdn_steps: T steps from `state` (updated in place), per-step states into
     `step_states` [B, >=T, Hv, Dk, Dv] if given; returns o [B, T, Hv, Dv] in v's dtype."""
-    b, t, hk, dk = k.shape
+    b, t = k.shape[:2]
     hv, dv = v.shape[-2:]
-    check_state(k, v, state)
-    if step_states is not None and step_states.shape[1] < t:
-        raise ValueError(f"step_states holds {step_states.shape[1]} steps, block has {t}")
-    rep = hv // hk
-    # head-major layout: [B, Hv, T, D]
-    qf = (_l2norm(q.float()) * dk ** -0.5).repeat_interleave(rep, dim=2).transpose(1, 2)
-    kf = _l2norm(k.float()).repeat_interleave(rep, dim=2).transpose(1, 2)
+    check_state(k, v, state, step_states)
+    qf, kf = (x.transpose(1, 2) for x in expand_qk(q, k, hv))         # head-major [B, Hv, T, D]
     vf = v.float().transpose(1, 2)
     gf = g.float().transpose(1, 2)                                     # [B, Hv, T]
     bf = beta.float().transpose(1, 2)
@@ -77,8 +72,8 @@ def _chunk(q, k, v, g, beta, s0, out, step_states):
     delta = torch.linalg.solve_triangular(strict, rhs, upper=False,
                                           unitriangular=True)          # [B, Hv, C, Dv]
     out.copy_(gamma * (q @ s0) + (decay * (q @ k.transpose(-1, -2))) @ delta)
-    last = decay[..., -1, :, None]                                     # [B, Hv, C, 1]
     if step_states is None:
+        last = decay[..., -1, :, None]                                 # [B, Hv, C, 1]
         return gamma[..., -1, :, None] * s0 + (k * last).transpose(-1, -2) @ delta
     # S_t for every t, written straight into the checkpoint rows [B, C, Hv, Dk, Dv] (no
     # [C, Dk*Dv]-sized temporaries: on a CPU, moving those costs more than the arithmetic)

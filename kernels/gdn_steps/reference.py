@@ -17,13 +17,25 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def check_state(k: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> None:
-    """The state every form of this op updates in place: float32 [B, Hv, Dk, Dv]."""
-    b, _, _, dk = k.shape
+def check_state(k: torch.Tensor, v: torch.Tensor, state: torch.Tensor,
+                step_states: torch.Tensor | None = None) -> None:
+    """The state every form of this op updates in place: float32 [B, Hv, Dk, Dv]; and the
+    checkpoint buffer, if given, must hold the block's T steps."""
+    b, t, _, dk = k.shape
     hv, dv = v.shape[-2:]
     if state.shape != (b, hv, dk, dv) or state.dtype != torch.float32:
         raise ValueError(f"state must be float32 [{b}, {hv}, {dk}, {dv}], "
                          f"got {state.dtype} {tuple(state.shape)}")
+    if step_states is not None and step_states.shape[1] < t:
+        raise ValueError(f"step_states holds {step_states.shape[1]} steps, block has {t}")
+
+
+def expand_qk(q: torch.Tensor, k: torch.Tensor, hv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 q, k L2-normalised (q also scaled by Dk^-0.5), one row per value head:
+    [B, T, Hv, Dk] each."""
+    rep, dk = hv // k.shape[2], k.shape[-1]
+    qf = _l2norm(q.float()).repeat_interleave(rep, dim=2) * dk ** -0.5
+    return qf, _l2norm(k.float()).repeat_interleave(rep, dim=2)
 
 
 def gdn_steps(
@@ -41,14 +53,10 @@ def gdn_steps(
     step t (the per-step checkpoints a speculative rollback selects from).
     Returns o [B, T, Hv, Dv] in v's dtype.
     """
-    b, t, hk, dk = k.shape
+    b, t = k.shape[:2]
     hv, dv = v.shape[-2:]
-    check_state(k, v, state)
-    if step_states is not None and step_states.shape[1] < t:
-        raise ValueError(f"step_states holds {step_states.shape[1]} steps, block has {t}")
-    rep = hv // hk
-    qf = _l2norm(q.float()).repeat_interleave(rep, dim=2) * dk ** -0.5  # [B, T, Hv, Dk]
-    kf = _l2norm(k.float()).repeat_interleave(rep, dim=2)                # [B, T, Hv, Dk]
+    check_state(k, v, state, step_states)
+    qf, kf = expand_qk(q, k, hv)                                        # [B, T, Hv, Dk]
     vf, gf, bf = v.float(), g.float(), beta.float()
     out = torch.empty(b, t, hv, dv, dtype=torch.float32, device=v.device)
     s = state
