@@ -123,18 +123,19 @@ class PlannerService:
                                             daemon=True)
             self._worker.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, reason: str = "the planner service stopped") -> None:
+        """End the running request and every queued one with `reason`; join the worker."""
         with self._lock:
             self._stopping = True
             dropped = list(self._queue)
             self._queue.clear()
             if self._running is not None:
-                self._running.cancel_reason = "the planner service stopped"
+                self._running.cancel_reason = reason
                 self._running.cancel_token.cancel()
             self._lock.notify_all()
             worker, self._worker = self._worker, None
         for ticket in dropped:
-            self._finish(ticket, _failed(ticket.request, "the planner service stopped"))
+            self._finish(ticket, _failed(ticket.request, reason))
         if worker is not None:
             worker.join(timeout)
 

@@ -1,5 +1,7 @@
 """The `~/plan` action server: goals go straight to the planner service, which owns policy.
 
+The server exists in every lifecycle state of the node: a goal while the node is not active
+is accepted and ends ABORTED with the reason (the action protocol's reject carries none).
 Callbacks are kept apart as in ros2/examples: the goal callback accepts at once (never
 blocks: queueing, preemption and rejection are the service's), the cancel callback accepts,
 the accepted callback starts execution, and the execute callback submits the request, streams
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from ..planning.request import PlanResult
 from ..planning.service import UnknownRequestError
@@ -20,9 +23,9 @@ POLL_S = 0.02  # how often a waiting goal looks for a cancel request
 
 
 class PlanActionServer:
-    """Owns one rclpy ActionServer for flash_planner_interfaces/action/Plan."""
+    """Owns one rclpy ActionServer for Plan; `service()` gives the serving planner service."""
 
-    def __init__(self, node, service, name: str):
+    def __init__(self, node, service: Callable, name: str):
         from rclpy.action import ActionServer
         from rclpy.callback_groups import ReentrantCallbackGroup
 
@@ -75,13 +78,17 @@ class PlanActionServer:
             return PlanResult(request_id, goal_handle.request.task, False,
                               error="cancelled before it started", finish_reason="cancelled")
         request = convert.goal_to_request(goal_handle.request, request_id)
-        ticket = self._service.submit(request, lambda fb: self._feedback(goal_handle, fb))
+        try:
+            service = self._service()
+        except convert.NotServing as exc:
+            return convert.refused(str(exc), request.task, request_id)
+        ticket = service.submit(request, lambda fb: self._feedback(goal_handle, fb))
         forwarded = False
         while True:
             if not forwarded and goal_handle.is_cancel_requested:
                 forwarded = True
                 try:
-                    self._service.cancel(ticket.id)
+                    service.cancel(ticket.id)
                 except UnknownRequestError:  # it finished (or was refused) meanwhile
                     pass
             try:
@@ -94,10 +101,15 @@ class PlanActionServer:
         msg = convert.fill(self._type.Feedback(), convert.feedback_fields(feedback))
         goal_handle.publish_feedback(msg)
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Wait (bounded) for running goals to finish, then destroy the action server."""
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait (bounded) until no goal is executing; True if none is."""
         deadline = time.monotonic() + timeout
         with self._idle:
             while self._running and time.monotonic() < deadline:
                 self._idle.wait(deadline - time.monotonic())
+            return not self._running
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Wait (bounded) for running goals to finish, then destroy the action server."""
+        self.wait_idle(timeout)
         self._server.destroy()

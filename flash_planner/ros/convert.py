@@ -98,12 +98,30 @@ def plan_topic_json(result: PlanResult) -> str:
     return json.dumps(result.as_dict(raw_text=False), default=str)
 
 
-def rejected_task(error: str, text: str | bytes = "", limit: int = 200) -> PlanResult:
-    """The failed result published for a `~/task` message that is not a request."""
+class NotServing(RuntimeError):
+    """The node cannot take requests now; the message says why and what to do."""
+
+
+def not_serving_reason(phase: str, node_name: str) -> str:
+    """Why a request is refused while the node is in lifecycle `phase` (not active)."""
+    fix = {"unconfigured": "configure and activate it", "inactive": "activate it"}
+    action = fix.get(phase)
+    how = f": {action} (ros2 lifecycle set {node_name} ...)" if action else ""
+    return f"the planner node is {phase}, not serving requests{how}"
+
+
+def refused(error: str, text: str | bytes = "", request_id: str = "",
+            limit: int = 200) -> PlanResult:
+    """The failed result of a request the node did not hand to the planner."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
     task = text if len(text) <= limit else text[:limit] + "..."
-    return PlanResult("", task, success=False, error=f"invalid request: {error}")
+    return PlanResult(request_id, task, success=False, error=error)
+
+
+def rejected_task(error: str, text: str | bytes = "", limit: int = 200) -> PlanResult:
+    """The failed result published for a `~/task` message that is not a request."""
+    return refused(f"invalid request: {error}", text, limit=limit)
 
 
 def terminal_state(success: bool, cancel_requested: bool) -> str:

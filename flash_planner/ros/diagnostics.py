@@ -1,9 +1,9 @@
 """The planner's health for /diagnostics: a rolling latency window and a status from budgets.
 
-Pure Python (no rclpy, no diagnostic_updater): the node feeds every finished `PlanResult`
+Pure Python (no rclpy): the node feeds every finished `PlanResult`
 into a `LatencyWindow` and, on each diagnostics period, turns the window into
 `(level, message, key_values)` with `status` / `node_status`. Levels are the ints 0/1/2 of
-diagnostic_msgs/DiagnosticStatus OK/WARN/ERROR (the node sends them as bytes).
+diagnostic_msgs/DiagnosticStatus OK/WARN/ERROR (sent as bytes by diagnostics_topic.py).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class Sample:
     latency_ms: float
     tokens_per_s: float
     mean_accepted: float
+    tokens_per_cycle: float
     cycles: int
 
 
@@ -73,6 +74,7 @@ class Summary:
     latency_p95: float
     tokens_per_s: float
     mean_accepted: float
+    tokens_per_cycle: float
 
     @property
     def requests(self) -> int:
@@ -109,7 +111,7 @@ class LatencyWindow:
                 self._samples.append(Sample(
                     float(t["ttft_ms"]), float(t.get("total_latency_ms", t.get("total_ms", 0))),
                     float(t.get("decode_tokens_per_s", 0.0)), float(t.get("mean_accepted", 0.0)),
-                    int(t.get("cycles", 0))))
+                    float(t.get("tokens_per_cycle", 0.0)), int(t.get("cycles", 0))))
 
     def summary(self) -> Summary:
         """Percentiles and means over the window's samples, and the counters."""
@@ -122,7 +124,8 @@ class LatencyWindow:
             len(samples), *counts, percentile(ttft, 50), percentile(ttft, 95),
             percentile(latency, 50), percentile(latency, 95),
             _mean([s.tokens_per_s for s in samples if s.tokens_per_s > 0]),
-            _mean([s.mean_accepted for s in samples if s.cycles > 0]))
+            _mean([s.mean_accepted for s in samples if s.cycles > 0]),
+            _mean([s.tokens_per_cycle for s in samples if s.cycles > 0]))
 
 
 def _grade(name: str, value: float, budget: float) -> tuple[int, str]:
@@ -144,6 +147,7 @@ def status(window: LatencyWindow | Summary, budgets: Budgets, queue_depth: int
         ("latency p50 ms", f"{s.latency_p50:.1f}"), ("latency p95 ms", f"{s.latency_p95:.1f}"),
         ("tokens per s", f"{s.tokens_per_s:.1f}"),
         ("mean accepted length", f"{s.mean_accepted:.2f}"),
+        ("tokens per cycle", f"{s.tokens_per_cycle:.2f}"),
         ("queue depth", str(queue_depth)), ("last error", s.last_error),
         ("ttft budget ms", f"{budgets.ttft_ms:.0f}"),
         ("latency budget ms", f"{budgets.latency_ms:.0f}"),
@@ -164,11 +168,12 @@ def status(window: LatencyWindow | Summary, budgets: Budgets, queue_depth: int
 
 
 def node_status(state: str, load_error: str, window: LatencyWindow | None, budgets: Budgets,
-                queue_depth: int) -> tuple[int, str, KeyValues]:
+                queue_depth: int, model: str = "") -> tuple[int, str, KeyValues]:
     """The node's status: ERROR after a failed model load, OK while not serving, else `status`."""
+    head = [("state", state), ("model", model)]
     if load_error:
-        return ERROR, f"model failed to load: {load_error}", [("state", state)]
+        return ERROR, f"model failed to load: {load_error}", head
     if state != "active" or window is None:
-        return OK, f"{state}: not serving requests", [("state", state)]
+        return OK, f"{state}: not serving requests", head
     level, message, values = status(window, budgets, queue_depth)
-    return level, message, [("state", state), *values]
+    return level, message, [*head, *values]

@@ -1,23 +1,30 @@
 """Entry point of ``planner_node``: the ``flash_planner`` lifecycle node.
 
-configure: parameters -> configs, load the engine and skill catalog, build the planner
-service, warm up. activate: ``~/task``, ``~/plan`` (topic and action), ``~/telemetry``, start
-the service. deactivate undoes activate; cleanup frees the model. /diagnostics is published
-in every state, so a failed model load reads as ERROR. rclpy is imported inside
-`planner_node_class` and `main` only: this module imports without ROS 2.
+Created: parameters, ``~/task``, ``~/plan`` (topic and action), ``~/telemetry`` and
+/diagnostics, which exist in every lifecycle state (a request while not active is refused
+with the reason; a failed model load reads as ERROR on /diagnostics). configure: parameters
+-> configs, load the engine and skill catalog, build the planner service, warm up. activate:
+start serving. deactivate: stop serving (running and queued requests end with the reason);
+cleanup frees the model; shutdown does both. rclpy is imported inside `planner_node_class`
+and `main` only: this module imports without ROS 2.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import signal
+import socket
 import sys
+import threading
 import time
 
 NODE_NAME = "flash_planner"
 MISSING_ROS = ("planner_node needs ROS 2 (rclpy), which is not importable here: "
                "source /opt/ros/jazzy/setup.bash (or your ROS 2 distro) and retry.")
 WARM_UP_PROMPT = [{"role": "user", "content": "Say OK."}]
+SHUTDOWN_GRACE_S = 5.0  # longest wait for goals in flight (and the executor) at shutdown
+RESULT_SEND_S = 0.3     # time left to the executor to send the last goal results
 
 
 def warm_up(engine) -> float:
@@ -40,31 +47,39 @@ def free_memory() -> None:
 
 def planner_node_class():
     """The lifecycle node class; defined on call so that rclpy is needed only then."""
-    from diagnostic_updater import Updater
     from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
     from rclpy.lifecycle import Node, TransitionCallbackReturn
 
     from . import convert, params
     from .action_server import PlanActionServer
     from .diagnostics import Budgets, LatencyWindow, node_status
+    from .diagnostics_topic import DiagnosticsPublisher
     from .topics import PlanTopics
 
     ok, failure = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
 
     class PlannerNode(Node):
-        """Task in, JSON plan out: the ROS side of `PlannerService`, nothing more."""
+        """Task in, JSON plan out: the ROS side of `PlannerService`, nothing more.
+
+        The topics, the action server and /diagnostics exist in every state; requests are
+        served only while active and are refused with the reason otherwise.
+        """
 
         def __init__(self, **kwargs):
             super().__init__(NODE_NAME, **kwargs)
             self._param_errors = params.declare(self)
             self._engine = self._planner = self._window = None
-            self._topics = self._action = None
-            self._phase, self._load_error = "unconfigured", ""
-            self._updater = Updater(self, period=self.get_parameter("diagnostics.period_s").value)
-            self._updater.setHardwareID(NODE_NAME)
-            self._updater.add("planner", self._diagnose)
+            self._phase, self._load_error, self._model = "unconfigured", "", ""
+            values = params.read(self)
+            depths = {k: values[f"qos.{k}_depth"] for k in ("plan", "task", "telemetry")}
+            self._diagnostics = DiagnosticsPublisher(
+                self, self._diagnose, values["diagnostics.period_s"],
+                values["diagnostics.hardware_id"] or socket.gethostname())
+            self._topics = PlanTopics(self, self._service, depths, self._on_result)
+            self._action = PlanActionServer(self, self._service,
+                                            f"{self.get_fully_qualified_name()}/plan")
             self._autostart_timer = None
-            if self.get_parameter("autostart").value:
+            if values["autostart"]:
                 self._autostart_timer = self.create_timer(
                     0.1, self._autostart, callback_group=MutuallyExclusiveCallbackGroup())
 
@@ -73,6 +88,14 @@ def planner_node_class():
             self._autostart_timer.cancel()
             if self.trigger_configure() == ok:
                 self.trigger_activate()
+
+        def _service(self):
+            """The planner service while active; `convert.NotServing` with the reason else."""
+            planner = self._planner
+            if self._phase != "active" or planner is None:
+                raise convert.NotServing(convert.not_serving_reason(
+                    self._phase, self.get_fully_qualified_name()))
+            return planner
 
         def on_configure(self, state):
             self._phase = "configuring"
@@ -100,26 +123,23 @@ def planner_node_class():
             self._planner = PlannerService(self._engine, catalog, planner_config)
             self._planner.on_result = self._on_result
             self._window = LatencyWindow(values["diagnostics.window"])
+            self._model = values["model.path"] or values["model.preset"]
             self._phase, self._load_error = "inactive", ""
             self.get_logger().info(
                 f"loaded {engine_config.model_path} on {self._engine.device} "
                 f"({self._engine.dtype}): {self._engine.memory}; warm-up {warm_ms:.0f} ms")
 
         def on_activate(self, state):
-            values = params.read(self)
-            depths = {k: values[f"qos.{k}_depth"] for k in ("plan", "task", "telemetry")}
             self._planner.start()
-            self._topics = PlanTopics(self, self._planner, depths, self._on_result)
-            action_name = f"{self.get_fully_qualified_name()}/plan"
-            self._action = PlanActionServer(self, self._planner, action_name)
             self._phase = "active"
-            self.get_logger().info(f"flash_planner active: ~/task, {action_name} (topic and "
+            self.get_logger().info(f"flash_planner active: ~/task, "
+                                   f"{self.get_fully_qualified_name()}/plan (topic and "
                                    "action), ~/telemetry")
             return ok
 
         def on_deactivate(self, state):
-            self._deactivate()
             self._phase = "inactive"
+            self.stop_planner("the planner node was deactivated")
             return ok
 
         def on_cleanup(self, state):
@@ -127,87 +147,106 @@ def planner_node_class():
             return ok
 
         def on_shutdown(self, state):
-            self._deactivate()
+            self.stop_planner("the planner node is shutting down")
             self._release()
+            self._phase = "finalized"
             return ok
 
         def on_error(self, state):
             self.get_logger().error(f"error while {self._phase}; releasing the model")
             return self.on_shutdown(state)
 
-        def _deactivate(self) -> None:
-            """Stop the service (ends every goal), then drop the action server and topics."""
-            self.stop_planner()
-            if self._action is not None:
-                self._action.close()
-                self._action = None
-            if self._topics is not None:
-                self._topics.close()
-                self._topics = None
-
         def _release(self) -> None:
             self._planner = self._engine = self._window = None
-            self._phase = "unconfigured"
+            self._phase, self._model = "unconfigured", ""
             free_memory()
 
-        def stop_planner(self) -> None:
-            """Stop the worker thread without ROS calls (safe after rclpy shut down)."""
+        def stop_planner(self, reason: str = "the planner node is shutting down") -> None:
+            """End every request with `reason` and stop the worker (no ROS calls)."""
             if self._planner is not None:
-                self._planner.stop()
+                self._planner.stop(reason=reason)
+
+        def wait_goals_done(self, timeout: float) -> bool:
+            """Wait (bounded) until no action goal is executing."""
+            return self._action.wait_idle(timeout)
+
+        def destroy_node(self):
+            self.stop_planner()
+            self._action.close()
+            self._topics.close()
+            self._diagnostics.close()
+            super().destroy_node()
 
         def _on_result(self, result) -> None:
             """Every finished request (any thread): ~/plan, ~/telemetry, latency window."""
-            topics, window = self._topics, self._window
-            if topics is not None:
-                topics.publish(result)
+            self._topics.publish(result)
+            window = self._window
             if window is not None:
                 window.add(result)
 
-        def _diagnose(self, stat):
+        def _diagnose(self):
             budgets = Budgets(self.get_parameter("diagnostics.ttft_budget_ms").value,
                               self.get_parameter("diagnostics.latency_budget_ms").value)
             service = self._planner
             depth = service.queue_depth if service is not None else 0
-            level, message, values = node_status(self._phase, self._load_error, self._window,
-                                                 budgets, depth)
-            stat.summary(bytes([level]), message)
-            for key, value in values:
-                stat.add(key, value)
-            return stat
+            return node_status(self._phase, self._load_error, self._window, budgets, depth,
+                               self._model)
 
     return PlannerNode
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Spin the node on a MultiThreadedExecutor; exit 2 with one line when ROS 2 is missing."""
+    """Spin the node until SIGINT/SIGTERM, then end goals in flight before exiting.
+
+    rclpy's own signal handler would shut the context down at once, so goals in flight could
+    never send their result; here the signal only sets an event, and the shutdown runs in
+    order: stop the planner (running and queued goals end ABORTED with the reason), let the
+    executor send those results (bounded), then destroy the node and shut rclpy down.
+    Exits 2 with one line when ROS 2 is missing.
+    """
     try:
         import rclpy
-        from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+        from rclpy.executors import MultiThreadedExecutor
+        from rclpy.signals import SignalHandlerOptions
     except ImportError:
         print(MISSING_ROS, file=sys.stderr)
         sys.exit(2)
 
-    rclpy.init(args=sys.argv if argv is None else argv)
-    node = executor = None
+    rclpy.init(args=sys.argv if argv is None else argv,
+               signal_handler_options=SignalHandlerOptions.NO)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    node = planner_node_class()()
+    # Each waiting goal holds an executor thread: room for a full queue plus spares.
+    threads = max(os.cpu_count() or 2, node.get_parameter("planner.queue_depth").value + 4)
+    executor = MultiThreadedExecutor(num_threads=threads)
+    executor.add_node(node)
+    spinner = threading.Thread(target=_spin, args=(executor, stop), name="ros-executor")
+    spinner.start()
+    while not stop.wait(0.2):  # a timed wait, so the signal handler runs promptly
+        pass
+    node.get_logger().info("shutting down: ending goals in flight")
+    node.trigger_shutdown()
+    if node.wait_goals_done(SHUTDOWN_GRACE_S):
+        time.sleep(RESULT_SEND_S)  # the executor sends the goals' results meanwhile
+    executor.shutdown(timeout_sec=SHUTDOWN_GRACE_S)
+    spinner.join(SHUTDOWN_GRACE_S)
+    node.destroy_node()
+    if rclpy.ok():
+        rclpy.shutdown()
+    return 0
+
+
+def _spin(executor, stop: threading.Event) -> None:
+    from rclpy.executors import ExternalShutdownException
+
     try:
-        node = planner_node_class()()
-        # Each waiting goal holds an executor thread: room for a full queue plus spares.
-        threads = max(os.cpu_count() or 2, node.get_parameter("planner.queue_depth").value + 4)
-        executor = MultiThreadedExecutor(num_threads=threads)
-        executor.add_node(node)
         executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
+    except ExternalShutdownException:
         pass
     finally:
-        if node is not None:
-            node.stop_planner()
-        if executor is not None:
-            executor.shutdown()
-        if node is not None:
-            node.destroy_node()
-        if rclpy.ok():
-            rclpy.shutdown()
-    return 0
+        stop.set()
 
 
 if __name__ == "__main__":

@@ -86,6 +86,7 @@ PARAMS: tuple[Param, ...] = (
        "ERROR above 2x.", read_only=False, range=(1.0, 1e7)),
     _p("diagnostics.window", 50, "Requests in the rolling latency window.", range=(1, 10000)),
     _p("diagnostics.period_s", 1.0, "Diagnostics publishing period.", range=(0.1, 60.0)),
+    _p("diagnostics.hardware_id", "", "hardware_id of the /diagnostics status; '' = host name."),
     # QoS
     _p("qos.plan_depth", 10, "~/plan history depth (reliable, transient local).",
        range=(1, 1000)),

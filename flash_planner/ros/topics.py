@@ -1,9 +1,11 @@
 """The planner's topics: ``~/task`` in; ``~/plan`` (JSON) and ``~/telemetry`` out.
 
-Built on activate and closed on deactivate by the node. ``~/plan`` is reliable and
-transient local, so a late subscriber still gets the last plans. Results are published from
-the planner service's worker thread, under a lock that `close` takes before destroying the
-publishers. rclpy and the message types are imported when the topics are built.
+Built when the node is created and kept in every lifecycle state, so that a task sent while
+the node is not active is answered on ``~/plan`` with the reason instead of vanishing.
+``~/plan`` is reliable and transient local, so a late subscriber still gets the last plans.
+Results are published from the planner service's worker thread, under a lock that `close`
+takes before destroying the publishers. rclpy and the message types are imported when the
+topics are built.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from . import convert
 
 
 class PlanTopics:
-    """Publishers and the subscription of one activation of the node."""
+    """Publishers and the subscription of the node; `service()` gives the serving planner."""
 
-    def __init__(self, node, service, depths: dict[str, int],
+    def __init__(self, node, service: Callable, depths: dict[str, int],
                  on_result: Callable[[PlanResult], None]):
         from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
         from std_msgs.msg import String
@@ -39,14 +41,19 @@ class PlanTopics:
                                              qos(depths["task"]))
 
     def _on_task(self, msg) -> None:
-        """A task message: plain text or a JSON request; an invalid one gets a failed result."""
+        """A task message: plain text or a JSON request; a refused one gets a failed result."""
         try:
             request = PlanRequest.from_text(msg.data)
+            service = self._service()
         except RequestError as exc:
             self._node.get_logger().warning(f"ignored a ~/task message: {exc}")
             self._on_result(convert.rejected_task(str(exc), msg.data))
             return
-        self._service.submit(request)  # the result comes back through the service's on_result
+        except convert.NotServing as exc:
+            self._node.get_logger().warning(f"refused a ~/task message: {exc}")
+            self._on_result(convert.refused(str(exc), request.task, request.id))
+            return
+        service.submit(request)  # the result comes back through the service's on_result
 
     def publish(self, result: PlanResult) -> None:
         """Publish one finished request on ~/plan and ~/telemetry (any thread)."""

@@ -1,0 +1,158 @@
+"""The node serving requests on real rclpy: ~/task -> ~/plan, the Plan action, queue policies.
+
+Plans come from the embedded demo model, which plans validly. Cancel and preemption need a
+request that cannot finish on its own before the test acts, so those use a tiny model that
+never emits EOS (conftest.endless_dir); what they check is the node's handling, not a plan.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from live import MISSING, TIMEOUT, requires_ros, result_of, wait_for
+
+from flash_planner.planning.presets import default_skills_path
+from flash_planner.planning.skills import SkillCatalog
+
+if MISSING is None:
+    from action_msgs.msg import GoalStatus
+    from std_msgs.msg import String
+
+pytestmark = requires_ros
+TASK = "bring the red cup from the kitchen table to the sink"
+
+
+def _skills() -> set[str]:
+    return set(SkillCatalog.from_yaml(default_skills_path()).names)
+
+
+def _endless(harness, endless_dir, **overrides):
+    h = harness(**{"model.path": str(endless_dir), "engine.max_context": 8192, **overrides})
+    h.bring_up()
+    return h
+
+
+def _running_goal(h, **kwargs):
+    """A goal on the endless model that has produced its first feedback."""
+    first = threading.Event()
+    handle = h.goal(max_new_tokens=6000, thinking=False, on_feedback=lambda _: first.set(),
+                    **kwargs)
+    assert first.wait(TIMEOUT)
+    return handle
+
+
+def test_task_topic_gives_a_valid_plan_and_telemetry(harness):
+    h = harness()
+    h.bring_up()
+    assert wait_for(lambda: h.task_pub.get_subscription_count() > 0, 30)
+    h.task_pub.publish(String(data=json.dumps({"id": "t1", "task": TASK})))
+    assert wait_for(lambda: any(p["id"] == "t1" for p in h.plans))
+    plan = next(p for p in h.plans if p["id"] == "t1")
+    assert plan["success"] is True, plan
+    assert plan["task"] == TASK and plan["plan"]
+    assert {step["skill"] for step in plan["plan"]} <= _skills()
+    assert wait_for(lambda: any(t.request_id == "t1" for t in h.telemetry))
+    tele = next(t for t in h.telemetry if t.request_id == "t1")
+    assert tele.new_tokens == plan["telemetry"]["new_tokens"] > 0
+    assert tele.tokens_per_s > 0 and tele.ttft_ms > 0 and tele.finish_reason == "eos"
+    assert tele.cycles > 0 and tele.tokens_per_cycle > 1 and tele.stamp.sec > 0
+
+
+def test_invalid_task_messages_are_answered_and_the_node_keeps_serving(harness):
+    h = harness()
+    h.bring_up()
+    assert wait_for(lambda: h.task_pub.get_subscription_count() > 0, 30)
+    h.task_pub.publish(String(data='{"task": "pick", "colour": "red"}'))
+    h.task_pub.publish(String(data="{not json"))
+    h.task_pub.publish(String(data="   "))
+    assert wait_for(lambda: len(h.plans) >= 3)
+    errors = [p["error"] for p in h.plans[:3]]
+    assert all(p["success"] is False for p in h.plans[:3])
+    assert any("unknown request field" in e for e in errors), errors
+    assert any("malformed" in e for e in errors), errors
+    assert all(e.startswith("invalid request: ") for e in errors), errors
+    h.task_pub.publish(String(data=TASK))
+    assert wait_for(lambda: any(p.get("task") == TASK and p["success"] for p in h.plans))
+
+
+def test_goal_streams_feedback_and_succeeds_with_the_plan(harness):
+    h = harness()
+    h.bring_up()
+    feedback = []
+    handle = h.goal(on_feedback=lambda msg: feedback.append(msg.feedback))
+    response = result_of(handle.get_result_async())
+    result = response.result
+    assert response.status == GoalStatus.STATUS_SUCCEEDED, result.error
+    assert result.success and result.error == ""
+    steps = json.loads(result.plan_json)["plan"]
+    assert steps and {step["skill"] for step in steps} <= _skills()
+    # Feedback arrived while decoding: many messages, growing, adding up to the text.
+    assert wait_for(lambda: feedback and feedback[-1].tokens_so_far
+                    == result.telemetry.new_tokens, 10)
+    assert len(feedback) >= 5
+    counts = [f.tokens_so_far for f in feedback]
+    assert counts == sorted(counts) and counts[0] >= 1
+    assert "".join(f.delta_text for f in feedback) == result.raw_text
+    assert feedback[-1].mean_accepted_length > 0
+    request_id = bytes(handle.goal_id.uuid).hex()
+    assert result.telemetry.request_id == request_id
+    assert wait_for(lambda: any(p["id"] == request_id for p in h.plans))
+    assert next(p for p in h.plans if p["id"] == request_id)["plan"] == steps
+
+
+def test_cancel_mid_goal_then_the_next_goal_is_served(harness, endless_dir):
+    h = _endless(harness, endless_dir)
+    handle = _running_goal(h)
+    cancel = result_of(handle.cancel_goal_async())
+    assert len(cancel.goals_canceling) == 1
+    response = result_of(handle.get_result_async())
+    assert response.status == GoalStatus.STATUS_CANCELED
+    assert "cancel" in response.result.error
+    assert response.result.telemetry.finish_reason == "cancelled"
+    assert 0 < response.result.telemetry.new_tokens < 6000
+    status, result = h.plan(max_new_tokens=8, thinking=False)   # served normally: runs to
+    assert status == GoalStatus.STATUS_ABORTED                   # its limit, no valid plan
+    assert result.telemetry.new_tokens == 8 and result.telemetry.finish_reason == "length"
+    assert "cancel" not in result.error
+
+
+def test_preempt_policy_aborts_the_running_goal_for_the_new_one(harness, endless_dir):
+    h = _endless(harness, endless_dir, **{"planner.queue_policy": "preempt"})
+    first = _running_goal(h)
+    second = h.goal(max_new_tokens=8, thinking=False)
+    old = result_of(first.get_result_async())
+    assert old.status == GoalStatus.STATUS_ABORTED
+    assert old.result.error == f"preempted by request {bytes(second.goal_id.uuid).hex()}"
+    new = result_of(second.get_result_async())
+    assert new.result.telemetry.new_tokens == 8   # the new goal ran to its own end
+
+
+def test_reject_policy_refuses_a_goal_while_busy(harness, endless_dir):
+    h = _endless(harness, endless_dir, **{"planner.queue_policy": "reject"})
+    first = _running_goal(h)
+    status, result = h.plan(max_new_tokens=8, thinking=False)
+    assert status == GoalStatus.STATUS_ABORTED
+    assert result.error == (f"busy with request {bytes(first.goal_id.uuid).hex()} "
+                            "(queue policy 'reject')")
+    result_of(first.cancel_goal_async())
+    assert result_of(first.get_result_async()).status == GoalStatus.STATUS_CANCELED
+
+
+def test_two_clients_at_once_are_queued_and_both_answered(harness):
+    from rclpy.action import ActionClient
+
+    h = harness()
+    h.bring_up()
+    other = ActionClient(h.client_node, h.Plan, "/flash_planner/plan")
+    assert other.wait_for_server(timeout_sec=30)
+    handles = [h.goal(task=TASK), h.goal(task="open the fridge", client=other)]
+    responses = [result_of(g.get_result_async()) for g in handles]
+    assert [r.status for r in responses] == [GoalStatus.STATUS_SUCCEEDED] * 2, \
+        [r.result.error for r in responses]
+    assert all(json.loads(r.result.plan_json)["plan"] for r in responses)
+    # One decoded while the other waited in the queue: the waiter's queue wait covers
+    # at least the other's decoding.
+    tele = sorted((r.result.telemetry for r in responses), key=lambda t: t.queue_wait_ms)
+    assert tele[1].queue_wait_ms >= tele[0].decode_ms
+    other.destroy()
