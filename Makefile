@@ -10,7 +10,7 @@ LINT_PATHS := flash_planner kernels test bench launch setup.py
 
 DEMO_TASK  ?= bring the red cup from the kitchen table to the sink
 
-.PHONY: all venv test demo demo-model bench lint lint-fix clean distclean
+.PHONY: all venv ros-env test demo demo-model bench bench-ros lint lint-fix clean distclean
 
 all: test
 
@@ -26,8 +26,15 @@ $(STAMP): setup.py setup.cfg | $(VENV)/bin/python
 	$(VENV)/bin/pip install -e '.[test]'
 	touch $@
 
-test: $(STAMP)
-	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -q -rs test
+# ROS 2 for the node's tests: Jazzy's PyPI wheels in the venv and our interfaces built with
+# cmake (or a sourced ROS 2 and its colcon); cached, see tools/ros_env.sh.
+ROS_ENV    := build/ros_env
+
+ros-env: $(STAMP)
+	tools/ros_env.sh $(VENV) $(ROS_ENV)
+
+test: ros-env
+	. $(ROS_ENV)/env.sh && TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -q -rs test
 
 # Plan a sample task with the embedded demo model (shipped in flash_planner/assets/demo).
 demo: $(STAMP)

@@ -12,10 +12,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+from skip_policy import pytest_runtest_makereport  # noqa: E402,F401 (CI skip policy hook)
 
 from flash_planner.engine.engine import Engine, EngineConfig  # noqa: E402
 from flash_planner.train.tiny import write_tiny_checkpoint  # noqa: E402
-from skip_policy import pytest_runtest_makereport  # noqa: E402,F401 (CI skip policy hook)
 
 CUDA = torch.cuda.is_available()
 

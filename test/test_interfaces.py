@@ -202,7 +202,8 @@ def test_package_xml_declares_an_interface_package():
     assert "flash_planner_interfaces" in _package_xml(REPO / "package.xml")["exec_depend"]
 
 
-@pytest.mark.skipif(shutil.which("colcon") is None, reason="colcon executable not found")
+@pytest.mark.skipif(shutil.which("colcon") is None,
+                    reason="colcon executable not found: `make test` installs it")
 def test_colcon_lists_both_packages(tmp_path):
     drop = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "AMENT_PREFIX_PATH", "COLCON_PREFIX_PATH")
     env = {k: v for k, v in os.environ.items() if k not in drop}

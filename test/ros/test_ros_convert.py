@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from live import requires_ros
 
 from flash_planner.planning.request import PlanResult
 from flash_planner.planning.service import PlanFeedback
@@ -136,13 +137,21 @@ def test_fill_sets_fields_and_nested_messages():
         convert.fill(msg, {"sucess": True})
 
 
-def test_fill_on_generated_message_types(fake_ros):
-    result = fake_ros.Plan.Result()
+@requires_ros
+def test_fill_on_generated_message_types():
+    """The generated setters check types: every converted value has the field's type."""
+    from flash_planner_interfaces.action import Plan
+    from flash_planner_interfaces.msg import PlanTelemetry
+
+    result = Plan.Result()
     convert.fill(result, convert.result_fields(_ok_result()))
     assert result.success and result.telemetry.cycles == 10
-    feedback = convert.fill(fake_ros.Plan.Feedback(),
+    assert result.telemetry.draft_ms_per_cycle == 1.25
+    feedback = convert.fill(Plan.Feedback(),
                             convert.feedback_fields(PlanFeedback("r", "a", 1, 0.0, 0.0)))
     assert feedback.delta_text == "a"
+    telemetry = convert.fill(PlanTelemetry(), convert.telemetry_fields({"new_tokens": 3}))
+    assert telemetry.new_tokens == 3 and telemetry.ttft_ms == 0.0
 
 
 def test_error_line():

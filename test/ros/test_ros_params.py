@@ -136,27 +136,3 @@ def test_dense_backend_reaches_the_engine_config():
         engine, _, _ = build_configs({"model.preset": "qwen3_4b",
                                       "engine.dense_backend": backend})
         assert engine.dense_backend == backend
-
-
-def test_descriptors_carry_description_read_only_and_ranges(fake_ros):
-    by_name = {p.name: params.descriptor(p) for p in PARAMS}
-    d = by_name["engine.max_context"]
-    assert d.read_only and d.description and d.integer_range[0].to_value == 1 << 20
-    assert d.integer_range[0].from_value == 0 and isinstance(d.integer_range[0].step, int)
-    d = by_name["diagnostics.latency_budget_ms"]
-    assert not d.read_only and d.floating_point_range[0].from_value == 1.0
-    assert "queue, preempt, reject" in by_name["planner.queue_policy"].additional_constraints
-    assert not hasattr(by_name["model.path"], "integer_range")
-
-
-def test_declare_reports_a_rejected_override_and_keeps_the_default(fake_ros):
-    node_type = fake_ros.modules["rclpy.lifecycle"].Node
-    node = node_type("n", parameter_overrides=[
-        fake_ros.Parameter("planner.deadline_s", 0),         # int for a float parameter
-        fake_ros.Parameter("planner.queue_depth", 5000),     # out of range
-        fake_ros.Parameter("model.path", "/m")])
-    errors = params.declare(node)
-    assert [e.split(":")[0] for e in errors] == ["planner.queue_depth", "planner.deadline_s"]
-    values = params.read(node)
-    assert values["planner.deadline_s"] == 0.0 and values["planner.queue_depth"] == 4
-    assert values["model.path"] == "/m" and set(values) == {p.name for p in PARAMS}

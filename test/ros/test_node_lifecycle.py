@@ -1,0 +1,123 @@
+"""The node's lifecycle on real rclpy: transitions, requests outside active, bad parameters."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from live import MISSING, TIMEOUT, requires_ros, result_of, values_of, wait_for
+
+from flash_planner.ros import params
+
+if MISSING is None:
+    from action_msgs.msg import GoalStatus
+    from diagnostic_msgs.msg import DiagnosticStatus
+    from lifecycle_msgs.msg import State, Transition
+    from lifecycle_msgs.srv import ChangeState, GetState
+    from std_msgs.msg import String
+
+pytestmark = requires_ros
+
+
+def _worker_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == "flash-planner-worker"]
+
+
+def test_full_lifecycle_and_configure_again_after_cleanup(harness):
+    h = harness()
+    h.transition("configure", "activate", "deactivate", "cleanup")
+    h.bring_up()   # configure + activate again: nothing declared or created twice
+    status, result = h.plan()
+    assert status == GoalStatus.STATUS_SUCCEEDED, result.error
+    h.transition("shutdown")
+    assert not _worker_threads()
+    status, result = h.plan()
+    assert status == GoalStatus.STATUS_ABORTED
+    assert result.error == "the planner node is finalized, not serving requests"
+
+
+def test_requests_outside_active_are_refused_with_the_reason(harness):
+    h = harness()
+    status, result = h.plan()
+    assert status == GoalStatus.STATUS_ABORTED
+    assert result.error.startswith("the planner node is unconfigured, not serving requests: "
+                                   "configure and activate it (ros2 lifecycle set")
+    h.transition("configure")
+    status, result = h.plan()
+    assert status == GoalStatus.STATUS_ABORTED and "is inactive" in result.error
+    assert "activate it (ros2 lifecycle set /flash_planner" in result.error
+    assert wait_for(lambda: h.task_pub.get_subscription_count() > 0, 30)
+    h.task_pub.publish(String(data='{"id": "early", "task": "open the fridge"}'))
+    assert wait_for(lambda: any(p["id"] == "early" for p in h.plans))
+    early = next(p for p in h.plans if p["id"] == "early")
+    assert not early["success"] and "is inactive" in early["error"]
+    h.transition("activate")
+    assert h.plan()[0] == GoalStatus.STATUS_SUCCEEDED
+    h.transition("deactivate")
+    status, result = h.plan()
+    assert status == GoalStatus.STATUS_ABORTED and "is inactive" in result.error
+
+
+def test_change_state_service_drives_the_lifecycle(harness):
+    """What `ros2 lifecycle set` and `ros2 lifecycle get` call."""
+    h = harness()
+    change = h.client_node.create_client(ChangeState, "/flash_planner/change_state")
+    get = h.client_node.create_client(GetState, "/flash_planner/get_state")
+    assert change.wait_for_service(timeout_sec=30) and get.wait_for_service(timeout_sec=30)
+    for transition in (Transition.TRANSITION_CONFIGURE, Transition.TRANSITION_ACTIVATE):
+        request = ChangeState.Request()
+        request.transition.id = transition
+        assert result_of(change.call_async(request)).success
+    state = result_of(get.call_async(GetState.Request())).current_state
+    assert state.id == State.PRIMARY_STATE_ACTIVE and state.label == "active"
+    assert h.plan()[0] == GoalStatus.STATUS_SUCCEEDED
+
+
+def test_autostart_reaches_active_and_serves(harness):
+    h = harness(autostart=True)
+    assert wait_for(lambda: any(values_of(s).get("state") == "active" for s in h.statuses()))
+    assert h.plan()[0] == GoalStatus.STATUS_SUCCEEDED
+
+
+def test_deactivate_ends_a_running_goal_and_stops_the_worker(harness, endless_dir):
+    h = harness(**{"model.path": str(endless_dir), "engine.max_context": 8192})
+    h.bring_up()
+    first = threading.Event()
+    handle = h.goal(max_new_tokens=6000, thinking=False, on_feedback=lambda _: first.set())
+    assert first.wait(TIMEOUT) and _worker_threads()
+    h.transition("deactivate")
+    response = result_of(handle.get_result_async())
+    assert response.status == GoalStatus.STATUS_ABORTED
+    assert response.result.error == "the planner node was deactivated"
+    assert not _worker_threads()
+    h.transition("cleanup")
+
+
+def test_failed_configure_reports_error_and_the_node_keeps_answering(harness):
+    h = harness(**{"model.preset": ""})  # no preset, no model.path
+    from rclpy.lifecycle import TransitionCallbackReturn
+
+    assert h.node.trigger_configure() == TransitionCallbackReturn.FAILURE
+    assert wait_for(lambda: any(s.level == DiagnosticStatus.ERROR
+                                and "model failed to load: no model" in s.message
+                                for s in h.statuses()))
+    status, result = h.plan()
+    assert status == GoalStatus.STATUS_ABORTED and "is unconfigured" in result.error
+
+
+@pytest.mark.parametrize("name, value, why", [
+    ("planner.queue_depth", "four", "type"),
+    ("planner.queue_depth", 0, "range"),
+    ("planner.deadline_s", 3, "type"),            # an int for a float parameter
+    ("diagnostics.ttft_budget_ms", 0.0, "range"),
+], ids=["str-for-int", "int-out-of-range", "int-for-float", "float-out-of-range"])
+def test_bad_override_fails_configure_naming_the_parameter(harness, name, value, why):
+    from rclpy.lifecycle import TransitionCallbackReturn
+
+    h = harness(**{name: value})
+    assert h.node.get_parameter(name).value == params.BY_NAME[name].default  # kept
+    assert h.node.trigger_configure() == TransitionCallbackReturn.FAILURE
+    assert wait_for(lambda: any(s.level == DiagnosticStatus.ERROR and name in s.message
+                                for s in h.statuses()))
+    status, result = h.plan()  # still answering, with the reason
+    assert status == GoalStatus.STATUS_ABORTED and "is unconfigured" in result.error

@@ -1,0 +1,72 @@
+"""The real `planner_node` process: SIGINT with a goal in flight ends the goal, then exits."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from live import MISSING, TIMEOUT, requires_ros, result_of
+
+if MISSING is None:
+    from action_msgs.msg import GoalStatus
+    from rclpy.action import ActionClient
+    from rclpy.executors import SingleThreadedExecutor
+
+    from flash_planner_interfaces.action import Plan
+
+pytestmark = requires_ros
+EXIT_S = 10.0  # "within a few seconds" of the signal
+
+
+def _node_process(endless_dir) -> subprocess.Popen:
+    overrides = {"model.path": str(endless_dir), "model.device": "cpu",
+                 "model.dtype": "fp32", "engine.max_context": 8192}
+    args = [arg for k, v in overrides.items() for arg in ("-p", f"{k}:={v}")]
+    return subprocess.Popen([sys.executable, "-m", "flash_planner.ros.node", "--ros-args",
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def test_sigint_with_a_goal_in_flight_aborts_it_and_exits(ros_context, endless_dir):
+    import rclpy
+
+    proc = _node_process(endless_dir)
+    client_node = rclpy.create_node("shutdown_client", context=ros_context)
+    executor = SingleThreadedExecutor(context=ros_context)
+    executor.add_node(client_node)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    try:
+        client = ActionClient(client_node, Plan, "/flash_planner/plan")
+        assert client.wait_for_server(timeout_sec=TIMEOUT)
+        first = threading.Event()
+        goal = Plan.Goal(task="pick up the cup", context="", max_new_tokens=6000,
+                         enable_thinking=False)
+        # autostart configures and activates; until then a goal is refused, so retry.
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            handle = result_of(client.send_goal_async(goal, lambda _: first.set()))
+            result = handle.get_result_async()
+            if first.wait(2.0) or time.monotonic() > deadline:
+                break
+        assert first.is_set(), "the node never started a goal"
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        response = result_of(result, EXIT_S)
+        assert response.status == GoalStatus.STATUS_ABORTED
+        assert response.result.error == "the planner node is shutting down"
+        assert proc.wait(timeout=EXIT_S) == 0
+        assert time.monotonic() - sent < EXIT_S
+        output = proc.stdout.read()
+        assert "shutting down: ending goals in flight" in output
+        assert "Traceback" not in output, output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        executor.shutdown()
+        spinner.join(5)
+        client_node.destroy_node()
