@@ -2,7 +2,7 @@
 
 Builds flash_planner and the nested flash_planner_interfaces (naming both paths, as colcon
 stops descending at the root package) against the ROS 2 that `make test` provides, sources
-the workspace's install/setup.bash and imports the generated Plan action from there.
+the workspace's install/setup.sh and imports the generated Plan action from there.
 """
 
 from __future__ import annotations
@@ -49,6 +49,6 @@ def test_colcon_builds_both_packages_and_the_workspace_imports_them(tmp_path):
                 cwd=ws, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert _within(found["action"], ws / "install"), found
+    assert _within(found["action"], ws), found  # not the interfaces that make test built
     assert _within(found["node"], ws), found
     assert "max_new_tokens=0" in found["goal"]
