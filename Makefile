@@ -51,6 +51,10 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/spec.py
 	$(VENV)/bin/python bench/plan.py
 
+# The ROS layer's cost: the same tasks through the planner service and the Plan action.
+bench-ros: ros-env
+	. $(ROS_ENV)/env.sh && $(VENV)/bin/python bench/ros_overhead.py
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 

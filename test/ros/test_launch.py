@@ -20,18 +20,22 @@ from pathlib import Path
 
 import pytest
 import yaml
+from live import ros_missing
 
-NO_RCLPY = "rclpy is not installed (ROS 2 runtime tests need a sourced ROS 2 Jazzy)"
 TIMEOUT = 120.0
+NO_LAUNCH = ("`ros2 launch` / launch_testing are not installed: they are not on PyPI; "
+             "source a full ROS 2 Jazzy install (ros-jazzy-desktop or ros-jazzy-ros-base)")
 
 
 def _missing() -> str | None:
     """Why this launch test cannot run here, or None."""
-    if find_spec("rclpy") is None:
-        return NO_RCLPY
-    for module in ("launch", "launch_ros", "launch_testing", "ament_index_python"):
+    why = ros_missing()
+    if why is not None:
+        return why
+    # `launch` itself is not probed: the repository's launch/ folder would be found instead.
+    for module in ("launch_ros", "launch_testing"):
         if find_spec(module) is None:
-            return f"{module} is not installed (a full ROS 2 Jazzy install has it)"
+            return f"{NO_LAUNCH} ({module} is missing)"
     from ament_index_python.packages import get_package_share_directory
 
     for package in ("flash_planner", "flash_planner_interfaces"):
