@@ -1,12 +1,16 @@
 """What the ROS layer costs: the same tasks through the planner service and the Plan action.
 
-One process, the embedded demo planner (fp32, CPU), held-out tasks of the demo corpus. Each
-task is planned twice, alternating which path goes first:
-  service  `PlannerService.plan` on a service of our own (no ROS), timed around the call
-  action   a Plan goal to the real lifecycle node on rclpy (Fast DDS, loopback), timed in the
-           client from `send_goal_async` to the result; the node has its own engine, loaded
-           from the same preset, so both paths decode with the same weights and settings
-Prints p50/p95 of both, the difference (ms and % of the service's plan time) and the time
+The embedded demo planner (fp32, CPU), held-out tasks of the demo corpus, one run. Each task
+is planned twice, alternating which path goes first; each path has its engine in a child
+process of its own, built from the node's parameters by the node's own code, with the same
+torch threads:
+  service  `PlannerService.plan` (no ROS), timed around the call in its process
+  action   a Plan goal to the real `planner_node` (rclpy, Fast DDS on loopback), timed in
+           this process from `send_goal_async` to the result
+Prints p50/p95 of both paths and of the per-task difference (ms and % of the service's plan
+time), split into the protocol's part (client-side time minus the node's own measure of the
+request) and the decode-time difference; the round trip of a goal the node refuses at once
+(the rclpy action protocol alone: send_goal and get_result, nothing decoded); and the time
 from goal acceptance (client side) to the first feedback message. Run by `make bench-ros`,
 which provides rclpy first (tools/ros_env.sh).
 
@@ -19,55 +23,58 @@ import argparse
 import json
 import os
 import random
+import signal
+import subprocess
 import sys
 import threading
 import time
 
-import torch
-
 from flash_planner.engine.engine import Engine
-from flash_planner.planning.presets import ModelPreset, default_skills_path
 from flash_planner.planning.request import PlanRequest
-from flash_planner.planning.service import PlannerConfig, PlannerService
+from flash_planner.planning.service import PlannerService
 from flash_planner.planning.skills import SkillCatalog
+from flash_planner.ros import params
 from flash_planner.ros.diagnostics import percentile
 from flash_planner.train.corpus import make_corpus
 
 NODE = "flash_planner"
+NODE_PARAMS = {"model.device": "cpu", "model.dtype": "fp32"}  # and the demo preset (default)
 
 
-def _action_side(context):
-    """The planner node (demo preset, CPU) and a client node, spun by one executor."""
+def _node_process(threads: int, feedback_period_ms: float) -> subprocess.Popen:
+    """The real `planner_node` (demo preset, CPU, fp32) in its own process, as users run it."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    overrides = {**NODE_PARAMS, "planner.feedback_period_ms": float(feedback_period_ms)}
+    args = [arg for k, v in overrides.items() for arg in ("-p", f"{k}:={v}")]
+    return subprocess.Popen([sys.executable, "-m", "flash_planner.ros.node", "--ros-args",
+                             *args], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def _client(context):
+    """An action client node, spun in a thread of this process."""
     import rclpy
     from rclpy.action import ActionClient
-    from rclpy.executors import MultiThreadedExecutor
-    from rclpy.parameter import Parameter
+    from rclpy.executors import SingleThreadedExecutor
 
-    from flash_planner.ros.node import planner_node_class
     from flash_planner_interfaces.action import Plan
 
-    overrides = {"model.device": "cpu", "model.dtype": "fp32", "autostart": False}
-    node = planner_node_class()(context=context, parameter_overrides=[
-        Parameter(k, value=v) for k, v in overrides.items()])
     client_node = rclpy.create_node("ros_overhead_client", context=context)
     client = ActionClient(client_node, Plan, f"/{NODE}/plan")
-    executor = MultiThreadedExecutor(num_threads=4, context=context)
-    executor.add_node(node)
+    executor = SingleThreadedExecutor(context=context)
     executor.add_node(client_node)
     threading.Thread(target=executor.spin, daemon=True).start()
-    node.trigger_configure()
-    node.trigger_activate()
-    if not client.wait_for_server(timeout_sec=30):
+    if not client.wait_for_server(timeout_sec=120):
         sys.exit("the Plan action server did not come up")
-    return node, client, executor, Plan
+    return client, executor, Plan
 
 
 def _wait(future, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while not future.done():
-        if time.monotonic() > deadline:
-            raise TimeoutError("no answer from the node")
-        time.sleep(0.0005)
+    """The future's result; waits on an event (no polling that would compete for the GIL)."""
+    done = threading.Event()
+    future.add_done_callback(lambda _: done.set())
+    if not done.wait(timeout):
+        raise TimeoutError("no answer from the node")
     return future.result()
 
 
@@ -83,93 +90,178 @@ def plan_by_action(client, plan_type, ex) -> dict:
     response = _wait(handle.get_result_async())
     done = time.perf_counter()
     return {"ms": (done - t0) * 1e3, "ok": response.result.success,
+            "inside_ms": response.result.telemetry.total_latency_ms,
+            "decode_ms": response.result.telemetry.decode_ms,
             "first_feedback_ms": (first[0] - accepted) * 1e3 if first else float("nan")}
 
 
-def plan_by_service(service, ex) -> dict:
-    request = PlanRequest(ex.task, context=ex.context or "",
-                          enable_thinking=ex.thinking is not None)
-    t0 = time.perf_counter()
-    result = service.plan(request)
-    return {"ms": (time.perf_counter() - t0) * 1e3, "ok": result.success}
+def _retry_until_active(client, plan_type, ex) -> None:
+    """Plan once the node has configured and activated itself (autostart)."""
+    deadline = time.monotonic() + 120
+    while not plan_by_action(client, plan_type, ex)["ok"]:
+        if time.monotonic() > deadline:
+            sys.exit("the planner node did not become active")
+        time.sleep(0.5)
+
+
+def serve() -> None:
+    """The service side in a process of its own: tasks in as JSON lines, timings out."""
+    engine_config, planner_config, skills = params.build_configs(NODE_PARAMS)
+    service = PlannerService(Engine.load(engine_config), SkillCatalog.from_yaml(skills),
+                             planner_config)
+    service.start()
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        task = json.loads(line)
+        request = PlanRequest(task["task"], context=task["context"],
+                              enable_thinking=task["thinking"])
+        t0 = time.perf_counter()
+        result = service.plan(request)
+        ms = (time.perf_counter() - t0) * 1e3
+        print(json.dumps({"ms": ms, "ok": result.success,
+                          "inside_ms": result.telemetry["total_latency_ms"],
+                          "decode_ms": result.telemetry["decode_ms"]}), flush=True)
+    service.stop()
+
+
+class ServiceProcess:
+    """The planner service without ROS, in a child process like the node's (same threads)."""
+
+    def __init__(self, threads: int):
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], env=env, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert json.loads(self.proc.stdout.readline())["ready"]
+
+    def plan(self, ex) -> dict:
+        task = {"task": ex.task, "context": ex.context or "",
+                "thinking": ex.thinking is not None}
+        self.proc.stdin.write(json.dumps(task) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(30)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=50, help="held-out tasks (of 500)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--feedback-period-ms", type=float, default=50.0,
+                        help="the node's planner.feedback_period_ms (0: every cycle)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON too")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve:
+        return serve()
     try:
-        import rclpy
-        from rclpy.context import Context
+        import rclpy  # noqa: F401
     except ImportError:
         sys.exit("rclpy is not importable: run `make bench-ros`, or source a ROS 2 Jazzy")
-    torch.set_num_threads(args.threads)
     os.environ.setdefault("ROS_DOMAIN_ID", str(random.Random().randrange(1, 101)))
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
 
     examples = make_corpus(0, n_train=0)[1][:args.n]
-    preset = ModelPreset.load("demo")
-    service = PlannerService(Engine.load(preset.engine_config(device="cpu", dtype="fp32")),
-                             SkillCatalog.from_yaml(default_skills_path()), PlannerConfig())
-    service.start()
-    context = Context()
-    rclpy.init(context=context)
-    node, client, executor, plan_type = _action_side(context)
-    for ex in examples[:3]:  # warm both paths (first-call costs, DDS discovery)
-        plan_by_service(service, ex)
-        plan_by_action(client, plan_type, ex)
-
-    rows = []
-    for i, ex in enumerate(examples):
-        if i % 2:
-            rows.append((plan_by_service(service, ex), plan_by_action(client, plan_type, ex)))
-        else:
-            action = plan_by_action(client, plan_type, ex)
-            rows.append((plan_by_service(service, ex), action))
-        print(f"\r{i + 1}/{len(examples)} tasks", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    service.stop()
-    node.stop_planner()
-    executor.shutdown()
-    report = summarise(rows, args.threads)
+    service = ServiceProcess(args.threads)
+    node = _node_process(args.threads, args.feedback_period_ms)
+    try:
+        rows, floor = _measure(examples, service)
+    finally:
+        service.close()
+        node.send_signal(signal.SIGINT)
+        try:
+            node.wait(30)
+        except subprocess.TimeoutExpired:
+            node.kill()
+    report = summarise(rows, floor, args.threads)
     print_report(report)
     if args.json:
         print(json.dumps(report, indent=1))
-    rclpy.shutdown(context=context)
 
 
-def summarise(rows, threads: int) -> dict:
-    svc = [s["ms"] for s, _ in rows]
-    act = [a["ms"] for _, a in rows]
-    diff = [a - s for s, a in zip(svc, act)]
-    first = [a["first_feedback_ms"] for _, a in rows]
+def _measure(examples, service):
+    """(per-task (service, action) rows, refused-goal round trips) against the running node."""
+    import rclpy
+    from rclpy.context import Context
+
+    context = Context()
+    rclpy.init(context=context)
+    client, executor, plan_type = _client(context)
+    try:
+        for ex in examples[:3]:  # warm both paths (first-call costs, DDS discovery)
+            service.plan(ex)
+            _retry_until_active(client, plan_type, ex)
+        rows = []
+        for i, ex in enumerate(examples):  # alternate which path goes first
+            if i % 2:
+                rows.append((service.plan(ex),
+                             plan_by_action(client, plan_type, ex)))
+            else:
+                action = plan_by_action(client, plan_type, ex)
+                rows.append((service.plan(ex), action))
+            print(f"\r{i + 1}/{len(examples)} tasks", end="", file=sys.stderr, flush=True)
+        print(file=sys.stderr)
+        return rows, refused_goal_round_trips(client, plan_type)
+    finally:
+        executor.shutdown()
+        rclpy.shutdown(context=context)
+
+
+def summarise(rows, floor: list[float], threads: int) -> dict:
+    """Percentiles of each path, of the per-task difference and of its parts."""
+    per_task = {
+        "service_ms": [s["ms"] for s, _ in rows],
+        "action_ms": [a["ms"] for _, a in rows],
+        "diff_ms": [a["ms"] - s["ms"] for s, a in rows],
+        "diff_pct": [100.0 * (a["ms"] - s["ms"]) / s["ms"] for s, a in rows],
+        # client-side time minus the node's own measure of the request: the protocol's part
+        "transport_ms": [a["ms"] - a["inside_ms"] for _, a in rows],
+        "decode_diff_ms": [a["decode_ms"] - s["decode_ms"] for s, a in rows],
+        "first_feedback_ms": [a["first_feedback_ms"] for _, a in rows],
+        "refused_goal_ms": floor,
+    }
     out = {"tasks": len(rows), "threads": threads,
            "valid": {"service": sum(s["ok"] for s, _ in rows),
                      "action": sum(a["ok"] for _, a in rows)}}
-    for name, values in (("service_ms", svc), ("action_ms", act), ("diff_ms", diff),
-                         ("first_feedback_ms", first)):
+    for name, values in per_task.items():
         out[name] = {"p50": percentile(values, 50), "p95": percentile(values, 95)}
-    out["diff_pct"] = {q: 100.0 * (out["action_ms"][q] - out["service_ms"][q])
-                       / out["service_ms"][q] for q in ("p50", "p95")}
     return out
+
+
+LABELS = {
+    "service_ms": "planner service (ms)",
+    "action_ms": "Plan action (ms)",
+    "diff_ms": "action - service (ms)",
+    "diff_pct": "action - service (% plan)",
+    "transport_ms": "  protocol: client - node",
+    "decode_diff_ms": "  decode: action - service",
+    "refused_goal_ms": "refused goal round trip",
+    "first_feedback_ms": "accept -> first feedback",
+}
 
 
 def print_report(r: dict) -> None:
     print(f"ROS layer overhead: demo planner, {r['tasks']} held-out tasks, fp32 CPU, "
-          f"{r['threads']} thread(s); valid plans service {r['valid']['service']}, "
+          f"{r['threads']} torch thread(s); valid plans: service {r['valid']['service']}, "
           f"action {r['valid']['action']}")
-    print(f"{'':28}{'p50':>10}{'p95':>10}")
-    for key, label in (("service_ms", "planner service (ms)"), ("action_ms", "Plan action (ms)"),
-                       ("diff_ms", "per-task difference (ms)")):
-        print(f"{label:28}{r[key]['p50']:>10.2f}{r[key]['p95']:>10.2f}")
-    print(f"{'action - service (ms)':28}{r['action_ms']['p50'] - r['service_ms']['p50']:>10.2f}"
-          f"{r['action_ms']['p95'] - r['service_ms']['p95']:>10.2f}")
-    print(f"{'action - service (% plan)':28}{r['diff_pct']['p50']:>9.2f}%"
-          f"{r['diff_pct']['p95']:>9.2f}%")
-    print(f"{'accept -> first feedback (ms)':28}{r['first_feedback_ms']['p50']:>9.2f}"
-          f"{r['first_feedback_ms']['p95']:>10.2f}")
+    print("differences are per task (same task, both paths), then percentiles; ms unless %")
+    print(f"{'':30}{'p50':>9}{'p95':>9}")
+    for key, label in LABELS.items():
+        print(f"{label:30}{r[key]['p50']:>9.2f}{r[key]['p95']:>9.2f}")
+
+
+def refused_goal_round_trips(client, plan_type, n: int = 50) -> list[float]:
+    """The action protocol alone: goals the node refuses at once (empty task), in ms."""
+    goal = plan_type.Goal(task="", context="", max_new_tokens=0, enable_thinking=False)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        handle = _wait(client.send_goal_async(goal))
+        _wait(handle.get_result_async())
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
 
 
 if __name__ == "__main__":

@@ -3,10 +3,11 @@
 The server exists in every lifecycle state of the node: a goal while the node is not active
 is accepted and ends ABORTED with the reason (the action protocol's reject carries none).
 Callbacks are kept apart as in ros2/examples: the goal callback accepts at once (never
-blocks: queueing, preemption and rejection are the service's), the cancel callback accepts,
-the accepted callback starts execution, and the execute callback submits the request, streams
-feedback and polls for a cancel between waits on the ticket. Runs in a ReentrantCallbackGroup
-on a MultiThreadedExecutor; rclpy is imported when the server is built, not at import time.
+blocks: queueing, preemption and rejection are the service's), the accepted callback starts
+execution, the execute callback submits the request, streams feedback and waits on the
+ticket, and the cancel callback accepts and forwards the cancel to the service. Runs in a
+ReentrantCallbackGroup on a MultiThreadedExecutor; rclpy is imported when the server is
+built, not at import time.
 """
 
 from __future__ import annotations
@@ -14,26 +15,62 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from ..planning.request import PlanResult
-from ..planning.service import UnknownRequestError
+from ..planning.service import PlanFeedback, UnknownRequestError
 from . import convert
 
-POLL_S = 0.02  # how often a waiting goal looks for a cancel request
+
+class FeedbackThrottle:
+    """At most one feedback message per `period_s` for one goal; the first goes out at once.
+
+    Feedback arriving in between is merged (texts joined, latest counters) and goes out with
+    the next message or at `flush`, so nothing is lost. Each rclpy publish costs the decoding
+    thread ~0.25 ms (bench/ros_overhead.py), which per speculative cycle is a visible share
+    of a small model's plan. `put` runs on the planner's worker thread, `flush` after the
+    request finished (so after the last `put`): no lock is needed.
+    """
+
+    def __init__(self, publish: Callable[[PlanFeedback], None], period_s: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self._publish, self._period, self._clock = publish, period_s, clock
+        self._last: float | None = None
+        self._pending: PlanFeedback | None = None
+
+    def put(self, feedback: PlanFeedback) -> None:
+        if self._pending is not None:
+            feedback = replace(feedback,
+                               delta_text=self._pending.delta_text + feedback.delta_text)
+        now = self._clock()
+        if self._last is None or now - self._last >= self._period:
+            self._pending, self._last = None, now
+            self._publish(feedback)
+        else:
+            self._pending = feedback
+
+    def flush(self) -> None:
+        """Publish what is held back, if anything."""
+        if self._pending is not None:
+            feedback, self._pending = self._pending, None
+            self._publish(feedback)
 
 
 class PlanActionServer:
     """Owns one rclpy ActionServer for Plan; `service()` gives the serving planner service."""
 
-    def __init__(self, node, service: Callable, name: str):
+    def __init__(self, node, service: Callable, name: str, feedback_period_s: float = 0.0):
         from rclpy.action import ActionServer
         from rclpy.callback_groups import ReentrantCallbackGroup
 
         from flash_planner_interfaces.action import Plan
 
         self._node, self._service, self._type = node, service, Plan
-        self._idle = threading.Condition()
+        self._feedback_period_s = feedback_period_s
+        self._idle = threading.Condition()  # guards the three fields below
         self._running = 0
+        self._submitted: dict[str, object] = {}     # request id -> the service it went to
+        self._cancel_requests: set[str] = set()     # request ids with a cancel request
         self._server = ActionServer(
             node, Plan, name, execute_callback=self._execute, goal_callback=self._on_goal,
             handle_accepted_callback=self._on_accepted, cancel_callback=self._on_cancel,
@@ -50,8 +87,15 @@ class PlanActionServer:
         goal_handle.execute()
 
     def _on_cancel(self, goal_handle):
-        """Accept cancel requests; `_execute` forwards them to the service."""
+        """Accept a cancel request and forward it to the service (or `_plan` will)."""
         from rclpy.action import CancelResponse
+
+        request_id = convert.goal_request_id(goal_handle.goal_id.uuid)
+        with self._idle:
+            self._cancel_requests.add(request_id)
+            service = self._submitted.get(request_id)
+        if service is not None:
+            _cancel(service, request_id)
 
         return CancelResponse.ACCEPT
 
@@ -67,14 +111,20 @@ class PlanActionServer:
             msg.telemetry.stamp = self._node.get_clock().now().to_msg()
             return msg
         finally:
+            request_id = convert.goal_request_id(goal_handle.goal_id.uuid)
             with self._idle:
                 self._running -= 1
+                self._submitted.pop(request_id, None)
+                self._cancel_requests.discard(request_id)
                 self._idle.notify_all()
 
     def _plan(self, goal_handle) -> PlanResult:
-        """Submit the goal and wait for its result, forwarding a cancel request once."""
+        """Submit the goal and wait for its result (no polling: a wake-up costs the decoding
+        thread the GIL, measurably on a small model; cancels arrive through `_on_cancel`)."""
         request_id = convert.goal_request_id(goal_handle.goal_id.uuid)
-        if goal_handle.is_cancel_requested:  # cancelled before execution began
+        with self._idle:
+            early = request_id in self._cancel_requests
+        if early or goal_handle.is_cancel_requested:  # cancelled before execution began
             return PlanResult(request_id, goal_handle.request.task, False,
                               error="cancelled before it started", finish_reason="cancelled")
         request = convert.goal_to_request(goal_handle.request, request_id)
@@ -82,19 +132,17 @@ class PlanActionServer:
             service = self._service()
         except convert.NotServing as exc:
             return convert.refused(str(exc), request.task, request_id)
-        ticket = service.submit(request, lambda fb: self._feedback(goal_handle, fb))
-        forwarded = False
-        while True:
-            if not forwarded and goal_handle.is_cancel_requested:
-                forwarded = True
-                try:
-                    service.cancel(ticket.id)
-                except UnknownRequestError:  # it finished (or was refused) meanwhile
-                    pass
-            try:
-                return ticket.result(timeout=POLL_S)
-            except TimeoutError:
-                pass
+        feedback = FeedbackThrottle(lambda fb: self._feedback(goal_handle, fb),
+                                    self._feedback_period_s)
+        ticket = service.submit(request, feedback.put)
+        with self._idle:  # a cancel that came before this point is forwarded here
+            self._submitted[request_id] = service
+            cancel = request_id in self._cancel_requests
+        if cancel:
+            _cancel(service, request_id)
+        result = ticket.result()
+        feedback.flush()  # before the result, which must not overtake it
+        return result
 
     def _feedback(self, goal_handle, feedback) -> None:
         """Publish one feedback message (called from the service's worker thread)."""
@@ -113,3 +161,10 @@ class PlanActionServer:
         """Wait (bounded) for running goals to finish, then destroy the action server."""
         self.wait_idle(timeout)
         self._server.destroy()
+
+
+def _cancel(service, request_id: str) -> None:
+    try:
+        service.cancel(request_id)
+    except UnknownRequestError:  # it finished (or was refused) meanwhile
+        pass

@@ -52,8 +52,7 @@ def planner_node_class():
 
     from . import convert, params
     from .action_server import PlanActionServer
-    from .diagnostics import Budgets, LatencyWindow, node_status
-    from .diagnostics_topic import DiagnosticsPublisher
+    from .diagnostics import Budgets, DiagnosticsPublisher, LatencyWindow, node_status
     from .topics import PlanTopics
 
     ok, failure = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
@@ -76,8 +75,9 @@ def planner_node_class():
                 self, self._diagnose, values["diagnostics.period_s"],
                 values["diagnostics.hardware_id"] or socket.gethostname())
             self._topics = PlanTopics(self, self._service, depths, self._on_result)
-            self._action = PlanActionServer(self, self._service,
-                                            f"{self.get_fully_qualified_name()}/plan")
+            self._action = PlanActionServer(
+                self, self._service, f"{self.get_fully_qualified_name()}/plan",
+                values["planner.feedback_period_ms"] / 1000.0)
             self._autostart_timer = None
             if values["autostart"]:
                 self._autostart_timer = self.create_timer(

@@ -79,6 +79,8 @@ PARAMS: tuple[Param, ...] = (
        range=(1, 1024)),
     _p("planner.deadline_s", 0.0, "Per-request deadline from submission; 0 = none.",
        range=(0.0, 3600.0)),
+    _p("planner.feedback_period_ms", 50.0, "Plan action feedback at most this often (text "
+       "merged in between); 0 = every speculative cycle.", range=(0.0, 10000.0)),
     # diagnostics
     _p("diagnostics.ttft_budget_ms", 500.0, "p95 TTFT budget: WARN above, ERROR above 2x.",
        read_only=False, range=(1.0, 1e6)),

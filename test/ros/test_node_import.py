@@ -12,8 +12,7 @@ from flash_planner.ros import node
 ROS_MODULES = ["rclpy", "launch", "launch_ros", "launch_testing", "diagnostic_msgs",
                "rcl_interfaces", "std_msgs", "flash_planner_interfaces"]
 ROS_LAYER = ["flash_planner.ros.node", "flash_planner.ros.params", "flash_planner.ros.convert",
-             "flash_planner.ros.diagnostics", "flash_planner.ros.diagnostics_topic",
-             "flash_planner.ros.action_server",
+             "flash_planner.ros.diagnostics", "flash_planner.ros.action_server",
              "flash_planner.ros.topics", "flash_planner.ros.interface_spec"]
 
 
