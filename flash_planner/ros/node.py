@@ -161,6 +161,11 @@ def planner_node_class():
             self._phase, self._model = "unconfigured", ""
             free_memory()
 
+        @property
+        def phase(self) -> str:
+            """unconfigured, configuring, inactive, active or finalized."""
+            return self._phase
+
         def stop_planner(self, reason: str = "the planner node is shutting down") -> None:
             """End every request with `reason` and stop the worker (no ROS calls)."""
             if self._planner is not None:
@@ -227,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.wait(0.2):  # a timed wait, so the signal handler runs promptly
         pass
     node.get_logger().info("shutting down: ending goals in flight")
-    node.trigger_shutdown()
+    if node.phase != "finalized":  # not already shut down through the lifecycle service
+        node.trigger_shutdown()
     if node.wait_goals_done(SHUTDOWN_GRACE_S):
         time.sleep(RESULT_SEND_S)  # the executor sends the goals' results meanwhile
     executor.shutdown(timeout_sec=SHUTDOWN_GRACE_S)
