@@ -10,7 +10,7 @@ LINT_PATHS := flash_planner kernels test bench launch setup.py
 
 DEMO_TASK  ?= bring the red cup from the kitchen table to the sink
 
-.PHONY: all venv ros-env test demo demo-model bench bench-ros lint lint-fix clean distclean
+.PHONY: all venv ros-env test demo demo-model bench bench-ros kernels-report lint lint-fix clean distclean
 
 all: test
 
@@ -54,6 +54,11 @@ bench: $(STAMP)
 # The ROS layer's cost: the same tasks through the planner service and the Plan action.
 bench-ros: ros-env
 	. $(ROS_ENV)/env.sh && $(VENV)/bin/python bench/ros_overhead.py
+
+# Every declared Triton kernel specialization compiled for sm_90 and sm_110 (no GPU needed):
+# registers, spills, shared memory, cubin size, tensor-core instructions.
+kernels-report: $(STAMP)
+	env -u TRITON_INTERPRET $(VENV)/bin/python -m flash_planner.kernels.report
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)

@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..specs import Spec, launch
+
 BLOCK_V = 1024
 
 
@@ -51,7 +53,19 @@ def accept_rows(
                          f"{tuple(drafts.shape)}")
     ok = torch.empty(b, k, dtype=torch.int8, device=drafts.device)
     if b * k:
-        _accept_kernel[(b * k,)](drafts.to(torch.int64).contiguous(), logits.contiguous(),
-                                 relaxed.to(torch.int8).contiguous(), ok, k,
-                                 logits.shape[-1], topk, float(delta), BLOCK_V=BLOCK_V)
+        args = dict(drafts=drafts.to(torch.int64).contiguous(), logits=logits.contiguous(),
+                    relaxed=relaxed.to(torch.int8).contiguous(), ok=ok, k=k,
+                    vocab=logits.shape[-1], topk=topk, delta=float(delta))
+        launch(_accept_kernel, (b * k,), args, meta())
     return ok.bool()
+
+
+def meta() -> dict:
+    """Constexprs and launch options (the vocabulary is walked in BLOCK_V chunks)."""
+    return {"BLOCK_V": BLOCK_V, "num_warps": 4, "num_stages": 3}
+
+
+# The engine hands the verify logits over in float32, whatever the model's dtype.
+SPECS = (Spec(_accept_kernel, "fp32 logits",
+              {"drafts": "*i64", "logits": "*fp32", "relaxed": "*i8", "ok": "*i8", "k": "i32",
+               "vocab": "i32", "topk": "i32", "delta": "fp32"}, {"BLOCK_V": BLOCK_V}, 4, 3),)

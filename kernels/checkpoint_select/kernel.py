@@ -3,7 +3,8 @@
 One launch covers every layer: grid (sequence, layer, block of elements). Blocks below
 `state_blocks` copy recurrent-state elements, the rest rebuild the conv window. A sequence
 whose accepted step is the block's last (it accepted every draft), or out of range, is left
-untouched. Works for any storage dtype (copies only).
+untouched. Copies only: the state and the conv window may have any dtype, but one dtype for
+both (the two branches must load pointers of one type to compile for a GPU).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from ..specs import Spec, launch
 
 BLOCK = 1024
 
@@ -55,8 +58,9 @@ def checkpoint_select(
                     ("conv_rows", conv_rows)):
         if not t.is_contiguous():
             raise ValueError(f"checkpoint_select: {name} must be contiguous")
-    if step_states.dtype != state.dtype or conv_rows.dtype != conv_state.dtype:
-        raise ValueError("checkpoint_select: checkpoints and live state differ in dtype")
+    if len({state.dtype, step_states.dtype, conv_state.dtype, conv_rows.dtype}) != 1:
+        raise ValueError("checkpoint_select: the state, the conv window and their checkpoints "
+                         "must share one dtype")
     if conv_rows.shape[2] != conv_state.shape[2] + slots:
         raise ValueError("checkpoint_select: conv_rows must hold K-1 + S rows")
     if layers == 0 or seqs == 0:
@@ -66,7 +70,23 @@ def checkpoint_select(
     state_blocks = triton.cdiv(state_numel, BLOCK)
     grid = (seqs, layers, state_blocks + triton.cdiv(max(conv_numel, 1), BLOCK))
     # Buffers hold `slots` steps (their allocation); the block used num_steps of them.
-    _select_kernel[grid](state, step_states, conv_state, conv_rows,
-                         step.to(torch.int64).contiguous(), num_steps, slots, seqs,
-                         state_numel, conv_numel, conv_state.shape[-1], state_blocks,
-                         BLOCK=BLOCK)
+    args = dict(state=state, step_states=step_states, conv=conv_state, conv_rows=conv_rows,
+                step=step.to(torch.int64).contiguous(), num_steps=num_steps, slots=slots,
+                num_seqs=seqs, state_numel=state_numel, conv_numel=conv_numel,
+                conv_row_numel=conv_state.shape[-1], state_blocks=state_blocks)
+    launch(_select_kernel, grid, args, meta())
+
+
+def meta() -> dict:
+    """Constexprs and launch options (the same for every shape: a plain copy)."""
+    return {"BLOCK": BLOCK, "num_warps": 4, "num_stages": 3}
+
+
+_INTS = ("num_steps", "slots", "num_seqs", "state_numel", "conv_numel", "conv_row_numel",
+         "state_blocks")
+# The engine keeps the GDN state, its checkpoints and the conv window in float32.
+SPECS = (
+    Spec(_select_kernel, "fp32 state and conv window",
+         {"state": "*fp32", "step_states": "*fp32", "conv": "*fp32", "conv_rows": "*fp32",
+          "step": "*i64", **dict.fromkeys(_INTS, "i32")}, {"BLOCK": BLOCK}, 4, 3),
+)

@@ -12,7 +12,14 @@ import torch
 import triton
 import triton.language as tl
 
+from ..specs import Spec, launch
 from .reference import check_state
+
+# Value columns per program and warps: at the 27B's 128x128 heads, BV=32 with 4 warps took
+# 254 registers and a 24-40 byte stack frame (spills) compiled for sm_90/sm_110; BV=16 with
+# 4 warps holds 187 registers and no stack (kernels/report.py prints the figures).
+BV_MAX = 16
+NUM_WARPS = 4
 
 
 @triton.jit
@@ -77,11 +84,38 @@ def gdn_steps(
     out = torch.empty(b, t, hv, dv, dtype=v.dtype, device=v.device)
     if b * t == 0:
         return out
-    bv = min(triton.next_power_of_2(dv), 32)
-    steps_arg = step_states if step_states is not None else state  # unused without steps
-    _gdn_steps_kernel[(b * hv, triton.cdiv(dv, bv))](
-        q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
-        state, steps_arg, out, t, hk, hv, dk, dv,
-        step_states.shape[1] if step_states is not None else 0, dk ** -0.5,
-        STORE_STEPS=step_states is not None, BK=triton.next_power_of_2(dk), BV=bv)
+    options = meta(dk, dv, step_states is not None)
+    args = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g.contiguous(),
+                beta=beta.contiguous(), state=state,
+                step_states=step_states if step_states is not None else state,  # unused
+                out=out, steps=t, hk=hk, hv=hv, dk=dk, dv=dv,
+                slots=step_states.shape[1] if step_states is not None else 0,
+                scale=dk ** -0.5)
+    launch(_gdn_steps_kernel, (b * hv, triton.cdiv(dv, options["BV"])), args, options)
     return out
+
+
+def meta(dk: int, dv: int, store_steps: bool) -> dict:
+    """Constexprs and launch options: a [BK, BV] slice of one head's state per program."""
+    return {"STORE_STEPS": store_steps, "BK": triton.next_power_of_2(dk),
+            "BV": min(triton.next_power_of_2(dv), BV_MAX), "num_warps": NUM_WARPS,
+            "num_stages": 3}
+
+
+def _spec(model: str, dk: int, dv: int, act: str, store_steps: bool) -> Spec:
+    options = meta(dk, dv, store_steps)
+    warps, stages = options.pop("num_warps"), options.pop("num_stages")
+    types = {"q": act, "k": act, "v": act, "g": "*fp32", "beta": act, "state": "*fp32",
+             "step_states": "*fp32", "out": act,
+             **dict.fromkeys(("steps", "hk", "hv", "dk", "dv", "slots"), "i32"),
+             "scale": "fp32"}
+    label = f"{model} {act[1:]}, {'verify (steps stored)' if store_steps else 'prefill'}"
+    return Spec(_gdn_steps_kernel, label, types, options, warps, stages,
+                per_cycle=store_steps, shape_constexprs=("BK", "BV"))
+
+
+# Qwen3.6-27B linear attention: 128x128 key/value heads, bf16 activations on Thor; the demo's
+# 32x48 heads in fp32. Verify blocks store every step; prefill chunks do not.
+SPECS = tuple(_spec(*shape, store) for shape in (("27B", 128, 128, "*bf16"),
+                                                 ("demo", 32, 48, "*fp32"))
+              for store in (True, False))

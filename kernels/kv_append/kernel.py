@@ -13,7 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
-FP8_MAX = 448.0
+from ..specs import Spec, launch
+
+# A constexpr: a plain module-level float is read by the interpreter but rejected by the GPU
+# compiler ("Cannot access global variable FP8_MAX from within @jit'ed function").
+FP8_MAX = tl.constexpr(448.0)
 
 
 @triton.jit
@@ -79,7 +83,31 @@ def kv_append(
         raise ValueError("an FP8 (uint8) cache needs per-head scales")
     if b * t == 0:
         return
-    scale_arg = scale.float().contiguous() if quant else rows  # unused when not quantizing
-    _append_kernel[(b * t, h)](cache, rows.contiguous(), positions.to(torch.int64).contiguous(),
-                               scale_arg, t, cache.shape[1], h, d, QUANT=quant,
-                               BLOCK_D=triton.next_power_of_2(d))
+    rows = rows.contiguous()
+    args = dict(cache=cache, rows=rows, positions=positions.to(torch.int64).contiguous(),
+                scale=scale.float().contiguous() if quant else rows,  # unused unless quant
+                rows_per_seq=t, capacity=cache.shape[1], heads=h, dim=d)
+    launch(_append_kernel, (b * t, h), args, meta(d, quant))
+
+
+def meta(head_dim: int, quant: bool) -> dict:
+    """Constexprs and launch options: one program writes one head of one row."""
+    return {"QUANT": quant, "BLOCK_D": triton.next_power_of_2(head_dim), "num_warps": 4,
+            "num_stages": 3}
+
+
+def _spec(model: str, head_dim: int, rows: str, cache: str) -> Spec:
+    quant = cache == "*u8"
+    options = meta(head_dim, quant)
+    warps, stages = options.pop("num_warps"), options.pop("num_stages")
+    types = {"cache": cache, "rows": rows, "positions": "*i64",
+             "scale": "*fp32" if quant else rows, "rows_per_seq": "i32", "capacity": "i32",
+             "heads": "i32", "dim": "i32"}
+    label = f"{model} {rows[1:]} rows -> {'fp8' if quant else cache[1:]} cache"
+    return Spec(_append_kernel, label, types, options, warps, stages,
+                shape_constexprs=("BLOCK_D",))
+
+
+# Qwen3.6-27B attention head_dim 256 (bf16 on Thor), the demo's 48 (fp32 on CPU or GPU).
+SPECS = (_spec("27B", 256, "*bf16", "*bf16"), _spec("27B", 256, "*bf16", "*u8"),
+         _spec("demo", 48, "*fp32", "*fp32"), _spec("demo", 48, "*fp32", "*u8"))

@@ -1,0 +1,133 @@
+"""Compile every declared kernel specialization for Thor (sm_110) and Hopper (sm_90), here.
+
+No GPU is needed: Triton compiles to a cubin with the ptxas it ships, and its cuobjdump reads
+the cubin's resource usage. One row per kernel x specialization x target:
+  regs      registers per thread (<= 255). An SM has 64K registers, so a 128-thread
+            program at R registers fits floor(65536 / (128 R)) times: resident warps
+  stack     bytes of stack frame; local spills go there (must be 0 for per-cycle kernels)
+  local     local-memory bytes (register spills)
+  smem      shared memory per program, static + dynamic bytes; 227 KiB is the per-block
+            limit on sm_90 and the one assumed for sm_110 (cc 10.x/11.x); Thor's SM has 228 KiB
+  cubin     cubin size in bytes
+  tensor    tensor-core instruction in the PTX: wgmma (sm_90), tcgen05 (sm_100/110),
+            mma (sync MMA, any target), or none for kernels without tl.dot
+Run as `python -m flash_planner.kernels.report [--json]` (`make kernels-report`), without
+TRITON_INTERPRET (interpreted kernels cannot be compiled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .specs import Spec
+
+MODULES = ("accept", "checkpoint_select", "gdn_steps", "kv_append")
+TARGETS = {"sm_90": 90, "sm_110": 110}
+SHARED_LIMIT = 227 * 1024  # bytes per block, sm_90; taken for sm_110 too (see the docstring)
+MAX_REGS = 255
+TENSOR_OPS = ("tcgen05", "wgmma", "mma")  # the first found in the PTX names the row
+
+
+def kernel_modules() -> list:
+    return [importlib.import_module(f"{__package__}.{name}.kernel") for name in MODULES]
+
+
+def all_specs() -> list[Spec]:
+    return [spec for module in kernel_modules() for spec in module.SPECS]
+
+
+def uses_dot(spec: Spec) -> bool:
+    """Whether the kernel is a matmul kernel (its source calls tl.dot)."""
+    return "tl.dot(" in inspect.getsource(getattr(spec.kernel, "fn", spec.kernel))
+
+
+def cannot_compile() -> str | None:
+    """Why this Triton cannot compile for an NVIDIA GPU here, or None."""
+    import triton
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "TRITON_INTERPRET=1 is set: interpreted kernels cannot be compiled"
+    from triton.backends import backends
+
+    if "nvidia" not in backends:
+        return f"Triton {triton.__version__} has no NVIDIA backend"
+    if not (_bin_dir() / "cuobjdump").is_file():
+        return f"Triton {triton.__version__} ships no cuobjdump"
+    return None
+
+
+def _bin_dir() -> Path:
+    import triton
+
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+
+def resource_usage(cubin: bytes) -> dict[str, int]:
+    """REG, STACK, SHARED, LOCAL of the one kernel in `cubin` (cuobjdump's figures)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([str(_bin_dir() / "cuobjdump"), "--dump-resource-usage", f.name],
+                             capture_output=True, text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if "REG:" in x)
+    fields = dict(item.split(":", 1) for item in line.split() if ":" in item)
+    return {k.lower(): int(fields[k]) for k in ("REG", "STACK", "SHARED", "LOCAL")}
+
+
+def compile_row(spec: Spec, target: str) -> dict:
+    """Compile one specialization for one target; the report's row."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    source = ASTSource(fn=spec.kernel, signature=spec.signature(), constexprs=spec.constexprs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", TARGETS[target], 32),
+                              options={"num_warps": spec.num_warps,
+                                       "num_stages": spec.num_stages})
+    usage = resource_usage(compiled.asm["cubin"])
+    ptx = compiled.asm["ptx"]
+    return {"kernel": spec.name, "spec": spec.label, "target": target,
+            "per_cycle": spec.per_cycle, "matmul": uses_dot(spec),
+            "warps": spec.num_warps, "regs": usage["reg"], "stack": usage["stack"],
+            "local": usage["local"], "smem": usage["shared"] + compiled.metadata.shared,
+            "cubin": len(compiled.asm["cubin"]),
+            "tensor": next((op for op in TENSOR_OPS if op in ptx), "none")}
+
+
+def report() -> list[dict]:
+    return [compile_row(spec, target) for spec in all_specs() for target in TARGETS]
+
+
+def print_table(rows: list[dict]) -> None:
+    head = (f"{'kernel':<20}{'specialization':<34}{'target':<8}{'warps':>5}{'regs':>6}"
+            f"{'stack':>6}{'local':>6}{'smem':>7}{'cubin':>8}  tensor")
+    print(head)
+    for r in rows:
+        print(f"{r['kernel']:<20}{r['spec']:<34}{r['target']:<8}{r['warps']:>5}{r['regs']:>6}"
+              f"{r['stack']:>6}{r['local']:>6}{r['smem']:>7}{r['cubin']:>8}  {r['tensor']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="one JSON list of rows")
+    args = parser.parse_args()
+    why = cannot_compile()
+    if why is not None:
+        sys.exit(f"kernels report: {why}")
+    rows = report()
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print_table(rows)
+
+
+if __name__ == "__main__":
+    main()
