@@ -15,8 +15,7 @@ import sys
 
 import pytest
 
-from flash_planner.kernels.report import MAX_REGS, SHARED_LIMIT, TARGETS, all_specs
-from flash_planner.kernels.report import cannot_compile
+from flash_planner.kernels import report
 
 
 @pytest.fixture(scope="module")
@@ -34,20 +33,20 @@ def rows() -> list[dict]:
 
 
 def test_every_spec_compiles_for_every_target(rows):
-    want = {(s.name, s.label, t) for s in all_specs() for t in TARGETS}
+    want = {(s.name, s.label, t) for s in report.all_specs() for t in report.TARGETS}
     assert {(r["kernel"], r["spec"], r["target"]) for r in rows} == want
     assert all(r["cubin"] > 0 for r in rows)
 
 
 def test_no_spills_on_the_per_cycle_kernels(rows):
     for r in rows:
-        assert r["regs"] <= MAX_REGS, r
+        assert r["regs"] <= report.MAX_REGS, r
         if r["per_cycle"]:
             assert r["local"] == 0 and r["stack"] == 0, r
 
 
 def test_shared_memory_within_the_per_block_limit(rows):
-    assert all(r["smem"] <= SHARED_LIMIT for r in rows)
+    assert all(r["smem"] <= report.SHARED_LIMIT for r in rows)
 
 
 def test_matmul_kernels_use_tensor_cores(rows):
@@ -64,4 +63,4 @@ def test_matmul_kernels_use_tensor_cores(rows):
 
 def test_cannot_compile_names_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert "TRITON_INTERPRET=1 is set" in cannot_compile()
+    assert "TRITON_INTERPRET=1 is set" in report.cannot_compile()
