@@ -54,9 +54,9 @@ def test_engine_launches_only_declared_specs_and_every_spec_is_launched(hybrid_d
         engine = make_engine(hybrid_dir, dtype=dtype, kv_dtype=kv)
         prompt = engine.tokenizer.encode("put the apple in the fridge",
                                          add_special_tokens=False)
-        ref = list(range(5, 17))
-        replay = ReplayProposer(ref, engine.model_config.vocab_size, block_size=8,
-                                error_at=[0, 3, 7])
+        ref = list(range(5, 11))  # two cycles: one rejects at once, one partly accepts
+        replay = ReplayProposer(ref, engine.model_config.vocab_size, block_size=4,
+                                error_at=[0, 2])
         dispatch.set_backend("triton")
         try:
             with record_launches() as launches:
