@@ -29,7 +29,6 @@ import sys
 import threading
 import time
 
-from flash_planner.engine.engine import Engine
 from flash_planner.planning.request import PlanRequest
 from flash_planner.planning.service import PlannerService
 from flash_planner.planning.skills import SkillCatalog
@@ -107,8 +106,8 @@ def _retry_until_active(client, plan_type, ex) -> None:
 def serve() -> None:
     """The service side in a process of its own: tasks in as JSON lines, timings out."""
     engine_config, planner_config, skills = params.build_configs(NODE_PARAMS)
-    service = PlannerService(Engine.load(engine_config), SkillCatalog.from_yaml(skills),
-                             planner_config)
+    service = PlannerService.load(engine_config, SkillCatalog.from_yaml(skills),
+                                  planner_config)
     service.start()
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:

@@ -103,6 +103,9 @@ def _failed(request: PlanRequest, error: str, **extra) -> PlanResult:
     return PlanResult(request.id, str(request.task), success=False, error=error, **extra)
 
 
+WARM_UP_PROMPT = [{"role": "user", "content": "Say OK."}]
+
+
 class PlannerService:
     def __init__(self, engine: Engine, catalog: SkillCatalog, config: PlannerConfig):
         self.engine, self.catalog, self.config = engine, catalog, config
@@ -112,6 +115,19 @@ class PlannerService:
         self._stopping = False
         self._worker: threading.Thread | None = None
         self.on_result: Callable[[PlanResult], None] | None = None   # every finished result
+
+    @classmethod
+    def load(cls, engine_config, catalog: SkillCatalog, config: PlannerConfig
+             ) -> PlannerService:
+        """Load the engine of `engine_config` and build the service around it (not started)."""
+        return cls(Engine.load(engine_config), catalog, config)
+
+    def warm_up(self) -> float:
+        """One short generation so the first request pays no first-call costs; returns ms."""
+        t0 = time.perf_counter()
+        generate(self.engine, WARM_UP_PROMPT,
+                 GenerationSettings(max_new_tokens=4, enable_thinking=False))
+        return (time.perf_counter() - t0) * 1000.0
 
     # ---- lifecycle
     def start(self) -> None:

@@ -22,18 +22,8 @@ import time
 NODE_NAME = "flash_planner"
 MISSING_ROS = ("planner_node needs ROS 2 (rclpy), which is not importable here: "
                "source /opt/ros/jazzy/setup.bash (or your ROS 2 distro) and retry.")
-WARM_UP_PROMPT = [{"role": "user", "content": "Say OK."}]
 SHUTDOWN_GRACE_S = 5.0  # longest wait for goals in flight (and the executor) at shutdown
 RESULT_SEND_S = 0.3     # time left to the executor to send the last goal results
-
-
-def warm_up(engine) -> float:
-    """One short generation so the first request pays no first-call costs; returns ms."""
-    from ..engine.generate import GenerationSettings, generate
-
-    t0 = time.perf_counter()
-    generate(engine, WARM_UP_PROMPT, GenerationSettings(max_new_tokens=4, enable_thinking=False))
-    return (time.perf_counter() - t0) * 1000.0
 
 
 def free_memory() -> None:
@@ -67,7 +57,7 @@ def planner_node_class():
         def __init__(self, **kwargs):
             super().__init__(NODE_NAME, **kwargs)
             self._param_errors = params.declare(self)
-            self._engine = self._planner = self._window = None
+            self._planner = self._window = None
             self._phase, self._load_error, self._model = "unconfigured", "", ""
             values = params.read(self)
             depths = {k: values[f"qos.{k}_depth"] for k in ("plan", "task", "telemetry")}
@@ -109,7 +99,6 @@ def planner_node_class():
             return ok
 
         def _load(self) -> None:
-            from ..engine.engine import Engine
             from ..planning.service import PlannerService
             from ..planning.skills import SkillCatalog
 
@@ -118,16 +107,16 @@ def planner_node_class():
             values = params.read(self)
             engine_config, planner_config, skills_path = params.build_configs(values)
             catalog = SkillCatalog.from_yaml(skills_path)  # before the model: fail fast
-            self._engine = Engine.load(engine_config)
-            warm_ms = warm_up(self._engine)
-            self._planner = PlannerService(self._engine, catalog, planner_config)
+            self._planner = PlannerService.load(engine_config, catalog, planner_config)
+            warm_ms = self._planner.warm_up()
+            engine = self._planner.engine
             self._planner.on_result = self._on_result
             self._window = LatencyWindow(values["diagnostics.window"])
             self._model = values["model.path"] or values["model.preset"]
             self._phase, self._load_error = "inactive", ""
             self.get_logger().info(
-                f"loaded {engine_config.model_path} on {self._engine.device} "
-                f"({self._engine.dtype}): {self._engine.memory}; warm-up {warm_ms:.0f} ms")
+                f"loaded {engine_config.model_path} on {engine.device} "
+                f"({engine.dtype}): {engine.memory}; warm-up {warm_ms:.0f} ms")
 
         def on_activate(self, state):
             self._planner.start()
@@ -157,7 +146,7 @@ def planner_node_class():
             return self.on_shutdown(state)
 
         def _release(self) -> None:
-            self._planner = self._engine = self._window = None
+            self._planner = self._window = None
             self._phase, self._model = "unconfigured", ""
             free_memory()
 

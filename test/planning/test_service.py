@@ -158,3 +158,18 @@ def test_stopped_service_refuses_with_a_reason(make_service):
     service.stop()
     result = service.submit(PlanRequest("anything")).result(TIMEOUT)
     assert result.error == "the planner service is not running"
+
+
+def test_load_builds_the_engine_and_warm_up_generates(hybrid_dir):
+    from flash_planner.engine.engine import EngineConfig
+
+    config = EngineConfig(model_path=str(hybrid_dir), device="cpu", dtype="fp32",
+                          max_context=512)
+    service = PlannerService.load(config, SkillCatalog.from_yaml(default_skills_path()),
+                                  PlannerConfig(max_new_tokens=8))
+    assert service.engine.config.model_path == str(hybrid_dir) and not service.busy
+    assert service.warm_up() > 0
+    service.start()
+    result = service.plan(PlanRequest("open the drawer", enable_thinking=False), timeout=TIMEOUT)
+    assert result.telemetry["new_tokens"] > 0
+    service.stop()
