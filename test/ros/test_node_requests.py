@@ -77,7 +77,7 @@ def test_invalid_task_messages_are_answered_and_the_node_keeps_serving(harness):
     assert wait_for(lambda: any(p.get("task") == TASK and p["success"] for p in h.plans))
 
 
-@pytest.mark.parametrize("period_ms", [0.0, 50.0], ids=["every-cycle", "throttled"])
+@pytest.mark.parametrize("period_ms", [0.0, 1000.0], ids=["every-cycle", "throttled"])
 def test_goal_streams_feedback_and_succeeds_with_the_plan(harness, period_ms):
     h = harness(**{"planner.feedback_period_ms": period_ms})
     h.bring_up()
@@ -95,8 +95,9 @@ def test_goal_streams_feedback_and_succeeds_with_the_plan(harness, period_ms):
     counts = [f.tokens_so_far for f in feedback]
     if period_ms == 0:   # one message per speculative cycle (plus the prefill token's)
         assert len(feedback) == result.telemetry.cycles + 1
-    else:                # merged: fewer messages, the same text
-        assert 2 <= len(feedback) <= result.telemetry.cycles
+    else:                # merged: the first at once, then one a second, the rest at the end
+        seconds = int(result.telemetry.total_latency_ms // 1000)
+        assert 2 <= len(feedback) <= 2 + seconds < result.telemetry.cycles
     assert counts == sorted(counts) and counts[0] >= 1
     assert "".join(f.delta_text for f in feedback) == result.raw_text
     assert feedback[-1].mean_accepted_length > 0
@@ -156,8 +157,8 @@ def test_two_clients_at_once_are_queued_and_both_answered(harness):
     assert [r.status for r in responses] == [GoalStatus.STATUS_SUCCEEDED] * 2, \
         [r.result.error for r in responses]
     assert all(json.loads(r.result.plan_json)["plan"] for r in responses)
-    # One decoded while the other waited in the queue: the waiter's queue wait covers
-    # at least the other's decoding.
+    # One decoded while the other waited in the queue: the waiter's queue wait covers most
+    # of the other's decoding (less the gap between the two submissions).
     tele = sorted((r.result.telemetry for r in responses), key=lambda t: t.queue_wait_ms)
-    assert tele[1].queue_wait_ms >= tele[0].decode_ms
+    assert tele[1].queue_wait_ms >= 0.5 * tele[0].decode_ms > 0
     other.destroy()
