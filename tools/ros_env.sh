@@ -77,7 +77,11 @@ interfaces_hash() {
 }
 
 build_interfaces_cmake() {
-    local build=$OUT/build/flash_planner_interfaces
+    local build=$OUT/build/flash_planner_interfaces tool
+    for tool in cmake cc c++; do
+        command -v "$tool" >/dev/null || { say "building the ROS interfaces needs $tool:" \
+            "apt install cmake g++ (Debian/Ubuntu)"; exit 1; }
+    done
     rm -rf "$build" "$OUT/install"
     say "building flash_planner_interfaces with cmake (about 15 s)"
     # The venv is an ament prefix: the wheels install share/ (ament index, CMake configs).
