@@ -96,7 +96,6 @@ class PlanActionServer:
             service = self._submitted.get(request_id)
         if service is not None:
             _cancel(service, request_id)
-
         return CancelResponse.ACCEPT
 
     def _execute(self, goal_handle):
