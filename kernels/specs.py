@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,7 +35,14 @@ class Spec:
     num_stages: int = 3
     per_cycle: bool = True            # runs in every speculative cycle: must not spill
     shape_constexprs: tuple[str, ...] = ()  # derived from model shapes (differ per model)
-    notes: str = field(default="", compare=False)
+
+    @classmethod
+    def from_meta(cls, kernel: Any, label: str, types: dict[str, str], meta: dict[str, Any],
+                  **kw: Any) -> Spec:
+        """The spec of a launch with `meta`, the dict a launcher passes to `launch`."""
+        constexprs = dict(meta)
+        warps, stages = constexprs.pop("num_warps"), constexprs.pop("num_stages")
+        return cls(kernel, label, types, constexprs, warps, stages, **kw)
 
     @property
     def name(self) -> str:
@@ -90,11 +97,9 @@ def record_launches() -> Iterator[list[Spec]]:
 
 def launch(kernel: Any, grid: tuple, args: dict[str, Any], meta: dict[str, Any]) -> None:
     """`kernel[grid](**args, **meta)`; `meta` holds the constexprs, num_warps, num_stages."""
-    meta = dict(meta)
-    warps, stages = meta.pop("num_warps", 4), meta.pop("num_stages", 3)
     if _recorders:
-        spec = Spec(kernel, "launched", {k: arg_type(v) for k, v in args.items()}, meta,
-                    warps, stages)
+        spec = Spec.from_meta(kernel, "launched", {k: arg_type(v) for k, v in args.items()},
+                              meta)
         for launches in _recorders:
             launches.append(spec)
-    kernel[grid](**args, **meta, num_warps=warps, num_stages=stages)
+    kernel[grid](**args, **meta)

@@ -66,6 +66,6 @@ def meta() -> dict:
 
 
 # The engine hands the verify logits over in float32, whatever the model's dtype.
-SPECS = (Spec(_accept_kernel, "fp32 logits",
-              {"drafts": "*i64", "logits": "*fp32", "relaxed": "*i8", "ok": "*i8", "k": "i32",
-               "vocab": "i32", "topk": "i32", "delta": "fp32"}, {"BLOCK_V": BLOCK_V}, 4, 3),)
+SPECS = (Spec.from_meta(_accept_kernel, "fp32 logits",
+                        {"drafts": "*i64", "logits": "*fp32", "relaxed": "*i8", "ok": "*i8",
+                         "k": "i32", "vocab": "i32", "topk": "i32", "delta": "fp32"}, meta()),)

@@ -86,7 +86,8 @@ _INTS = ("num_steps", "slots", "num_seqs", "state_numel", "conv_numel", "conv_ro
          "state_blocks")
 # The engine keeps the GDN state, its checkpoints and the conv window in float32.
 SPECS = (
-    Spec(_select_kernel, "fp32 state and conv window",
-         {"state": "*fp32", "step_states": "*fp32", "conv": "*fp32", "conv_rows": "*fp32",
-          "step": "*i64", **dict.fromkeys(_INTS, "i32")}, {"BLOCK": BLOCK}, 4, 3),
+    Spec.from_meta(_select_kernel, "fp32 state and conv window",
+                   {"state": "*fp32", "step_states": "*fp32", "conv": "*fp32",
+                    "conv_rows": "*fp32", "step": "*i64", **dict.fromkeys(_INTS, "i32")},
+                   meta()),
 )

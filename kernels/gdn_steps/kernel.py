@@ -103,15 +103,13 @@ def meta(dk: int, dv: int, store_steps: bool) -> dict:
 
 
 def _spec(model: str, dk: int, dv: int, act: str, store_steps: bool) -> Spec:
-    options = meta(dk, dv, store_steps)
-    warps, stages = options.pop("num_warps"), options.pop("num_stages")
     types = {"q": act, "k": act, "v": act, "g": "*fp32", "beta": act, "state": "*fp32",
              "step_states": "*fp32", "out": act,
              **dict.fromkeys(("steps", "hk", "hv", "dk", "dv", "slots"), "i32"),
              "scale": "fp32"}
     label = f"{model} {act[1:]}, {'verify (steps stored)' if store_steps else 'prefill'}"
-    return Spec(_gdn_steps_kernel, label, types, options, warps, stages,
-                per_cycle=store_steps, shape_constexprs=("BK", "BV"))
+    return Spec.from_meta(_gdn_steps_kernel, label, types, meta(dk, dv, store_steps),
+                          per_cycle=store_steps, shape_constexprs=("BK", "BV"))
 
 
 # Qwen3.6-27B linear attention: 128x128 key/value heads, bf16 activations on Thor; the demo's

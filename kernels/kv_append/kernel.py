@@ -98,14 +98,12 @@ def meta(head_dim: int, quant: bool) -> dict:
 
 def _spec(model: str, head_dim: int, rows: str, cache: str) -> Spec:
     quant = cache == "*u8"
-    options = meta(head_dim, quant)
-    warps, stages = options.pop("num_warps"), options.pop("num_stages")
     types = {"cache": cache, "rows": rows, "positions": "*i64",
              "scale": "*fp32" if quant else rows, "rows_per_seq": "i32", "capacity": "i32",
              "heads": "i32", "dim": "i32"}
     label = f"{model} {rows[1:]} rows -> {'fp8' if quant else cache[1:]} cache"
-    return Spec(_append_kernel, label, types, options, warps, stages,
-                shape_constexprs=("BLOCK_D",))
+    return Spec.from_meta(_append_kernel, label, types, meta(head_dim, quant),
+                          shape_constexprs=("BLOCK_D",))
 
 
 # Qwen3.6-27B attention head_dim 256 (bf16 on Thor), the demo's 48 (fp32 on CPU or GPU).
