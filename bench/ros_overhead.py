@@ -77,16 +77,16 @@ def _wait(future, timeout: float = 120.0):
     return future.result()
 
 
-def plan_by_action(client, plan_type, ex) -> dict:
+def plan_by_action(client, plan_type, ex, timeout: float = 120.0) -> dict:
     """One goal: wall ms to the result, ms from acceptance to the first feedback."""
     first: list[float] = []
     goal = plan_type.Goal(task=ex.task, context=ex.context or "", max_new_tokens=0,
                           enable_thinking=ex.thinking is not None)
     t0 = time.perf_counter()
     handle = _wait(client.send_goal_async(
-        goal, feedback_callback=lambda _: first or first.append(time.perf_counter())))
+        goal, feedback_callback=lambda _: first or first.append(time.perf_counter())), timeout)
     accepted = time.perf_counter()
-    response = _wait(handle.get_result_async())
+    response = _wait(handle.get_result_async(), timeout)
     done = time.perf_counter()
     return {"ms": (done - t0) * 1e3, "ok": response.result.success,
             "inside_ms": response.result.telemetry.total_latency_ms,
@@ -95,12 +95,17 @@ def plan_by_action(client, plan_type, ex) -> dict:
 
 
 def _retry_until_active(client, plan_type, ex) -> None:
-    """Plan once the node has configured and activated itself (autostart)."""
+    """Plan once the node has configured and activated itself (autostart). A goal sent
+    before the server's request reader matched is lost, so an unanswered one is resent."""
     deadline = time.monotonic() + 120
-    while not plan_by_action(client, plan_type, ex)["ok"]:
-        if time.monotonic() > deadline:
-            sys.exit("the planner node did not become active")
+    while time.monotonic() < deadline:
+        try:
+            if plan_by_action(client, plan_type, ex, timeout=10.0)["ok"]:
+                return
+        except TimeoutError:
+            continue
         time.sleep(0.5)
+    sys.exit("the planner node did not become active")
 
 
 def serve() -> None:
