@@ -59,3 +59,16 @@ def harness(ros_context):
     yield make
     for h in made:
         h.close()
+
+
+@pytest.fixture
+def endless(harness, endless_dir):
+    """A harness factory whose node serves the endless model, brought up."""
+
+    def make(**overrides) -> Harness:
+        h = harness(**{"model.path": str(endless_dir), "engine.max_context": 8192,
+                       **overrides})
+        h.bring_up()
+        return h
+
+    return make

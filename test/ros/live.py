@@ -18,6 +18,7 @@ import pytest
 
 NODE = "flash_planner"
 TIMEOUT = 120.0
+ENDLESS_TOKENS = 6000  # a goal on conftest.endless_dir's model that never ends by itself
 
 
 def ros_missing() -> str | None:
@@ -113,6 +114,14 @@ class Harness:
         handle = result_of((client or self.client).send_goal_async(
             goal, feedback_callback=on_feedback))
         assert handle.accepted
+        return handle
+
+    def running_goal(self, **kwargs):
+        """A long goal (on the endless model) that has produced its first feedback."""
+        first = threading.Event()
+        handle = self.goal(max_new_tokens=ENDLESS_TOKENS, thinking=False,
+                           on_feedback=lambda _: first.set(), **kwargs)
+        assert first.wait(TIMEOUT)
         return handle
 
     def plan(self, **kwargs):

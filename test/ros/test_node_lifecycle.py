@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from live import MISSING, TIMEOUT, requires_ros, result_of, values_of, wait_for
+from live import MISSING, requires_ros, result_of, values_of, wait_for
 
 from flash_planner.ros import params
 
@@ -79,12 +79,10 @@ def test_autostart_reaches_active_and_serves(harness):
     assert h.plan()[0] == GoalStatus.STATUS_SUCCEEDED
 
 
-def test_deactivate_ends_a_running_goal_and_stops_the_worker(harness, endless_dir):
-    h = harness(**{"model.path": str(endless_dir), "engine.max_context": 8192})
-    h.bring_up()
-    first = threading.Event()
-    handle = h.goal(max_new_tokens=6000, thinking=False, on_feedback=lambda _: first.set())
-    assert first.wait(TIMEOUT) and _worker_threads()
+def test_deactivate_ends_a_running_goal_and_stops_the_worker(endless):
+    h = endless()
+    handle = h.running_goal()
+    assert _worker_threads()
     h.transition("deactivate")
     response = result_of(handle.get_result_async())
     assert response.status == GoalStatus.STATUS_ABORTED

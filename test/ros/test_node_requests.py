@@ -8,10 +8,9 @@ never emits EOS (conftest.endless_dir); what they check is the node's handling, 
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
-from live import MISSING, TIMEOUT, requires_ros, result_of, wait_for
+from live import ENDLESS_TOKENS, MISSING, requires_ros, result_of, wait_for
 
 from flash_planner.planning.presets import default_skills_path
 from flash_planner.planning.skills import SkillCatalog
@@ -26,21 +25,6 @@ TASK = "bring the red cup from the kitchen table to the sink"
 
 def _skills() -> set[str]:
     return set(SkillCatalog.from_yaml(default_skills_path()).names)
-
-
-def _endless(harness, endless_dir, **overrides):
-    h = harness(**{"model.path": str(endless_dir), "engine.max_context": 8192, **overrides})
-    h.bring_up()
-    return h
-
-
-def _running_goal(h, **kwargs):
-    """A goal on the endless model that has produced its first feedback."""
-    first = threading.Event()
-    handle = h.goal(max_new_tokens=6000, thinking=False, on_feedback=lambda _: first.set(),
-                    **kwargs)
-    assert first.wait(TIMEOUT)
-    return handle
 
 
 def test_task_topic_gives_a_valid_plan_and_telemetry(harness):
@@ -107,25 +91,25 @@ def test_goal_streams_feedback_and_succeeds_with_the_plan(harness, period_ms):
     assert next(p for p in h.plans if p["id"] == request_id)["plan"] == steps
 
 
-def test_cancel_mid_goal_then_the_next_goal_is_served(harness, endless_dir):
-    h = _endless(harness, endless_dir)
-    handle = _running_goal(h)
+def test_cancel_mid_goal_then_the_next_goal_is_served(endless):
+    h = endless()
+    handle = h.running_goal()
     cancel = result_of(handle.cancel_goal_async())
     assert len(cancel.goals_canceling) == 1
     response = result_of(handle.get_result_async())
     assert response.status == GoalStatus.STATUS_CANCELED
     assert "cancel" in response.result.error
     assert response.result.telemetry.finish_reason == "cancelled"
-    assert 0 < response.result.telemetry.new_tokens < 6000
+    assert 0 < response.result.telemetry.new_tokens < ENDLESS_TOKENS
     status, result = h.plan(max_new_tokens=8, thinking=False)   # served normally: runs to
     assert status == GoalStatus.STATUS_ABORTED                   # its limit, no valid plan
     assert result.telemetry.new_tokens == 8 and result.telemetry.finish_reason == "length"
     assert "cancel" not in result.error
 
 
-def test_preempt_policy_aborts_the_running_goal_for_the_new_one(harness, endless_dir):
-    h = _endless(harness, endless_dir, **{"planner.queue_policy": "preempt"})
-    first = _running_goal(h)
+def test_preempt_policy_aborts_the_running_goal_for_the_new_one(endless):
+    h = endless(**{"planner.queue_policy": "preempt"})
+    first = h.running_goal()
     second = h.goal(max_new_tokens=8, thinking=False)
     old = result_of(first.get_result_async())
     assert old.status == GoalStatus.STATUS_ABORTED
@@ -134,9 +118,9 @@ def test_preempt_policy_aborts_the_running_goal_for_the_new_one(harness, endless
     assert new.result.telemetry.new_tokens == 8   # the new goal ran to its own end
 
 
-def test_reject_policy_refuses_a_goal_while_busy(harness, endless_dir):
-    h = _endless(harness, endless_dir, **{"planner.queue_policy": "reject"})
-    first = _running_goal(h)
+def test_reject_policy_refuses_a_goal_while_busy(endless):
+    h = endless(**{"planner.queue_policy": "reject"})
+    first = h.running_goal()
     status, result = h.plan(max_new_tokens=8, thinking=False)
     assert status == GoalStatus.STATUS_ABORTED
     assert result.error == (f"busy with request {bytes(first.goal_id.uuid).hex()} "

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from live import MISSING, TIMEOUT, requires_ros, result_of, wait_for
+from live import ENDLESS_TOKENS, MISSING, TIMEOUT, requires_ros, result_of, wait_for
 
 if MISSING is None:
     from action_msgs.msg import GoalStatus
@@ -48,7 +48,7 @@ def test_sigint_with_a_goal_in_flight_aborts_it_and_exits(endless_dir):
         client = ActionClient(client_node, Plan, "/flash_planner/plan")
         assert client.wait_for_server(timeout_sec=TIMEOUT)
         first = threading.Event()
-        goal = Plan.Goal(task="pick up the cup", context="", max_new_tokens=6000,
+        goal = Plan.Goal(task="pick up the cup", context="", max_new_tokens=ENDLESS_TOKENS,
                          enable_thinking=False)
         # Until autostart has configured and activated the node a goal is refused, and a
         # request sent before the service matched is lost: send again until one runs.
