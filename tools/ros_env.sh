@@ -15,6 +15,7 @@ VENV=$(cd "$1" && pwd)
 mkdir -p "$2"
 OUT=$(cd "$2" && pwd)
 PY=$VENV/bin/python
+PYVER=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 IFACE=$REPO/flash_planner_interfaces
 ROS_REQ=$REPO/tools/requirements-ros-jazzy.txt
 COLCON_REQ=$REPO/tools/requirements-colcon.txt
@@ -30,12 +31,10 @@ ros_mode() {
         echo "none: ROS_DISTRO=$ROS_DISTRO is set but its rclpy does not import with $PY"
         return
     fi
-    local pyver
-    pyver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     if [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
         echo "none: the Jazzy wheels exist for x86_64 Linux only; source a ROS 2 Jazzy setup.bash"
-    elif [[ ! "$pyver" =~ ^3\.1[012]$ ]]; then
-        echo "none: the Jazzy wheels exist for Python 3.10-3.12, this venv has $pyver"
+    elif [[ ! "$PYVER" =~ ^3\.1[012]$ ]]; then
+        echo "none: the Jazzy wheels exist for Python 3.10-3.12, this venv has $PYVER"
     else
         echo wheels
     fi
@@ -103,7 +102,7 @@ build_interfaces_colcon() {
 }
 
 write_env() {
-    local mode=$1 pyver site libs
+    local mode=$1 site libs
     {
         echo "# Written by tools/ros_env.sh ($mode); sourced by make test."
         echo "export PATH=\"$VENV/bin:\$PATH\""
@@ -112,10 +111,9 @@ write_env() {
         sourced)
             echo ". \"$OUT/install/local_setup.sh\"" ;;
         wheels)
-            pyver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-            site=$OUT/install/lib/python$pyver/site-packages
+            site=$OUT/install/lib/python$PYVER/site-packages
             # The wheels' own libraries: venv/lib and the auditwheel folders ros_*.libs.
-            libs=$(find "$VENV/lib/python$pyver/site-packages" -maxdepth 1 -name 'ros_*.libs' \
+            libs=$(find "$VENV/lib/python$PYVER/site-packages" -maxdepth 1 -name 'ros_*.libs' \
                    -type d | sort | tr '\n' ':')
             echo "export AMENT_PREFIX_PATH=\"$OUT/install:$VENV\""
             echo "export PYTHONPATH=\"$site\${PYTHONPATH:+:\$PYTHONPATH}\""
