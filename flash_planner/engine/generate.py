@@ -1,8 +1,9 @@
 """Prefill, the decode loop, stop rules, streaming and cancellation.
 
 `generate(engine, prompt, settings, on_token, cancel)` is the one call everything above the
-engine uses. The prompt is token ids, a string, or chat messages (rendered with the
-tokenizer's chat template). Tokens are published in order through `on_token(ids, delta_text)`
+engine uses. The prompt is token ids, a raw string (encoded as written, template markers and
+all), or chat messages (`chat.encode_chat`: the template's markers are the only control
+tokens, message text is plain text). Tokens are published in order through `on_token(ids, delta_text)`
 and a stop (EOS, stop string, max_new_tokens, cancel, deadline) publishes exactly the tokens
 up to it. After a request the state holds the prompt and every published token except the
 last, which has not been run through the model.
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .acceptance import RelaxedThinking, StrictAcceptance
+from .chat import encode_chat
 from .engine import Engine
 from .proposer import Proposer
 from .speculative import commit_cycle, run_cycle
@@ -86,10 +88,7 @@ def encode_prompt(engine: Engine, prompt: Sequence[int] | str | list[dict],
                              "pass token ids instead of text")
         if isinstance(prompt, str):
             return list(tok.encode(prompt, add_special_tokens=False))
-        kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-        rendered = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False,
-                                           **kwargs)
-        return list(tok.encode(rendered, add_special_tokens=False))
+        return encode_chat(tok, prompt, enable_thinking)
     ids = [int(i) for i in prompt]
     vocab = engine.model_config.vocab_size
     bad = [i for i in ids if not 0 <= i < vocab]

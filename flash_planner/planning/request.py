@@ -16,6 +16,9 @@ class RequestError(ValueError):
 
 
 def _check_text(value: Any, name: str, limit: int, required: bool) -> str:
+    """The text rule every task and context passes (README, "Text a request may carry"):
+    bytes must be UTF-8; CR LF and CR become LF; U+FFFD (what ROS makes of invalid UTF-8),
+    lone surrogates, NUL and every other control character but LF and tab are refused."""
     if isinstance(value, bytes):
         try:
             value = value.decode("utf-8")
@@ -23,14 +26,19 @@ def _check_text(value: Any, name: str, limit: int, required: bool) -> str:
             raise RequestError(f"{name} is not valid UTF-8 (byte {exc.start})") from None
     if not isinstance(value, str):
         raise RequestError(f"{name} must be a string, got {type(value).__name__}")
+    value = value.replace("\r\n", "\n").replace("\r", "\n")
     if required and not value.strip():
         raise RequestError(f"{name} is empty")
     if len(value) > limit:
         raise RequestError(f"{name} is {len(value)} characters, the limit is {limit}")
-    bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cs")
-                and c not in "\n\t"), None)
-    if bad is not None:
-        raise RequestError(f"{name} contains the control character U+{ord(bad):04X}")
+    for at, char in enumerate(value):
+        if char == "\ufffd":
+            raise RequestError(f"{name} holds U+FFFD at character {at}: the sender's text "
+                               "was not valid UTF-8")
+        if unicodedata.category(char) in ("Cc", "Cs") and char not in "\n\t":
+            kind = "a lone surrogate" if unicodedata.category(char) == "Cs" else \
+                "the control character"
+            raise RequestError(f"{name} contains {kind} U+{ord(char):04X} at character {at}")
     return value
 
 

@@ -20,7 +20,11 @@ def _checked(**kwargs):
     ({"task": "x" * 51}, "task is 51 characters, the limit is 50"),
     ({"task": b"pick up the \xff cup"}, "task is not valid UTF-8"),
     ({"task": "pick up\x00 the cup"}, "control character U\\+0000"),
-    ({"task": "pick up \x1b[31mthe cup"}, "control character U\\+001B"),
+    ({"task": "pick up \x1b[31mthe cup"}, "control character U\\+001B at character 8"),
+    ({"task": "pick up \x7f the cup"}, "control character U\\+007F"),
+    ({"task": "pick up the \ud800 cup"}, "lone surrogate U\\+D800"),
+    ({"task": "pick up the \ufffd cup"}, "U\\+FFFD at character 12: .* not valid UTF-8"),
+    ({"task": "ok", "context": "table\x00"}, "context contains the control character U\\+0000"),
     ({"task": "ok", "context": "y" * 101}, "context is 101 characters"),
     ({"task": 42}, "task must be a string"),
     ({"task": "ok", "max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
@@ -35,6 +39,9 @@ def test_good_request_is_normalised():
     req = _checked(task="  pick up the cup\n", context="table: cup", id="r1")
     assert (req.task, req.context, req.id) == ("pick up the cup", "table: cup", "r1")
     assert _checked(task=b"bytes are fine").task == "bytes are fine"
+    # Line ends from other systems become LF; tabs and non-ASCII text pass as they are.
+    req = _checked(task="go to\r\nthe door\rnow", context="caf\u00e9\ttable \u2014 \u6905\u5b50")
+    assert (req.task, req.context) == ("go to\nthe door\nnow", "caf\u00e9\ttable \u2014 \u6905\u5b50")
 
 
 @pytest.mark.parametrize("text,match", [

@@ -17,6 +17,7 @@ from flash_planner.planning.skills import SkillCatalog
 
 if MISSING is None:
     from action_msgs.msg import GoalStatus
+    from rclpy.serialization import serialize_message
     from std_msgs.msg import String
 
 pytestmark = requires_ros
@@ -51,11 +52,15 @@ def test_invalid_task_messages_are_answered_and_the_node_keeps_serving(harness):
     h.task_pub.publish(String(data='{"task": "pick", "colour": "red"}'))
     h.task_pub.publish(String(data="{not json"))
     h.task_pub.publish(String(data="   "))
-    assert wait_for(lambda: len(h.plans) >= 3)
-    errors = [p["error"] for p in h.plans[:3]]
-    assert all(p["success"] is False for p in h.plans[:3])
+    # Raw bytes that are not UTF-8: rclpy hands them over as U+FFFD, which is refused.
+    raw = serialize_message(String(data="pick up the XX cup")).replace(b"XX", b"\xff\xfe")
+    h.task_pub.publish(raw)
+    assert wait_for(lambda: len(h.plans) >= 4)
+    errors = [p["error"] for p in h.plans[:4]]
+    assert all(p["success"] is False for p in h.plans[:4])
     assert any("unknown request field" in e for e in errors), errors
     assert any("malformed" in e for e in errors), errors
+    assert any("U+FFFD at character 12" in e for e in errors), errors
     assert all(e.startswith("invalid request: ") for e in errors), errors
     h.task_pub.publish(String(data=TASK))
     assert wait_for(lambda: any(p.get("task") == TASK and p["success"] for p in h.plans))
