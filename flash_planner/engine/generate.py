@@ -3,10 +3,11 @@
 `generate(engine, prompt, settings, on_token, cancel)` is the one call everything above the
 engine uses. The prompt is token ids, a raw string (encoded as written, template markers and
 all), or chat messages (`chat.encode_chat`: the template's markers are the only control
-tokens, message text is plain text). Tokens are published in order through `on_token(ids, delta_text)`
-and a stop (EOS, stop string, max_new_tokens, cancel, deadline) publishes exactly the tokens
-up to it. After a request the state holds the prompt and every published token except the
-last, which has not been run through the model.
+tokens, message text is plain text). Tokens are published in order through
+`on_token(ids, delta_text)` and a stop (EOS, stop string, max_new_tokens, cancel, deadline)
+publishes exactly the tokens up to it. After a request the state holds the prompt and every
+published token except the last, which has not been run through the model; after a request
+that raised, the state is empty.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .acceptance import RelaxedThinking, StrictAcceptance
 from .chat import encode_chat
 from .engine import Engine
 from .proposer import Proposer
-from .speculative import commit_cycle, run_cycle
+from .speculative import NonFiniteLogits, commit_cycle, run_cycle
 from .telemetry import GenerationStats, PhaseTimer, now_ms
 
 FINISH_REASONS = ("eos", "length", "stop", "cancelled", "deadline")
@@ -216,6 +217,20 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
                          f"{engine.config.max_block}")
     policy = policy or make_policy(engine, settings)
     policy.reset(ids)
+    try:
+        return _decode(engine, ids, settings, on_token, cancel, proposer, policy, t0, deadline)
+    except BaseException:
+        # An exception mid-cycle (a fault, non-finite logits, an interrupt) can leave
+        # uncommitted rows: clear the state now (the proposer is re-seeded by `begin`).
+        engine.state.reset()
+        raise
+
+
+def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,
+            on_token: TokenCallback | None, cancel: CancelToken | None,
+            proposer: Proposer | None, policy, t0: float, deadline: float | None
+            ) -> GenerationResult:
+    """Prefill and the decode loop of `generate` (arguments checked and resolved there)."""
     stats = GenerationStats(prompt_tokens=len(ids))
     timer = PhaseTimer(sync=settings.profile_phases)
     engine.state.reset()
@@ -228,7 +243,10 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
     published: list[int] = []
     # Decoding the text so far every cycle is only worth it for a listener.
     stream = TextStream(engine.tokenizer, published) if on_token is not None else None
-    new = [int(logits.argmax())]
+    first, finite = torch.stack((logits.argmax(), torch.isfinite(logits).all())).tolist()
+    if not finite:
+        raise NonFiniteLogits(len(ids) - 1)
+    new = [first]
     policy.observe(new)
     stats.ttft_ms = now_ms() - t0
     t_first = now_ms()

@@ -26,6 +26,15 @@ from .proposer import Proposer
 from .telemetry import PhaseTimer
 
 
+class NonFiniteLogits(RuntimeError):
+    """The target's logits that decide a token are NaN or Inf: broken weights or overflow."""
+
+    def __init__(self, position: int):
+        super().__init__(f"the model produced non-finite logits (NaN or Inf) at position "
+                         f"{position}; the request is aborted, no output is trusted")
+        self.position = position
+
+
 @dataclass
 class Cycle:
     start: int                    # position of the anchor
@@ -56,9 +65,13 @@ def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
         logits = out.logits[0]                                          # [k+1, V]
         n = policy.accept(drafts, logits) if k else torch.zeros((), dtype=torch.long,
                                                                  device=device)
-        # The one host sync of the cycle: the count and all candidate tokens in one copy.
-        host = torch.cat((n.view(1), drafts, logits.argmax(dim=-1))).tolist()
-    n, d, a = host[0], host[1:1 + k], host[1 + k:]
+        # The one host sync of the cycle: the count, all candidate tokens and whether each
+        # row's logits are finite, in one copy.
+        finite = torch.isfinite(logits).all(dim=-1).long()
+        host = torch.cat((n.view(1), drafts, logits.argmax(dim=-1), finite)).tolist()
+    n, d, a, ok = host[0], host[1:1 + k], host[1 + k:2 + 2 * k], host[2 + 2 * k:]
+    if not all(ok[:n + 1]):  # a row that decides a published token
+        raise NonFiniteLogits(start + ok.index(0))
     taps = torch.cat(out.taps, dim=-1) if tap_ids else None
     return Cycle(start, anchor, d[:n] + [a[n]], n, k, taps)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ..engine.cache import ContextOverflowError
 from ..engine.engine import Engine
 from ..engine.generate import CancelToken, GenerationSettings, generate
+from ..engine.speculative import NonFiniteLogits
 from .parse import PlanError, parse_plan
 from .prompt import build_messages
 from .request import PlanRequest, PlanResult, RequestError
@@ -108,6 +109,9 @@ WARM_UP_PROMPT = [{"role": "user", "content": "Say OK."}]
 
 class PlannerService:
     def __init__(self, engine: Engine, catalog: SkillCatalog, config: PlannerConfig):
+        if engine.tokenizer is None:
+            raise ValueError(f"{engine.config.model_path} has no tokenizer (tokenizer.json "
+                             "and tokenizer_config.json): the planner needs one to read tasks")
         self.engine, self.catalog, self.config = engine, catalog, config
         self._lock = threading.Condition()
         self._queue: collections.deque[PlanTicket] = collections.deque()
@@ -246,7 +250,8 @@ class PlannerService:
                 result = self._run(ticket)
             except Exception as exc:  # keep serving whatever one request did
                 log.exception("request %s failed", ticket.id)
-                result = _failed(ticket.request, f"internal error: {type(exc).__name__}: {exc}")
+                result = _failed(ticket.request, f"internal error: {type(exc).__name__}: {exc}",
+                                 finish_reason="error")
             with self._lock:
                 self._running = None
             self._finish(ticket, result)
@@ -289,6 +294,9 @@ class PlannerService:
                            on_token=self._feedback(ticket), cancel=ticket.cancel_token)
         except (ContextOverflowError, ValueError) as exc:
             return _failed(request, f"cannot plan this request: {exc}", telemetry=telemetry)
+        except NonFiniteLogits as exc:
+            log.error("request %s: %s", request.id, exc)
+            return _failed(request, str(exc), finish_reason="error", telemetry=telemetry)
         telemetry.update(out.stats.as_dict())
         base = dict(raw_text=out.text, finish_reason=out.finish_reason, telemetry=telemetry)
         if out.finish_reason == "cancelled":

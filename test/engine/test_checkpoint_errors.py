@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from flash_planner.engine.cache import ContextOverflowError
 from flash_planner.engine.checkpoint import CheckpointError, load_checkpoint
+from flash_planner.engine.engine import EngineConfig
 from flash_planner.engine.generate import GenerationSettings, generate
 
 
@@ -93,6 +94,28 @@ def test_corrupt_safetensors(broken):
     (broken / "model.safetensors").write_bytes(b"\x00" * 64)
     with pytest.raises(CheckpointError, match="not a readable safetensors"):
         load_checkpoint(broken)
+
+
+def test_truncated_safetensors_and_corrupt_header(broken):
+    path = broken / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[:-1000])
+    with pytest.raises(CheckpointError, match="model.safetensors: not a readable safetensors "
+                       "file .*file not fully covered"):
+        load_checkpoint(broken)
+    header = data.index(b'"dtype"')
+    path.write_bytes(data[:header] + b'"dtypo"' + data[header + 7:])
+    with pytest.raises(CheckpointError, match="not a readable safetensors file .*invalid JSON"):
+        load_checkpoint(broken)
+
+
+def test_missing_tokenizer_is_refused_by_the_planner(broken):
+    from flash_planner.planning.service import PlannerService
+
+    for path in broken.glob("tokenizer*"):
+        path.unlink()
+    with pytest.raises(ValueError, match="has no tokenizer .*the planner needs one"):
+        PlannerService.load(EngineConfig(str(broken), device="cpu"), None, None)
 
 
 def test_sharded_checkpoint_loads_and_missing_shard_is_named(checkpoints, tmp_path):

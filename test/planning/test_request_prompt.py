@@ -40,8 +40,9 @@ def test_good_request_is_normalised():
     assert (req.task, req.context, req.id) == ("pick up the cup", "table: cup", "r1")
     assert _checked(task=b"bytes are fine").task == "bytes are fine"
     # Line ends from other systems become LF; tabs and non-ASCII text pass as they are.
-    req = _checked(task="go to\r\nthe door\rnow", context="caf\u00e9\ttable \u2014 \u6905\u5b50")
-    assert (req.task, req.context) == ("go to\nthe door\nnow", "caf\u00e9\ttable \u2014 \u6905\u5b50")
+    scene = "caf\u00e9\ttable \u2014 \u6905\u5b50"
+    req = _checked(task="go to\r\nthe door\rnow", context=scene)
+    assert (req.task, req.context) == ("go to\nthe door\nnow", scene)
 
 
 @pytest.mark.parametrize("text,match", [

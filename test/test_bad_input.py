@@ -1,0 +1,64 @@
+"""The bad-input table's request rows against the planner service on the demo planner.
+
+Each row gets exactly one result with the documented error (or, for text the catalog cannot
+express, an answer that is a valid plan or says why there is none), and the service then
+plans the reference task exactly as a fresh one does. The node's version of the same rows
+is ros/test_node_bad_input.py; the load-time rows are named in the README's table.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from bad_inputs import REFERENCE_TASK, ROWS
+
+from flash_planner.engine.engine import Engine
+from flash_planner.planning.presets import ModelPreset, default_skills_path
+from flash_planner.planning.request import PlanRequest
+from flash_planner.planning.service import PlannerConfig, PlannerService
+from flash_planner.planning.skills import SkillCatalog
+
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def service():
+    engine = Engine.load(ModelPreset.load("demo").engine_config(device="cpu", dtype="fp32"))
+    service = PlannerService(engine, SkillCatalog.from_yaml(default_skills_path()),
+                             PlannerConfig())
+    service.results = []
+    service.on_result = service.results.append
+    service.start()
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(service):
+    result = service.plan(PlanRequest(REFERENCE_TASK), timeout=TIMEOUT)
+    assert result.success, result.error
+    return result
+
+
+def check_answer(result, catalog_names) -> None:
+    """An answered row: a plan of catalog skills, or a failure naming why, never a crash."""
+    if result.success:
+        assert result.plan and {s["skill"] for s in result.plan} <= set(catalog_names)
+    else:
+        assert result.finish_reason in ("eos", "length") and result.error, result
+        assert not result.error.startswith("internal error"), result.error
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_bad_request_row(service, reference, row):
+    before = len(service.results)
+    result = service.plan(PlanRequest(row.task, id=f"row-{row.id}"), timeout=TIMEOUT)
+    if row.expect:
+        assert not result.success and re.search(row.expect, result.error), result.error
+    else:
+        check_answer(result, service.catalog.names)
+    after = service.plan(PlanRequest(REFERENCE_TASK), timeout=TIMEOUT)
+    assert after.raw_text == reference.raw_text and after.plan == reference.plan
+    mine = [r for r in service.results[before:] if r.request_id == f"row-{row.id}"]
+    assert len(mine) == 1   # exactly one terminal outcome
