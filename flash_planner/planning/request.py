@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import unicodedata
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-REQUEST_FIELDS = ("id", "task", "context", "max_new_tokens", "enable_thinking", "deadline_s")
+REQUEST_FIELDS = ("id", "task", "context", "max_new_tokens", "enable_thinking", "deadline_s",
+                  "speculative")
 
 
 class RequestError(ValueError):
@@ -50,6 +52,7 @@ class PlanRequest:
     max_new_tokens: int | None = None      # None: the service's default
     enable_thinking: bool | None = None    # None: the service's default
     deadline_s: float | None = None        # None: the service's default
+    speculative: bool | None = None        # None: the service's default (A/B, soak)
 
     def checked(self, max_task_chars: int, max_context_chars: int) -> PlanRequest:
         """This request with validated text fields, or RequestError."""
@@ -64,10 +67,10 @@ class PlanRequest:
         if self.deadline_s is not None and (
                 not isinstance(self.deadline_s, (int, float)) or self.deadline_s <= 0):
             raise RequestError(f"deadline_s must be a positive number, got {self.deadline_s!r}")
-        if self.enable_thinking is not None and not isinstance(self.enable_thinking, bool):
-            raise RequestError("enable_thinking must be true or false")
-        return PlanRequest(task.strip(), context.strip(), self.id, self.max_new_tokens,
-                           self.enable_thinking, self.deadline_s)
+        for name in ("enable_thinking", "speculative"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise RequestError(f"{name} must be true or false")
+        return dataclasses.replace(self, task=task.strip(), context=context.strip())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PlanRequest:

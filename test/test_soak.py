@@ -1,0 +1,42 @@
+"""100 requests of bench/soak.py's mix through the planner service on the demo planner.
+
+Every request must end exactly once and as its kind requires (plans identical to the task's
+reference, cancels/preempts/deadlines ended by their interrupt or finished, bad text refused,
+injected text answered), within one cycle of its interrupt, without memory growth, and the
+reference task must plan the same before and after. ros/test_node_soak.py runs the same mix
+against the real node.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import soak  # noqa: E402
+
+from flash_planner.engine.engine import Engine  # noqa: E402
+from flash_planner.planning.presets import ModelPreset, default_skills_path  # noqa: E402
+from flash_planner.planning.service import PlannerConfig, PlannerService  # noqa: E402
+from flash_planner.planning.skills import SkillCatalog  # noqa: E402
+
+N = 100
+
+
+def test_soak_100_requests_through_the_service():
+    engine = Engine.load(ModelPreset.load("demo").engine_config(device="cpu", dtype="fp32"))
+    service = PlannerService(engine, SkillCatalog.from_yaml(default_skills_path()),
+                             PlannerConfig(policy="preempt"))
+    service.start()
+    try:
+        report = soak.run(soak.ServiceDriver(service), N, seed=1)
+    finally:
+        service.stop()
+    print(report)
+    assert report["requests"] == N and report["exactly_one_outcome"] == N, report
+    assert report["wrong"] == [], report["wrong"]
+    assert report["reference_identical"]
+    assert all(report["by_kind"][k] > 0 for k in soak.MIX), report["by_kind"]
+    assert report["interrupts_measured"]["cancel"] >= 5, report
+    assert max(report["cycles_after_interrupt_max"].values()) <= 1, report
+    assert report["rss_growth_pct"] < 5.0, report
