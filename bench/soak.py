@@ -12,8 +12,10 @@ Reported: requests with exactly one terminal outcome (must be all), wrong outcom
 that differs from the task's reference, a refusal with the wrong reason, a cancelled request
 that did not end as cancelled or finished, ...), cycles published after a cancel, preempt or
 deadline (service: counted from feedback), RSS growth from the end of warm-up to the end,
-p50/p95/p99 of plan latency in the first and last 100 plans, and whether a fixed reference
-task's output is the same before and after. `test/test_soak.py` runs 100 requests of it.
+p50/p95/p99 of plan latency in the first and last 100 plans (and of each plan's latency over
+its task's reference latency, which takes the task mix out), and whether a fixed reference
+task's output is the same before and after. The references (each pool task, speculative on
+and off, which must plan identically) are the warm-up. `test/test_soak.py` runs 100 requests of it.
 
     python bench/soak.py [--n 1000] [--target service|node] [--seed 0] [--json]
 """
@@ -340,13 +342,19 @@ def run(driver, n: int, seed: int = 0, pool_size: int = 24, progress=None) -> di
     """The soak: references, warm-up, n requests; returns the report (see the module doc)."""
     _, heldout = make_corpus(seed=0, n_train=0, n_heldout=pool_size)
     pool = [ex.task for ex in heldout]
-    refs, ref_ms = {}, {}
+    refs, ref_ms, lossy = {}, {}, []
     for task in pool + [REFERENCE_TASK]:       # the references double as the warm-up
-        item = Item(-1, f"ref-{len(refs)}-{seed}", "plan", task, driver.vias[0])
-        out = driver.finish(item, driver.send(item))
-        refs[task], ref_ms[task] = signature(out), out.latency_ms
+        for spec in (True, False):
+            item = Item(-1, f"ref-{len(ref_ms)}-{seed}", "plan", task, driver.vias[0],
+                        speculative=spec)
+            out = driver.finish(item, driver.send(item))
+            ref_ms[task, spec] = out.latency_ms
+            if spec:
+                refs[task] = signature(out)
+            elif signature(out) != refs[task]:
+                lossy.append(task)
     reference_before = refs[REFERENCE_TASK]
-    items = schedule(n, seed, pool, ref_ms, driver.vias)
+    items = schedule(n, seed, pool, {t: ref_ms[t, True] for t in refs}, driver.vias)
     warm_rss = None
     records: list[tuple[Item, Outcome, int]] = []
     t_start = time.monotonic()
@@ -363,8 +371,10 @@ def run(driver, n: int, seed: int = 0, pool_size: int = 24, progress=None) -> di
     wrong = [(it.id, it.kind, why) for it, out, _ in records
              if (why := judge(it, out, refs, driver.catalog_names)) is not None]
     counts = [driver.terminal_outcomes(it.id) for it, _, _ in records]
-    plans = [out.latency_ms for it, out, _ in records if it.kind == "plan"]
+    plans = [(out.latency_ms, out.latency_ms / ref_ms[it.task, it.speculative])
+             for it, out, _ in records if it.kind == "plan"]
     window = min(100, len(plans) // 2)
+    first, last = plans[:window], plans[-window:]
     late = {k: [c for it, _, c in records if it.kind == k and c is not None]
             for k in ("cancel", "preempt", "deadline")}
 
@@ -382,10 +392,29 @@ def run(driver, n: int, seed: int = 0, pool_size: int = 24, progress=None) -> di
         "interrupts_measured": {k: len(v) for k, v in late.items()},
         "rss_warm_mib": round(warm_rss / 2**20, 1), "rss_end_mib": round(end_rss / 2**20, 1),
         "rss_growth_pct": round(100 * (end_rss - warm_rss) / warm_rss, 2),
-        "latency_first_ms": pcts(plans[:window]), "latency_last_ms": pcts(plans[-window:]),
+        "latency_first_ms": pcts([ms for ms, _ in first]),
+        "latency_last_ms": pcts([ms for ms, _ in last]),
+        # each plan's latency over its task's reference latency: drift without the task mix
+        "latency_ratio_p50_first": round(percentile([r for _, r in first], 50), 3),
+        "latency_ratio_p50_last": round(percentile([r for _, r in last], 50), 3),
         "latency_window": window,
         "reference_identical": reference_before == reference_after,
+        "speculative_off_differs": lossy,
     }
+
+
+def failures(report: dict) -> list[str]:
+    """What the report shows went wrong (empty: nothing was lost or wrong)."""
+    out = []
+    if report["exactly_one_outcome"] != report["requests"]:
+        out.append(f"not exactly one outcome: {report['outcome_counts_other_than_one']}")
+    out += [f"wrong outcome: {w}" for w in report["wrong"]]
+    if not report["reference_identical"]:
+        out.append("the reference task planned differently after the soak")
+    out += [f"speculative off planned differently: {t!r}"
+            for t in report["speculative_off_differs"]]
+    out += [f"no {kind} request in the mix" for kind, n in report["by_kind"].items() if not n]
+    return out
 
 
 def _service_driver():
@@ -449,8 +478,8 @@ def main() -> None:
           f"({report['wall_s']} s): {report['by_kind']}")
     print(f"  exactly one terminal outcome: {report['exactly_one_outcome']}"
           f"/{report['requests']}; wrong outcomes: {len(report['wrong'])}")
-    for wrong in report["wrong"][:10]:
-        print(f"    {wrong}")
+    for failure in failures(report)[:10]:
+        print(f"    {failure}")
     print(f"  cycles published after the interrupt, max: "
           f"{report['cycles_after_interrupt_max']} (requests measured: "
           f"{report['interrupts_measured']})")
@@ -458,6 +487,8 @@ def main() -> None:
           f"({report['rss_growth_pct']:+.2f}%, goal < 5%)")
     print(f"  plan latency, first {report['latency_window']}: {report['latency_first_ms']}; "
           f"last {report['latency_window']}: {report['latency_last_ms']}")
+    print(f"  plan latency / the task's reference latency, p50: first "
+          f"{report['latency_ratio_p50_first']}, last {report['latency_ratio_p50_last']}")
     print(f"  reference task identical before and after: {report['reference_identical']}")
 
 

@@ -33,7 +33,11 @@ def plain_text_tokenizer(tokenizer):
     if plain is None:
         from tokenizers import Tokenizer
 
-        spec = json.loads(tokenizer.backend_tokenizer.to_str())
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise ValueError(f"{type(tokenizer).__name__} is not backed by a tokenizer.json; "
+                             "chat prompts need a fast (tokenizers) tokenizer")
+        spec = json.loads(backend.to_str())
         spec["added_tokens"] = []
         plain = _PLAIN[tokenizer] = Tokenizer.from_str(json.dumps(spec))
     return plain

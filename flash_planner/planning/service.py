@@ -155,7 +155,7 @@ class PlannerService:
             self._lock.notify_all()
             worker, self._worker = self._worker, None
         for ticket in dropped:
-            self._finish(ticket, _failed(ticket.request, reason))
+            self._finish(ticket, _failed(ticket.request, reason, finish_reason="cancelled"))
         if worker is not None:
             worker.join(timeout)
 
@@ -186,9 +186,9 @@ class PlannerService:
             if reason is None:
                 self._queue.append(ticket)
                 self._lock.notify_all()
-        for old in preempted:
-            if not old.cancel_token.cancelled:   # queued: never started
-                self._finish(old, _failed(old.request, f"preempted by request {request.id}"))
+        for old in preempted:  # queued ones; the running one is ended by the worker
+            self._finish(old, _failed(old.request, f"preempted by request {request.id}",
+                                      finish_reason="cancelled"))
         if reason is not None:
             self._finish(ticket, _failed(request, reason))
         return ticket
@@ -207,10 +207,10 @@ class PlannerService:
         if busy and self.config.policy == "preempt":
             preempted.extend(self._queue)
             self._queue.clear()
-            if self._running is not None:
-                self._running.cancel_reason = f"preempted by request {request.id}"
-                self._running.cancel_token.cancel()
-                preempted.append(self._running)
+            running = self._running
+            if running is not None and not running.cancel_token.cancelled:  # name the first
+                running.cancel_reason = f"preempted by request {request.id}"
+                running.cancel_token.cancel()
             return None
         if len(self._queue) >= self.config.queue_depth:
             return f"queue full ({self.config.queue_depth} requests waiting)"

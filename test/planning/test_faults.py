@@ -97,7 +97,7 @@ def test_a_fault_fails_the_request_and_the_next_is_as_on_a_fresh_engine(
     assert after.plan == reference.plan
 
 
-def test_nan_weights_never_give_a_plan(tmp_path):
+def test_nan_weights_never_give_a_plan():
     """A checkpoint with NaN in its weights: every request fails with the reason."""
     engine = _demo_engine()
     with torch.no_grad():

@@ -109,11 +109,14 @@ def test_preempt_policy_cancels_the_running_request(make_service):
     gate = Gate()
     old = service.submit(PlanRequest("old task", id="old"), on_feedback=gate)
     assert gate.entered.wait(TIMEOUT)
+    middle = service.submit(PlanRequest("queued task", id="middle"))
     new = service.submit(PlanRequest("new task", id="new"))
     gate.release.set()
-    old_result = old.result(TIMEOUT)
-    assert not old_result.success and old_result.error == "preempted by request new"
-    assert old_result.finish_reason == "cancelled"
+    # Running or still queued, the same outcome, naming the request that preempted it.
+    for ticket, by in ((old, "middle"), (middle, "new")):
+        result = ticket.result(TIMEOUT)
+        assert not result.success and result.error == f"preempted by request {by}"
+        assert result.finish_reason == "cancelled"
     assert new.result(TIMEOUT).telemetry["new_tokens"] > 0
 
 
