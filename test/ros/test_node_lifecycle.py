@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 
 import pytest
 from live import MISSING, requires_ros, result_of, values_of, wait_for
 
+from flash_planner.planning.presets import asset_path
 from flash_planner.ros import params
 
 if MISSING is None:
@@ -91,16 +93,29 @@ def test_deactivate_ends_a_running_goal_and_stops_the_worker(endless):
     h.transition("cleanup")
 
 
-def test_failed_configure_reports_error_and_the_node_keeps_answering(harness):
-    h = harness(**{"model.preset": ""})  # no preset, no model.path
+def _truncated_demo(tmp_path) -> dict:
+    broken = tmp_path / "target"
+    shutil.copytree(asset_path("@assets/demo/target"), broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-4096])
+    return {"model.path": str(broken), "model.drafter_path": ""}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (lambda _: {"model.preset": ""}, "model failed to load: no model"),  # nor a model.path
+    (_truncated_demo, "model.safetensors: not a readable safetensors file"),
+], ids=["no-model", "truncated-safetensors"])
+def test_failed_configure_reports_error_and_the_node_keeps_answering(harness, tmp_path,
+                                                                      overrides, message):
+    h = harness(**overrides(tmp_path))
     from rclpy.lifecycle import TransitionCallbackReturn
 
     assert h.node.trigger_configure() == TransitionCallbackReturn.FAILURE
-    assert wait_for(lambda: any(s.level == DiagnosticStatus.ERROR
-                                and "model failed to load: no model" in s.message
+    assert wait_for(lambda: any(s.level == DiagnosticStatus.ERROR and message in s.message
                                 for s in h.statuses()))
     status, result = h.plan()
     assert status == GoalStatus.STATUS_ABORTED and "is unconfigured" in result.error
+    assert h.node.trigger_configure() == TransitionCallbackReturn.FAILURE  # again: same
 
 
 @pytest.mark.parametrize("name, value, why", [
