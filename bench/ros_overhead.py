@@ -40,11 +40,13 @@ NODE = "flash_planner"
 NODE_PARAMS = {"model.device": "cpu", "model.dtype": "fp32"}  # and the demo preset (default)
 
 
-def _node_process(threads: int, feedback_period_ms: float) -> subprocess.Popen:
-    """The real `planner_node` (demo preset, CPU, fp32) in its own process, as users run it."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    overrides = {**NODE_PARAMS, "planner.feedback_period_ms": float(feedback_period_ms)}
-    args = [arg for k, v in overrides.items() for arg in ("-p", f"{k}:={v}")]
+def node_process(overrides: dict, threads: int | None = None) -> subprocess.Popen:
+    """The real `planner_node` (demo preset, CPU, fp32, plus `overrides`) in its own process,
+    as users run it; `threads` sets OMP_NUM_THREADS."""
+    env = dict(os.environ)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    args = [arg for k, v in {**NODE_PARAMS, **overrides}.items() for arg in ("-p", f"{k}:={v}")]
     return subprocess.Popen([sys.executable, "-m", "flash_planner.ros.node", "--ros-args",
                              *args], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -68,7 +70,7 @@ def _client(context):
     return client, executor, Plan
 
 
-def _wait(future, timeout: float = 120.0):
+def wait_future(future, timeout: float = 120.0):
     """The future's result; waits on an event (no polling that would compete for the GIL)."""
     done = threading.Event()
     future.add_done_callback(lambda _: done.set())
@@ -83,10 +85,10 @@ def plan_by_action(client, plan_type, ex, timeout: float = 120.0) -> dict:
     goal = plan_type.Goal(task=ex.task, context=ex.context or "", max_new_tokens=0,
                           enable_thinking=ex.thinking is not None)
     t0 = time.perf_counter()
-    handle = _wait(client.send_goal_async(
+    handle = wait_future(client.send_goal_async(
         goal, feedback_callback=lambda _: first or first.append(time.perf_counter())), timeout)
     accepted = time.perf_counter()
-    response = _wait(handle.get_result_async(), timeout)
+    response = wait_future(handle.get_result_async(), timeout)
     done = time.perf_counter()
     return {"ms": (done - t0) * 1e3, "ok": response.result.success,
             "inside_ms": response.result.telemetry.total_latency_ms,
@@ -169,7 +171,8 @@ def main() -> None:
 
     examples = make_corpus(0, n_train=0)[1][:args.n]
     service = ServiceProcess(args.threads)
-    node = _node_process(args.threads, args.feedback_period_ms)
+    node = node_process({"planner.feedback_period_ms": float(args.feedback_period_ms)},
+                        args.threads)
     try:
         rows, floor = _measure(examples, service)
     finally:
@@ -262,8 +265,8 @@ def refused_goal_round_trips(client, plan_type, n: int = 50) -> list[float]:
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
-        handle = _wait(client.send_goal_async(goal))
-        _wait(handle.get_result_async())
+        handle = wait_future(client.send_goal_async(goal))
+        wait_future(handle.get_result_async())
         times.append((time.perf_counter() - t0) * 1e3)
     return times
 

@@ -26,13 +26,15 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
+from ros_overhead import node_process, wait_future
+
 from flash_planner.planning.request import PlanRequest
+from flash_planner.ros.convert import goal_request_id
 from flash_planner.ros.diagnostics import percentile
 from flash_planner.train.corpus import make_corpus
 
@@ -137,12 +139,19 @@ def judge(item: Item, out: Outcome, refs: dict[str, tuple], catalog_names) -> st
     if item.kind in ("oversize", "invalid"):
         ok = not out.success and out.error.startswith("invalid request: ")
         return None if ok else f"not refused as invalid: {out.error or out.plan}"
-    # injected: answered with catalog skills, or a reason there is no valid plan
-    if out.success:
-        bad = {s["skill"] for s in out.plan} - set(catalog_names)
-        return f"plan with unknown skills {bad}" if bad else None
-    ok = out.finish_reason in ("eos", "length") and not out.error.startswith("internal")
-    return None if ok else f"injected text ended as {out.finish_reason}: {out.error}"
+    return answer_problem(out.success, out.plan, out.error, out.finish_reason, catalog_names)
+
+
+def answer_problem(success: bool, plan: list | None, error: str, finish_reason: str,
+                   catalog_names) -> str | None:
+    """For text the planner must answer (injections, tasks the catalog cannot express): None
+    for a plan of catalog skills or a reason there is no valid plan, else what is wrong."""
+    if success:
+        bad = {s["skill"] for s in plan or []} - set(catalog_names)
+        return f"a plan with unknown skills {sorted(bad)}" if bad or not plan else None
+    if finish_reason in ("eos", "length") and error and not error.startswith("internal"):
+        return None
+    return f"ended as {finish_reason!r}: {error}"
 
 
 def rss_bytes(pid: int) -> int:
@@ -214,11 +223,12 @@ class NodeDriver:
         self.catalog_names = catalog_names
         self.node = rclpy.create_node("soak_client", context=context)
         self.client = ActionClient(self.node, Plan, f"/{node_name}/plan")
+        self.plan_topic = f"/{node_name}/plan"   # the action and the result topic share it
         reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
                               durability=DurabilityPolicy.VOLATILE)
         self.topic_results: dict[str, list[dict]] = {}
         self._arrived = threading.Condition()
-        self.node.create_subscription(String, f"/{node_name}/plan", self._on_plan, reliable)
+        self.node.create_subscription(String, self.plan_topic, self._on_plan, reliable)
         self.task_pub = self.node.create_publisher(String, f"/{node_name}/task", reliable)
         self.executor = MultiThreadedExecutor(num_threads=4, context=context)
         self.executor.add_node(self.node)
@@ -232,7 +242,7 @@ class NodeDriver:
         if not self.client.wait_for_server(timeout_sec=timeout):
             raise TimeoutError("the Plan action server did not come up")
         while (self.task_pub.get_subscription_count() == 0
-               or self.node.count_publishers(self._plan_topic()) == 0):
+               or self.node.count_publishers(self.plan_topic) == 0):
             if time.monotonic() > deadline:
                 raise TimeoutError("~/task or ~/plan did not match")
             time.sleep(0.05)
@@ -244,9 +254,6 @@ class NodeDriver:
             except TimeoutError:
                 pass
         raise TimeoutError("the planner node did not answer a goal")
-
-    def _plan_topic(self) -> str:
-        return self.client._action_name.rsplit("/", 1)[0] + "/plan"
 
     def _on_plan(self, msg) -> None:
         data = json.loads(msg.data)
@@ -265,20 +272,18 @@ class NodeDriver:
         published: list[float] = []
         goal = self.Plan.Goal(task=item.task, context="", max_new_tokens=0,
                               enable_thinking=True)
-        handle = _wait(self.client.send_goal_async(
+        handle = wait_future(self.client.send_goal_async(
             goal, feedback_callback=lambda _: published.append(time.monotonic())))
-        from flash_planner.ros.convert import goal_request_id
-
         item.id = goal_request_id(handle.goal_id.uuid)   # the node's id for this goal
         return handle, published, t0
 
     def cancel(self, item: Item, handle) -> None:
-        _wait(handle[0].cancel_goal_async())
+        wait_future(handle[0].cancel_goal_async())
 
     def finish(self, item: Item, handle, timeout: float = TIMEOUT) -> Outcome:
         goal, published, t0 = handle
         if goal is not None:
-            result = _wait(goal.get_result_async(), timeout).result
+            result = wait_future(goal.get_result_async(), timeout).result
             plan = json.loads(result.plan_json)["plan"] if result.success else None
             return Outcome(result.success, result.error, result.telemetry.finish_reason, plan,
                            int(result.telemetry.new_tokens), (time.monotonic() - t0) * 1000,
@@ -300,14 +305,6 @@ class NodeDriver:
         self.thread.join(10)
         self.client.destroy()
         self.node.destroy_node()
-
-
-def _wait(future, timeout: float = TIMEOUT):
-    done = threading.Event()
-    future.add_done_callback(lambda _: done.set())
-    if not done.wait(timeout):
-        raise TimeoutError("no answer from the node")
-    return future.result()
 
 
 # ---- the run
@@ -437,11 +434,7 @@ def _node_driver():
     from flash_planner.planning.presets import default_skills_path
     from flash_planner.planning.skills import SkillCatalog
 
-    node_params = {"model.device": "cpu", "model.dtype": "fp32",
-                   "planner.queue_policy": "preempt", "planner.feedback_period_ms": 0.0}
-    args = [a for k, v in node_params.items() for a in ("-p", f"{k}:={v}")]
-    proc = subprocess.Popen([sys.executable, "-m", "flash_planner.ros.node", "--ros-args",
-                             *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = node_process({"planner.queue_policy": "preempt", "planner.feedback_period_ms": 0.0})
     context = Context()
     rclpy.init(context=context)
     driver = NodeDriver(context, "flash_planner", proc.pid,

@@ -11,6 +11,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 from skip_policy import pytest_runtest_makereport  # noqa: E402,F401 (CI skip policy hook)
 
@@ -18,6 +21,8 @@ from flash_planner.engine.engine import Engine, EngineConfig  # noqa: E402
 from flash_planner.train.tiny import write_tiny_checkpoint  # noqa: E402
 
 CUDA = torch.cuda.is_available()
+# The soak (bench/soak.py) runs in the tests too, and its rules judge the bad-input rows.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 
 @pytest.fixture(scope="session", autouse=True)

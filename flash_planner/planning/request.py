@@ -37,9 +37,9 @@ def _check_text(value: Any, name: str, limit: int, required: bool) -> str:
         if char == "\ufffd":
             raise RequestError(f"{name} holds U+FFFD at character {at}: the sender's text "
                                "was not valid UTF-8")
-        if unicodedata.category(char) in ("Cc", "Cs") and char not in "\n\t":
-            kind = "a lone surrogate" if unicodedata.category(char) == "Cs" else \
-                "the control character"
+        category = unicodedata.category(char)
+        if category in ("Cc", "Cs") and char not in "\n\t":
+            kind = "a lone surrogate" if category == "Cs" else "the control character"
             raise RequestError(f"{name} contains {kind} U+{ord(char):04X} at character {at}")
     return value
 

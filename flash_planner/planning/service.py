@@ -155,7 +155,7 @@ class PlannerService:
             self._lock.notify_all()
             worker, self._worker = self._worker, None
         for ticket in dropped:
-            self._finish(ticket, _failed(ticket.request, reason, finish_reason="cancelled"))
+            self._end_queued(ticket, reason)
         if worker is not None:
             worker.join(timeout)
 
@@ -187,8 +187,7 @@ class PlannerService:
                 self._queue.append(ticket)
                 self._lock.notify_all()
         for old in preempted:  # queued ones; the running one is ended by the worker
-            self._finish(old, _failed(old.request, f"preempted by request {request.id}",
-                                      finish_reason="cancelled"))
+            self._end_queued(old, f"preempted by request {request.id}")
         if reason is not None:
             self._finish(ticket, _failed(request, reason))
         return ticket
@@ -228,8 +227,7 @@ class PlannerService:
             else:
                 raise UnknownRequestError(f"no queued or running request with id "
                                           f"'{request_id}'")
-        self._finish(queued, _failed(queued.request, "cancelled while queued",
-                                     finish_reason="cancelled"))
+        self._end_queued(queued, "cancelled while queued")
 
     def plan(self, request: PlanRequest, on_feedback: FeedbackCallback | None = None,
              timeout: float | None = None) -> PlanResult:
@@ -255,6 +253,11 @@ class PlannerService:
             with self._lock:
                 self._running = None
             self._finish(ticket, result)
+
+    def _end_queued(self, ticket: PlanTicket, reason: str) -> None:
+        """End a request that never ran (cancelled, preempted or dropped at stop): it ends
+        `cancelled` with the reason, as a running one does."""
+        self._finish(ticket, _failed(ticket.request, reason, finish_reason="cancelled"))
 
     def _finish(self, ticket: PlanTicket, result: PlanResult) -> None:
         result.telemetry.setdefault("request_id", ticket.id)

@@ -121,9 +121,9 @@ class PlanActionServer:
         """Submit the goal and wait for its result (no polling: a wake-up costs the decoding
         thread the GIL, measurably on a small model; cancels arrive through `_on_cancel`)."""
         request_id = convert.goal_request_id(goal_handle.goal_id.uuid)
-        with self._idle:
+        with self._idle:  # `_on_cancel` records a cancel before rclpy marks the handle
             early = request_id in self._cancel_requests
-        if early or goal_handle.is_cancel_requested:  # cancelled before execution began
+        if early:  # cancelled before execution began
             return PlanResult(request_id, goal_handle.request.task, False,
                               error="cancelled before it started", finish_reason="cancelled")
         request = convert.goal_to_request(goal_handle.request, request_id)

@@ -8,16 +8,12 @@ the cancel is sent is included; the node-side bound (one cycle) is test_soak.py'
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
+import soak
 from live import requires_ros
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import soak  # noqa: E402
-
-from flash_planner.planning.presets import default_skills_path  # noqa: E402
-from flash_planner.planning.skills import SkillCatalog  # noqa: E402
+from flash_planner.planning.presets import default_skills_path
+from flash_planner.planning.skills import SkillCatalog
 
 pytestmark = requires_ros
 N = 100
