@@ -1,24 +1,34 @@
-"""The demo planner end to end on held-out tasks: quality and speed per decoding mode.
+"""The demo planner end to end: quality and speed per decoding method and prompt kind.
 
-Modes, all on the shipped demo target (fp32, CPU), same prompts, one process:
-  transformers  `generate` of the same checkpoint (greedy, stops at EOS)
-  plain         our engine, no drafter
-  dflash        our engine + the shipped DFlash drafter, strict acceptance (lossless)
-  relaxed       as dflash with relaxed acceptance inside <think> (top-3, 1.0 logit)
-For each: plans that are valid JSON and catalog-valid, exact matches with the reference
-plan, decode tokens/s (all tokens after each request's first, over decode time), ratio to
-plain, tokens per cycle overall and split into the thinking and the answer part, mean TTFT.
-Writes a PNG (tokens/s per mode, accepted-length histograms) when matplotlib is installed.
+Methods, all on the shipped demo target (fp32, CPU), same prompts, one process:
+  transformers    `generate` of the same checkpoint (greedy, stops at EOS)
+  plain           our engine, no proposer
+  dflash          + the shipped DFlash drafter, strict acceptance (lossless)
+  mtp             + the target's own MTP head (`mtp.*`), strict acceptance (lossless)
+  auto            each cycle to the proposer measured faster in its phase (lossless)
+  dflash+relaxed  dflash with relaxed acceptance inside <think> (top-3, 1.0 logit)
+  mtp+relaxed     mtp with the same relaxed acceptance
+Table 1, the held-out tasks (plans): plans that are valid JSON and catalog-valid, exact
+matches with the reference plan, decode tokens/s (tokens after each request's first, over
+decode time), ratio to plain, tokens per cycle overall, in the thinking part and in the
+answer, mean TTFT. The engine methods run one prompt at a time in turn, so drift in the
+machine's speed hits them alike.
+Table 2, prompt kinds (plain, dflash, mtp, auto): plan (the held-out tasks), navigation
+(go-family tasks: mostly JSON), prose (the thinking text alone: thinking-on tasks stopped
+at </think>), repeat (a raw prompt of one sentence repeated, continued for 96 tokens) and
+mixed (all of them shuffled together), with auto's share of MTP cycles.
 
-    python bench/plan.py [--n 200] [--threads 1] [--png bench/out/plan.png] [--json]
+    python bench/plan.py [--n 500] [--kind-n 40] [--threads 1] [--png PATH] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -33,19 +43,51 @@ from flash_planner.planning.skills import SkillCatalog
 from flash_planner.train.corpus import make_corpus
 
 MAX_NEW = 320
+# mode -> (method, relaxed thinking)
+MODES = {"plain": ("none", False), "dflash": ("dflash", False), "mtp": ("mtp", False),
+         "auto": ("auto", False), "dflash+relaxed": ("dflash", True),
+         "mtp+relaxed": ("mtp", True)}
+KIND_MODES = ("plain", "dflash", "mtp", "auto")
 
 
+@dataclass
+class Prompt:
+    kind: str
+    messages: object                    # chat messages or a raw string
+    settings: dict                      # GenerationSettings fields
+    example: object | None = None       # the corpus example, for scoring a plan
+    thinking: bool = False              # the prompt opens a thinking block
+
+
+@dataclass
 class Tally:
-    def __init__(self, name: str):
-        self.name = name
-        self.n = self.valid = self.exact = self.tokens = 0
-        self.decode_s = self.ttft_ms = 0.0
-        self.phase_tokens = {"think": 0, "answer": 0}
-        self.phase_cycles = {"think": 0, "answer": 0}
-        self.accept_hist: list[int] = []
+    name: str
+    n: int = 0
+    valid: int = 0
+    exact: int = 0
+    tokens: int = 0
+    decode_s: float = 0.0
+    ttft_ms: float = 0.0
+    phase_tokens: dict = field(default_factory=lambda: {"think": 0, "answer": 0})
+    phase_cycles: dict = field(default_factory=lambda: {"think": 0, "answer": 0})
+    method_cycles: dict = field(default_factory=dict)
+    accept_hist: list = field(default_factory=list)
+
+    def add(self, out, prompt: Prompt, catalog) -> None:
+        s = out.stats
+        self.n += 1
+        self.tokens += s.new_tokens - 1
+        self.decode_s += s.decode_ms / 1000
+        self.ttft_ms += s.ttft_ms
+        for m, c in s.method_cycles.items():
+            self.method_cycles[m] = self.method_cycles.get(m, 0) + c
+        self.accept_hist += [0] * (len(s.accept_hist) - len(self.accept_hist))
+        for i, c in enumerate(s.accept_hist):
+            self.accept_hist[i] += c
+        if prompt.example is not None:
+            self.score(out.text, out.finish_reason, prompt.example, catalog)
 
     def score(self, text: str, finish: str, ex, catalog) -> None:
-        self.n += 1
         try:
             steps, _ = parse_plan(text, catalog, truncated=finish == "length")
         except PlanError:
@@ -58,52 +100,44 @@ class Tally:
         cycles = sum(self.phase_cycles.values())
         per = {p: (self.phase_tokens[p] / self.phase_cycles[p] if self.phase_cycles[p] else 0.0)
                for p in self.phase_tokens}
-        return {"mode": self.name, "valid_pct": 100.0 * self.valid / self.n,
-                "exact_pct": 100.0 * self.exact / self.n, "tok_s": tps,
+        drafted = sum(c for m, c in self.method_cycles.items() if m != "none")
+        return {"mode": self.name, "valid_pct": 100.0 * self.valid / max(self.n, 1),
+                "exact_pct": 100.0 * self.exact / max(self.n, 1), "tok_s": tps,
                 "x_plain": tps / plain_tps if plain_tps else 0.0,
                 "tokens_per_cycle": (sum(self.phase_tokens.values()) / cycles
                                      if cycles else 0.0),
                 "tokens_per_cycle_think": per["think"], "tokens_per_cycle_answer": per["answer"],
-                "ttft_ms": self.ttft_ms / self.n, "accept_hist": self.accept_hist}
+                "ttft_ms": self.ttft_ms / max(self.n, 1),
+                "mtp_cycle_share": self.method_cycles.get("mtp", 0) / drafted if drafted else 0.0,
+                "accept_hist": self.accept_hist}
 
 
-def run_engine(engine, examples, catalog, tally, speculative, relaxed, think_close):
-    for ex in examples:
-        thinking = {"on": ex.thinking is not None, "calls": 0}
+def run_one(engine, prompt: Prompt, mode: str, tally: Tally, think_close: int, catalog):
+    method, relaxed = MODES[mode]
+    thinking = {"on": prompt.thinking, "calls": 0}
 
-        def on_token(ids, _delta, thinking=thinking):
-            thinking["calls"] += 1
-            if thinking["calls"] == 1:       # the prefill token is not a cycle
-                thinking["on"] = thinking["on"] and think_close not in ids
-                return
-            phase = "think" if thinking["on"] else "answer"
-            tally.phase_tokens[phase] += len(ids)
-            tally.phase_cycles[phase] += 1
-            if think_close in ids:
-                thinking["on"] = False
+    def on_token(ids, _delta):
+        thinking["calls"] += 1
+        if thinking["calls"] == 1:       # the prefill token is not a cycle
+            thinking["on"] = thinking["on"] and think_close not in ids
+            return
+        phase = "think" if thinking["on"] else "answer"
+        tally.phase_tokens[phase] += len(ids)
+        tally.phase_cycles[phase] += 1
+        if think_close in ids:
+            thinking["on"] = False
 
-        settings = GenerationSettings(MAX_NEW, speculative=speculative, relaxed_thinking=relaxed,
-                                      enable_thinking=ex.thinking is not None)
-        out = generate(engine, build_messages(catalog, ex.task, ex.context), settings, on_token)
-        s = out.stats
-        tally.tokens += s.new_tokens - 1
-        tally.decode_s += s.decode_ms / 1000
-        tally.ttft_ms += s.ttft_ms
-        hist = s.accept_hist
-        tally.accept_hist += [0] * (len(hist) - len(tally.accept_hist))
-        for i, c in enumerate(hist):
-            tally.accept_hist[i] += c
-        tally.score(out.text, out.finish_reason, ex, catalog)
+    settings = GenerationSettings(**prompt.settings, method=method, relaxed_thinking=relaxed)
+    tally.add(generate(engine, prompt.messages, settings, on_token), prompt, catalog)
 
 
-def run_transformers(model, engine, examples, catalog, tally):
+def run_transformers(model, engine, prompts, catalog, tally):
     from transformers import StoppingCriteriaList
 
     clock_cls = token_clock_class()
     eos = engine.eos_ids()
-    for ex in examples:
-        ids = encode_prompt(engine, build_messages(catalog, ex.task, ex.context),
-                            enable_thinking=ex.thinking is not None)
+    for p in prompts:
+        ids = encode_prompt(engine, p.messages, enable_thinking=p.thinking)
         prompt = torch.tensor([ids])
         clock = clock_cls()
         t0 = time.perf_counter()
@@ -113,11 +147,36 @@ def run_transformers(model, engine, examples, catalog, tally):
                                  pad_token_id=engine.tokenizer.pad_token_id,
                                  stopping_criteria=StoppingCriteriaList([clock]))
         new = out[0, len(ids):].tolist()
+        tally.n += 1
         tally.tokens += len(new) - 1
         tally.decode_s += clock.stamps[-1] - clock.stamps[0]
         tally.ttft_ms += (clock.stamps[0] - t0) * 1000
         text = engine.tokenizer.decode(new, skip_special_tokens=True)
-        tally.score(text, "eos" if new[-1] in eos else "length", ex, catalog)
+        tally.score(text, "eos" if new[-1] in eos else "length", p.example, catalog)
+
+
+def plan_prompt(ex, catalog, kind="plan", **extra) -> Prompt:
+    thinking = ex.thinking is not None
+    return Prompt(kind, build_messages(catalog, ex.task, ex.context),
+                  dict(max_new_tokens=MAX_NEW, enable_thinking=thinking, **extra),
+                  None if extra else ex, thinking)
+
+
+def prompt_kinds(heldout, catalog, n: int) -> dict[str, list[Prompt]]:
+    rng = random.Random(0)
+    plans = [plan_prompt(ex, catalog) for ex in heldout[:n]]
+    nav = [plan_prompt(ex, catalog, "navigation") for ex in heldout
+           if ex.family.startswith("go")][:n]
+    prose = [plan_prompt(ex, catalog, "prose", stop_strings=("</think>",))
+             for ex in heldout if ex.thinking is not None][n:2 * n]
+    repeat = [Prompt("repeat", " ".join([ex.task.rstrip(".") + "."] * 6),
+                     dict(max_new_tokens=96, ignore_eos=True))
+              for ex in heldout[2 * n:3 * n]]
+    kinds = {"plan": plans, "navigation": nav, "prose": prose, "repeat": repeat}
+    mixed = [p for group in kinds.values() for p in group]
+    rng.shuffle(mixed)
+    kinds["mixed"] = mixed
+    return kinds
 
 
 def write_png(rows, path: Path) -> str:
@@ -132,8 +191,9 @@ def write_png(rows, path: Path) -> str:
     left.bar([r["mode"] for r in rows], [r["tok_s"] for r in rows], color="#4a7ab8")
     left.set_ylabel("decode tokens/s")
     left.set_title("demo planner, held-out tasks (CPU, fp32)")
+    left.tick_params(axis="x", rotation=30)
     for r in rows:
-        if r["mode"] in ("dflash", "relaxed"):          # the modes that draft
+        if r["mode"] in ("dflash", "mtp", "auto"):
             hist = r["accept_hist"]
             right.plot(range(len(hist)), [c / sum(hist) for c in hist], marker="o",
                        label=r["mode"])
@@ -148,8 +208,10 @@ def write_png(rows, path: Path) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", type=int, default=200, help="held-out tasks (of 500)")
+    parser.add_argument("--n", type=int, default=500, help="held-out tasks (of 500)")
+    parser.add_argument("--kind-n", type=int, default=40, help="prompts per kind, table 2")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--png", type=Path, default=Path("bench/out/plan.png"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -159,33 +221,58 @@ def main(argv=None) -> int:
 
     hf_logging.set_verbosity_error()
     catalog = SkillCatalog.from_yaml(default_skills_path())
-    examples = make_corpus(0, n_train=0)[1][:args.n]
-    preset = ModelPreset.load("demo")
-    engine = Engine.load(preset.engine_config(device="cpu", dtype="fp32"))
+    heldout = make_corpus(0, n_train=0)[1]
+    engine = Engine.load(ModelPreset.load("demo").engine_config(device="cpu", dtype="fp32"))
     close = engine.tokenizer.convert_tokens_to_ids("</think>")
-    hf = AutoModelForCausalLM.from_pretrained(engine.config.model_path,
-                                              dtype=torch.float32).eval()
     t0 = time.perf_counter()
-    tallies = [Tally(m) for m in ("transformers", "plain", "dflash", "relaxed")]
-    run_transformers(hf, engine, examples, catalog, tallies[0])
-    run_engine(engine, examples, catalog, tallies[1], False, False, close)
-    run_engine(engine, examples, catalog, tallies[2], True, False, close)
-    run_engine(engine, examples, catalog, tallies[3], True, True, close)
-    plain_tps = tallies[1].tokens / tallies[1].decode_s
-    rows = [t.row(plain_tps) for t in tallies]
+
+    plans = [plan_prompt(ex, catalog) for ex in heldout[:args.n]]
+    tallies = {m: Tally(m) for m in MODES}
+    for p in plans:
+        for mode, tally in tallies.items():
+            run_one(engine, p, mode, tally, close, catalog)
+    rows = []
+    if not args.no_transformers:
+        hf = AutoModelForCausalLM.from_pretrained(engine.config.model_path,
+                                                  dtype=torch.float32).eval()
+        hf_tally = Tally("transformers")
+        run_transformers(hf, engine, plans, catalog, hf_tally)
+        rows.append(hf_tally)
+    rows += list(tallies.values())
+    plain_tps = tallies["plain"].tokens / tallies["plain"].decode_s
+    rows = [t.row(plain_tps) for t in rows]
+
+    kinds = {}
+    for kind, prompts in prompt_kinds(heldout, catalog, args.kind_n).items():
+        kt = {m: Tally(m) for m in KIND_MODES}
+        for p in prompts:
+            for mode, tally in kt.items():
+                run_one(engine, p, mode, tally, close, catalog)
+        base = kt["plain"].tokens / kt["plain"].decode_s
+        kinds[kind] = {"n": len(prompts), "rows": [t.row(base) for t in kt.values()]}
+
     if args.json:
-        print(json.dumps({"n": len(examples), "rows": rows}))
+        print(json.dumps({"n": len(plans), "rows": rows, "kinds": kinds}))
         return 0
-    print(f"demo planner on {len(examples)} held-out tasks, {torch.get_num_threads()} "
+    print(f"demo planner on {len(plans)} held-out tasks, {torch.get_num_threads()} "
           f"thread(s), fp32 CPU, max {MAX_NEW} new tokens")
-    head = (f"{'mode':<13}{'valid %':>8}{'exact %':>8}{'tok/s':>8}{'x plain':>8}"
+    head = (f"{'mode':<15}{'valid %':>8}{'exact %':>8}{'tok/s':>8}{'x plain':>8}"
             f"{'tok/cyc':>8}{'think':>7}{'answer':>7}{'TTFT ms':>8}")
     print(head + "\n" + "-" * len(head))
     for r in rows:
-        print(f"{r['mode']:<13}{r['valid_pct']:>8.1f}{r['exact_pct']:>8.1f}{r['tok_s']:>8.0f}"
+        print(f"{r['mode']:<15}{r['valid_pct']:>8.1f}{r['exact_pct']:>8.1f}{r['tok_s']:>8.0f}"
               f"{r['x_plain']:>7.2f}x{r['tokens_per_cycle']:>8.2f}"
               f"{r['tokens_per_cycle_think']:>7.2f}{r['tokens_per_cycle_answer']:>7.2f}"
               f"{r['ttft_ms']:>8.1f}")
+    print(f"\nprompt kinds ({args.kind_n} prompts each; mixed = all of them shuffled): decode "
+          "tok/s (x plain, tokens/cycle)")
+    head = f"{'kind':<12}" + "".join(f"{m:>22}" for m in KIND_MODES) + f"{'auto mtp %':>12}"
+    print(head + "\n" + "-" * len(head))
+    for kind, data in kinds.items():
+        cells = "".join(f"{r['tok_s']:>8.0f} ({r['x_plain']:.2f}x, {r['tokens_per_cycle']:.2f})"
+                        .rjust(22) for r in data["rows"])
+        share = data["rows"][KIND_MODES.index("auto")]["mtp_cycle_share"]
+        print(f"{kind:<12}{cells}{100 * share:>11.0f}%")
     print(write_png(rows, args.png))
     print(f"wall time {time.perf_counter() - t0:.1f} s")
     return 0

@@ -56,8 +56,12 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--drafter", metavar="DIR", help="DFlash drafter directory (turns "
                       "speculation on)")
+    spec.add_argument("--method", choices=["auto", "dflash", "mtp", "none"],
+                      help="proposer: the DFlash drafter, the checkpoint's own MTP head, "
+                      "auto (each cycle to the faster of those loaded; the default) or none")
+    spec.add_argument("--mtp-steps", type=int, help="MTP drafts per cycle (default 3)")
     spec.add_argument("--no-spec", action="store_true", help="plain decoding even with a "
-                      "drafter")
+                      "proposer (same as --method none for the request)")
     spec.add_argument("--block-size", type=int, help="verify block: anchor + drafts "
                       "(default: the drafter's)")
     spec.add_argument("--window", type=int, help="drafter context window (default 128)")
@@ -126,6 +130,7 @@ def _load_engine(args: argparse.Namespace, model: str, progress=None):
         max_context=getattr(args, "max_context", None),
         prefill_chunk=getattr(args, "prefill_chunk", None),
         drafter_path=getattr(args, "drafter", None), block_size=block,
+        method=getattr(args, "method", None), mtp_steps=getattr(args, "mtp_steps", None),
         max_block=max(16, block or 0), window=getattr(args, "window", None),
         window_seed=False if getattr(args, "no_window_seed", False) else None,
         dense_backend=getattr(args, "dense_backend", None) or getattr(args, "backend", None),

@@ -96,10 +96,28 @@ def test_generate_with_drafter_reports_speculative_stats(hybrid_dir, drafter_dir
     assert len(relaxed["token_ids"]) == 20
 
 
+def test_generate_method_and_mtp_steps(checkpoints, drafter_dir, capsys):
+    target = checkpoints("hybrid", mtp=True)
+    base = ["generate", "--model", str(target), "--prompt", "pick up the cup",
+            "--max-new-tokens", "20", "--ignore-eos"]
+    plain = _json_run(capsys, base + ["--method", "none"])
+    mtp = _json_run(capsys, base + ["--method", "mtp", "--mtp-steps", "2"])
+    auto = _json_run(capsys, base + ["--drafter", str(drafter_dir)])   # auto: both loaded
+    assert plain["token_ids"] == mtp["token_ids"] == auto["token_ids"]
+    assert plain["stats"]["method_cycles"] == {"none": 19}
+    assert set(mtp["stats"]["method_cycles"]) <= {"mtp", "none"}
+    assert mtp["stats"]["drafted"] <= 2 * mtp["stats"]["cycles"]
+    assert {"accept_hist", "tokens_per_cycle"} <= set(mtp["stats"])
+    assert {"dflash", "mtp"} <= set(auto["stats"]["method_cycles"])
+
+
 @pytest.mark.parametrize("extra,match", [
     (["--drafter", "/no/such/drafter"], "drafter directory /no/such/drafter does not exist"),
     (["--block-size", "1", "--drafter", "{drafter}"], "block_size must be within"),
     (["--relaxed-topk", "0", "--relaxed-thinking"], "relaxed_topk must be >= 1"),
+    (["--method", "mtp"], "has no mtp.* tensors"),
+    (["--method", "dflash"], "dflash needs a DFlash drafter directory"),
+    (["--method", "mtp", "--mtp-steps", "0"], "mtp_steps must be within"),
 ])
 def test_speculative_usage_errors(hybrid_dir, drafter_dir, capsys, extra, match):
     args = ["generate", "--model", str(hybrid_dir), "--prompt", "x"]

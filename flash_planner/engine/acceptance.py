@@ -44,7 +44,40 @@ class StrictAcceptance:
         pass
 
 
-class RelaxedThinking:
+THINK_TOKENS = ("<think>", "</think>")
+
+
+def think_token_ids(tokenizer) -> tuple[int, int] | None:
+    """(<think>, </think>) ids of the tokenizer, or None when it has no such tokens."""
+    if tokenizer is None:
+        return None
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in THINK_TOKENS]
+    if any(i is None or i == tokenizer.unk_token_id for i in ids):
+        return None
+    return ids[0], ids[1]
+
+
+class ThinkTracker:
+    """Whether the sequence is inside `<think> ... </think>`: from the prompt's last marker,
+    then toggled by committed markers."""
+
+    def __init__(self, think_open: int, think_close: int):
+        self.open, self.close = think_open, think_close
+        self.thinking = False
+
+    def reset(self, prompt_ids: Sequence[int]) -> None:
+        self.thinking = False
+        self.observe(prompt_ids)
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        for tok in tokens:
+            if tok == self.open:
+                self.thinking = True
+            elif tok == self.close:
+                self.thinking = False
+
+
+class RelaxedThinking(ThinkTracker):
     relaxed = True
 
     def __init__(self, think_open: int, think_close: int, topk: int = 3, delta: float = 1.0):
@@ -52,22 +85,8 @@ class RelaxedThinking:
             raise ValueError(f"relaxed top-k must be >= 1, got {topk}")
         if delta < 0:
             raise ValueError(f"relaxed delta must be >= 0, got {delta}")
-        self.open, self.close, self.topk, self.delta = think_open, think_close, topk, delta
-        self.thinking = False
-
-    def _update(self, tokens: Sequence[int]) -> None:
-        for tok in tokens:
-            if tok == self.open:
-                self.thinking = True
-            elif tok == self.close:
-                self.thinking = False
-
-    def reset(self, prompt_ids: Sequence[int]) -> None:
-        self.thinking = False
-        self._update(prompt_ids)
-
-    def observe(self, tokens: Sequence[int]) -> None:
-        self._update(tokens)
+        super().__init__(think_open, think_close)
+        self.topk, self.delta = topk, delta
 
     def thinking_before(self, drafts: torch.Tensor) -> torch.Tensor:
         """[k] bool: whether thinking is active when draft i is judged (after d_1..d_{i-1})."""

@@ -167,6 +167,17 @@ class InferenceState:
         self.recorded = record_steps
         return self.length
 
+    def truncate(self, length: int) -> None:
+        """Forget committed rows from `length` on. Only an attention-only state (the MTP
+        head's) can: its KV rows past the length are simply overwritten by the next forward,
+        while a recurrent state has no record of where it was."""
+        if self.gdn.state.shape[0]:
+            raise RuntimeError("a state with recurrent (GDN) layers cannot be truncated")
+        if self.pending or not 0 <= length <= self.length:
+            raise ValueError(f"truncate({length}) with {self.length} committed and "
+                             f"{self.pending} pending rows")
+        self.length = length
+
     def commit(self, n: int) -> None:
         """Keep the first n rows of the last forward; roll the GDN state back if n is short."""
         if not 0 < n <= self.pending:

@@ -3,8 +3,8 @@
 Every tensor's name, shape and dtype is checked from the safetensors headers before any data
 is read, so a bad checkpoint fails with one error naming the file and tensor, never with a
 half-loaded model. Qwen3.6 checkpoints (`Qwen3_5ForConditionalGeneration`) keep their text
-weights under `model.language_model.`; vision weights are ignored and `mtp.*` weights are
-indexed (not loaded) for an MTP proposer.
+weights under `model.language_model.`; vision weights are ignored and `mtp.*` weights (at
+the top level in both layouts) are indexed, and loaded by `load_mtp_head` when asked for.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 from safetensors import safe_open
 
 from .config import ConfigError, ModelConfig
+from .models.mtp import MTPHead
 from .models.target import TargetModel
 
 log = logging.getLogger(__name__)
@@ -98,18 +99,15 @@ def _checkpoint_name(ours: str, cfg: ModelConfig) -> str:
     return ours if ours.startswith("lm_head.") else cfg.weight_prefix + ours
 
 
-def _validate(model: TargetModel, cfg: ModelConfig, files: dict[str, Path]) -> dict[str, str]:
-    """Check every expected tensor exists with the right shape and a loadable dtype."""
-    expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
-    names = {ours: _checkpoint_name(ours, cfg) for ours in expected}
+def _validate(module: torch.nn.Module, names: dict[str, str], files: dict[str, Path]) -> None:
+    """Check every tensor `module` expects (ours -> checkpoint name) exists with the right
+    shape and a loadable dtype, from the safetensors headers alone."""
+    expected = {name: tuple(p.shape) for name, p in module.state_dict().items()}
     missing = [theirs for theirs in names.values() if theirs not in files]
     if missing:
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
         raise CheckpointError(f"checkpoint is missing tensor(s) {', '.join(missing[:3])}{more}")
-    by_shard: dict[Path, list[str]] = {}
-    for ours, theirs in names.items():
-        by_shard.setdefault(files[theirs], []).append(ours)
-    for shard, ours_list in by_shard.items():
+    for shard, ours_list in _by_shard(names, files).items():
         with _open(shard) as f:
             for ours in ours_list:
                 theirs = names[ours]
@@ -122,7 +120,31 @@ def _validate(model: TargetModel, cfg: ModelConfig, files: dict[str, Path]) -> d
                     raise CheckpointError(
                         f"{shard.name}: tensor {theirs} has dtype {dtype}; only "
                         f"{'/'.join(LOADABLE_DTYPES)} weights load (no quantized checkpoints)")
-    return names
+
+
+def _by_shard(names: dict[str, str], files: dict[str, Path]) -> dict[Path, list[str]]:
+    by_shard: dict[Path, list[str]] = {}
+    for ours, theirs in names.items():
+        by_shard.setdefault(files[theirs], []).append(ours)
+    return by_shard
+
+
+def _load(module_cls, cfg: ModelConfig, names_of, files: dict[str, Path],
+          dtype: torch.dtype, device: str | torch.device):
+    """Build `module_cls(cfg)` without allocating, validate its tensors (`names_of(ours)`
+    -> checkpoint name), then allocate on `device` and read each tensor once."""
+    with torch.device("meta"):
+        module = module_cls(cfg)
+    names = {ours: names_of(ours) for ours in module.state_dict()}
+    _validate(module, names, files)
+    module = module.to_empty(device=device).to(dtype)
+    params = dict(module.state_dict())
+    with torch.no_grad():
+        for shard, ours_list in _by_shard(names, files).items():
+            with _open(shard) as f:
+                for ours in ours_list:
+                    params[ours].copy_(f.get_tensor(names[ours]))
+    return module.eval(), names
 
 
 def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
@@ -133,20 +155,8 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
         raise CheckpointError(f"model directory {path} does not exist")
     cfg = read_config(path)
     files = weight_map(path)
-    with torch.device("meta"):
-        model = TargetModel(cfg)
-    names = _validate(model, cfg, files)
-    model = model.to_empty(device=device).to(dtype)
-    params = dict(model.state_dict())
-    by_shard: dict[Path, list[str]] = {}
-    for ours, theirs in names.items():
-        by_shard.setdefault(files[theirs], []).append(ours)
-    with torch.no_grad():
-        for shard, ours_list in by_shard.items():
-            with _open(shard) as f:
-                for ours in ours_list:
-                    params[ours].copy_(f.get_tensor(names[ours]))
-    model.eval()
+    model, names = _load(TargetModel, cfg, lambda ours: _checkpoint_name(ours, cfg), files,
+                         dtype, device)
     known = set(names.values())
     mtp = {n: s for n, s in files.items() if n.startswith(MTP_PREFIX)}
     ignored = [n for n in files if n not in known and n not in mtp
@@ -156,6 +166,27 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
                     ignored[0])
     tokenizer = load_tokenizer(path) if with_tokenizer else None
     return Checkpoint(path, cfg, model, tokenizer, mtp)
+
+
+def load_mtp_head(checkpoint: Checkpoint, dtype: torch.dtype,
+                  device: str | torch.device) -> MTPHead:
+    """The checkpoint's `mtp.*` head, checked like the target's weights."""
+    cfg, where = checkpoint.config, checkpoint.path
+    if not cfg.is_hybrid:
+        raise CheckpointError(f"{where}: {cfg.model_type} is a dense Qwen3 target; only "
+                              "Qwen3.5/3.6 hybrid checkpoints carry an MTP head (use dflash)")
+    if not checkpoint.mtp_weights:
+        raise CheckpointError(f"{where}: the checkpoint has no {MTP_PREFIX}* tensors, so no "
+                              "MTP head (some conversions drop it; use dflash or none)")
+    if cfg.mtp_layers == 0:
+        raise CheckpointError(f"{where}: {MTP_PREFIX}* tensors are present but config.json "
+                              "has no mtp_num_hidden_layers")
+    try:
+        head, _ = _load(MTPHead, cfg, lambda ours: MTP_PREFIX + ours, checkpoint.mtp_weights,
+                        dtype, device)
+    except ConfigError as exc:
+        raise CheckpointError(f"{where}: {exc}") from exc
+    return head
 
 
 def load_tokenizer(path: Path):

@@ -92,7 +92,8 @@ class ModelConfig:
     max_position_embeddings: int = 0
     # Where the text weights live in the checkpoint ("model." or "model.language_model.").
     weight_prefix: str = "model."
-    has_mtp: bool = False
+    mtp_layers: int = 0            # mtp_num_hidden_layers: decoder layers of the MTP head
+    mtp_dedicated_embeddings: bool = False
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -186,7 +187,8 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             max_position_embeddings=int(cfg.get("max_position_embeddings") or 0),
             weight_prefix=prefix,
-            has_mtp=int(cfg.get("mtp_num_hidden_layers") or 0) > 0,
+            mtp_layers=int(cfg.get("mtp_num_hidden_layers") or 0),
+            mtp_dedicated_embeddings=bool(cfg.get("mtp_use_dedicated_embeddings", False)),
             extra=raw,
             **gdn,
         )

@@ -18,8 +18,9 @@ import torch
 from .cache import KV_DTYPES, ContextOverflowError, InferenceState
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import ConfigError
-from .models.dflash import load_drafter
-from .proposer import DFlashProposer, Proposer
+from .methods import METHODS
+from .proposer import Proposer
+from .proposers import WHY_MISSING, ProposerBytes, build_proposers
 from .trt.backends import DENSE_BACKENDS, make_dense
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ class EngineConfig:
     block_size: int | None = None     # verify block (anchor + drafts); None = the drafter's
     window: int = 128                 # drafter context window, committed tokens
     window_seed: bool = True          # seed the window from the prompt's tail at prefill
+    method: str = "auto"              # auto | dflash | mtp | none: the default proposer
+    mtp_steps: int = 3                # drafts per cycle of the MTP head (verify block k+1)
     dense_backend: str = "torch"      # torch | onnxruntime | tensorrt | auto
     segment_cache: str | None = None  # exported/built segments; None = ~/.cache/flash_planner
 
@@ -51,13 +54,18 @@ class EngineConfig:
                 f"kv_dtype must be auto or one of {sorted(KV_DTYPES)}, got {self.kv_dtype!r}")
         if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
             raise ConfigError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        if self.method not in METHODS:
+            raise ConfigError(f"method must be one of {METHODS}, got {self.method!r}")
         if self.dense_backend not in DENSE_BACKENDS:
             raise ConfigError(f"dense_backend must be one of {DENSE_BACKENDS}, "
                               f"got {self.dense_backend!r}")
         if self.block_size is not None and not 2 <= self.block_size <= self.max_block:
             raise ConfigError(f"block_size must be within 2..max_block ({self.max_block}), "
                               f"got {self.block_size!r}")
-        for name in ("max_context", "prefill_chunk", "max_block", "window"):
+        if isinstance(self.mtp_steps, int) and not 1 <= self.mtp_steps < self.max_block:
+            raise ConfigError(f"mtp_steps must be within 1..max_block-1 ({self.max_block - 1}), "
+                              f"got {self.mtp_steps!r}")
+        for name in ("max_context", "prefill_chunk", "max_block", "window", "mtp_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -112,7 +120,9 @@ class MemoryReport:
 
 class Engine:
     def __init__(self, config: EngineConfig, checkpoint: Checkpoint, state: InferenceState,
-                 device: torch.device, dtype: torch.dtype, proposer: Proposer | None = None):
+                 device: torch.device, dtype: torch.dtype,
+                 proposers: dict[str, Proposer] | None = None,
+                 extra_bytes: ProposerBytes | None = None):
         self.config = config
         self.checkpoint = checkpoint
         self.model = checkpoint.model
@@ -121,7 +131,34 @@ class Engine:
         self.state = state
         self.device = device
         self.dtype = dtype
-        self.proposer = proposer
+        # method -> proposer: dflash and/or mtp as loaded, auto when both are
+        self.proposers = proposers or {}
+        self.extra_bytes = extra_bytes or ProposerBytes(0, 0)
+
+    @property
+    def proposer(self) -> Proposer | None:
+        """The default proposer (config.method); None decodes plainly."""
+        if self.config.method == "none" or not self.proposers:
+            return None
+        if self.config.method in self.proposers:
+            return self.proposers[self.config.method]
+        return next(iter(self.proposers.values()))  # auto with a single proposer
+
+    def proposer_for(self, method: str | None) -> Proposer | None:
+        """The proposer a request asks for: None = the default; 'none' = plain decoding."""
+        if method is None:
+            return self.proposer
+        if method == "none":
+            return None
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if method == "auto":
+            return self.proposers.get("auto") or self.proposer
+        if method not in self.proposers:
+            loaded = ", ".join(self.proposers) or "none (plain decoding only)"
+            raise ValueError(f"method {method!r} is not loaded in this engine (loaded: "
+                             f"{loaded}); {WHY_MISSING[method]}")
+        return self.proposers[method]
 
     @classmethod
     def load(cls, config: EngineConfig, progress: Callable[[str], None] | None = None
@@ -136,31 +173,23 @@ class Engine:
                 checkpoint.model, config.dense_backend, config.segment_cache,
                 max_tokens=max(config.prefill_chunk, config.max_block),
                 opt_tokens=config.max_block, progress=progress))
-        proposer = None
-        if config.drafter_path:
-            drafter = load_drafter(config.drafter_path, checkpoint.config, dtype, device)
-            model = checkpoint.model
-            head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-            proposer = DFlashProposer(drafter, model.embed_tokens, head, window=config.window,
-                                      seed_window=config.window_seed,
-                                      block_size=config.block_size)
-            if proposer.block_size > config.max_block:
-                raise ConfigError(f"the drafter's block size {proposer.block_size} exceeds "
-                                  f"max_block {config.max_block}")
         state = InferenceState(checkpoint.config, capacity=config.max_context + config.max_block,
                                max_steps=config.max_block,
                                kv_dtype=config.resolve_kv_dtype(dtype), compute_dtype=dtype,
                                device=device)
-        engine = cls(config, checkpoint, state, device, dtype, proposer)
-        log.info("loaded %s on %s (%s, dense segments: %s): %s", config.model_path, device,
-                 dtype, checkpoint.model.dense.name, engine.memory)
+        proposers, extra = build_proposers(config, checkpoint, state, dtype, device)
+        engine = cls(config, checkpoint, state, device, dtype, proposers, extra)
+        log.info("loaded %s on %s (%s, dense segments: %s, proposers: %s): %s",
+                 config.model_path, device, dtype, checkpoint.model.dense.name,
+                 ", ".join(proposers) or "none", engine.memory)
         return engine
 
     @property
     def memory(self) -> MemoryReport:
-        held = self.state.nbytes
-        return MemoryReport(weights=self.checkpoint.weight_bytes, kv_cache=held.kv,
-                            gdn_state=held.gdn_state, checkpoints=held.checkpoints)
+        held, extra = self.state.nbytes, self.extra_bytes
+        return MemoryReport(weights=self.checkpoint.weight_bytes + extra.weights,
+                            kv_cache=held.kv + extra.kv, gdn_state=held.gdn_state,
+                            checkpoints=held.checkpoints)
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Refuse, before any work, a request the preallocated context cannot hold."""

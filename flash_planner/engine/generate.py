@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .acceptance import RelaxedThinking, StrictAcceptance
+from .acceptance import RelaxedThinking, StrictAcceptance, think_token_ids
 from .chat import encode_chat
 from .engine import Engine
+from .methods import METHODS
 from .proposer import Proposer
 from .speculative import NonFiniteLogits, commit_cycle, run_cycle
 from .telemetry import GenerationStats, PhaseTimer, now_ms
 
 FINISH_REASONS = ("eos", "length", "stop", "cancelled", "deadline")
-THINK_TOKENS = ("<think>", "</think>")
 TokenCallback = Callable[[list[int], str], None]
 
 
@@ -37,7 +37,8 @@ class GenerationSettings:
     ignore_eos: bool = False
     stop_strings: tuple[str, ...] = ()
     deadline_s: float | None = None     # wall-clock budget for the whole request
-    speculative: bool = True            # use the engine's drafter when it has one
+    speculative: bool = True            # use the engine's proposer when it has one
+    method: str | None = None           # auto | dflash | mtp | none; None = the engine's
     relaxed_thinking: bool = False      # relaxed acceptance inside <think> ... </think>
     relaxed_topk: int = 3
     relaxed_delta: float = 1.0
@@ -52,6 +53,8 @@ class GenerationSettings:
             raise ValueError(f"deadline_s must be positive, got {self.deadline_s!r}")
         if any(not s for s in self.stop_strings):
             raise ValueError("stop_strings must not contain an empty string")
+        if self.method is not None and self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         if self.relaxed_topk < 1:
             raise ValueError(f"relaxed_topk must be >= 1, got {self.relaxed_topk!r}")
         if self.relaxed_delta < 0:
@@ -185,11 +188,10 @@ def _interrupted(cancel: CancelToken | None, deadline: float | None) -> str | No
 def make_policy(engine: Engine, settings: GenerationSettings):
     if not settings.relaxed_thinking:
         return StrictAcceptance()
-    tok = engine.tokenizer
-    ids = [tok.convert_tokens_to_ids(t) if tok is not None else None for t in THINK_TOKENS]
-    if tok is None or any(i is None or i == tok.unk_token_id for i in ids):
+    ids = think_token_ids(engine.tokenizer)
+    if ids is None:
         raise ValueError("relaxed thinking needs <think> and </think> tokens in the tokenizer")
-    return RelaxedThinking(ids[0], ids[1], settings.relaxed_topk, settings.relaxed_delta)
+    return RelaxedThinking(*ids, settings.relaxed_topk, settings.relaxed_delta)
 
 
 def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
@@ -208,10 +210,10 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
     deadline = None if settings.deadline_s is None else time.monotonic() + settings.deadline_s
     ids = encode_prompt(engine, prompt, settings.enable_thinking)
     engine.check_fits(len(ids), settings.max_new_tokens)
-    if proposer is None and settings.speculative:
-        proposer = engine.proposer
     if not settings.speculative:
         proposer = None
+    elif proposer is None:
+        proposer = engine.proposer_for(settings.method)
     if proposer is not None and proposer.block_size > engine.config.max_block:
         raise ValueError(f"block size {proposer.block_size} exceeds the engine's max_block "
                          f"{engine.config.max_block}")
@@ -275,7 +277,7 @@ def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,
         drafts = 0 if proposer is None else min(proposer.block_size - 1, remaining - 1)
         cycle = run_cycle(engine.model, engine.state, published[-1], proposer, policy,
                           drafts, timer)
-        stats.record_cycle(cycle.drafted, cycle.accepted)
+        stats.record_cycle(cycle.drafted, cycle.accepted, cycle.method)
         new = cycle.tokens
     stats.new_tokens = len(published)
     stats.decode_ms = now_ms() - t_first

@@ -4,8 +4,8 @@ The loop is method-agnostic: a proposer says which target layers it needs tapped
 at prefill, proposes `num` tokens after the anchor, and is told which rows were committed.
 `DFlashProposer` runs the block-diffusion drafter over its per-token context window;
 `ReplayProposer` replays a known continuation with injected errors (tests, and the
-loop-overhead benchmark at a fixed acceptance length). An MTP head or n-gram lookup would be
-one more class here.
+loop-overhead benchmark at a fixed acceptance length). The checkpoint's own MTP head is
+`mtp_proposer.MTPProposer`; `auto_proposer.AutoProposer` routes each cycle to one of several.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from .window import ContextWindow
 
 
 class Proposer:
+    name = ""                       # the method: dflash, mtp, auto, ...
     tap_ids: tuple[int, ...] = ()   # target layers whose outputs `begin`/`commit` receive
     block_size: int = 16            # verify rows per cycle: the anchor + block_size-1 drafts
     seed_rows: int = 0              # prompt-tail rows whose taps `begin` wants
@@ -36,8 +37,15 @@ class Proposer:
         """Rows committed to the target, in order from position `start` (the anchor first);
         taps [1, len(tokens), n*hidden]."""
 
+    @property
+    def last_method(self) -> str:
+        """The method that drafted the last proposal (differs from `name` for auto)."""
+        return self.name
+
 
 class DFlashProposer(Proposer):
+    name = "dflash"
+
     def __init__(self, drafter: DFlashDrafter, embed: torch.nn.Embedding,
                  lm_head_weight: torch.Tensor, window: int = 128, seed_window: bool = True,
                  block_size: int | None = None):
@@ -84,6 +92,8 @@ class ReplayProposer(Proposer):
     random over 0..num; a constant gives a fixed acceptance length; a sequence is used
     round-robin (e.g. range(block_size) walks every accepted length and rollback path).
     """
+
+    name = "replay"
 
     def __init__(self, continuation: Sequence[int], vocab_size: int, block_size: int = 16,
                  error_at: int | Sequence[int] | None = None, seed: int = 0):

@@ -43,6 +43,7 @@ class Cycle:
     accepted: int                 # n
     drafted: int                  # k
     taps: torch.Tensor | None     # [1, k+1, n_taps*hidden] verify taps, row 0 = anchor
+    method: str = "none"          # the proposer that drafted (none: k = 0)
 
 
 def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
@@ -73,7 +74,8 @@ def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
     if not all(ok[:n + 1]):  # a row that decides a published token
         raise NonFiniteLogits(start + ok.index(0))
     taps = torch.cat(out.taps, dim=-1) if tap_ids else None
-    return Cycle(start, anchor, d[:n] + [a[n]], n, k, taps)
+    method = proposer.last_method if k else "none"
+    return Cycle(start, anchor, d[:n] + [a[n]], n, k, taps, method)
 
 
 def commit_cycle(state: InferenceState, cycle: Cycle, keep: int, proposer: Proposer | None,

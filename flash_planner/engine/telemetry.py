@@ -48,6 +48,9 @@ class GenerationStats:
     drafted: int = 0              # drafts proposed over all cycles
     accepted: int = 0             # drafts accepted over all cycles
     accept_hist: list[int] = field(default_factory=list)   # cycles per accepted length
+    # per drafting method (dflash, mtp; none = a cycle without drafts): cycles, accepted
+    method_cycles: dict[str, int] = field(default_factory=dict)
+    method_accepted: dict[str, int] = field(default_factory=dict)
     phase_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
@@ -67,8 +70,10 @@ class GenerationStats:
         """Published tokens per cycle, the bonus token included."""
         return (self.new_tokens - 1) / self.cycles if self.cycles else 0.0
 
-    def record_cycle(self, drafted: int, accepted: int) -> None:
+    def record_cycle(self, drafted: int, accepted: int, method: str = "none") -> None:
         self.cycles += 1
+        self.method_cycles[method] = self.method_cycles.get(method, 0) + 1
+        self.method_accepted[method] = self.method_accepted.get(method, 0) + accepted
         self.drafted += drafted
         self.accepted += accepted
         if len(self.accept_hist) <= accepted:
@@ -87,6 +92,8 @@ class GenerationStats:
             "mean_accepted": round(self.mean_accepted, 3),
             "tokens_per_cycle": round(self.tokens_per_cycle, 3),
             "accept_hist": list(self.accept_hist),
+            "method_cycles": dict(self.method_cycles),
+            "method_accepted": dict(self.method_accepted),
             "phase_ms_per_cycle": {name: round(ms / per_cycle, 4)
                                    for name, ms in {**self.phase_ms, "other": other}.items()},
         }

@@ -70,6 +70,8 @@ class ModelPreset:
     max_context: int = 4096
     block_size: int | None = None
     window: int = 128
+    method: str = "auto"           # auto | dflash | mtp | none (EngineConfig.method)
+    mtp_steps: int = 3
     relaxed_thinking: bool = False
 
     @classmethod
@@ -92,7 +94,8 @@ class ModelPreset:
         values = dict(model_path=asset_path(self.target_path),
                       drafter_path=asset_path(self.drafter_path),
                       dtype=self.dtype, kv_dtype=self.kv_dtype, max_context=self.max_context,
-                      block_size=self.block_size, window=self.window)
+                      block_size=self.block_size, window=self.window, method=self.method,
+                      mtp_steps=self.mtp_steps)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return EngineConfig(**values)
 

@@ -9,8 +9,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engine.methods import METHODS
+
 REQUEST_FIELDS = ("id", "task", "context", "max_new_tokens", "enable_thinking", "deadline_s",
-                  "speculative")
+                  "speculative", "method")
 
 
 class RequestError(ValueError):
@@ -53,6 +55,7 @@ class PlanRequest:
     enable_thinking: bool | None = None    # None: the service's default
     deadline_s: float | None = None        # None: the service's default
     speculative: bool | None = None        # None: the service's default (A/B, soak)
+    method: str | None = None              # auto | dflash | mtp | none; None: the engine's
 
     def checked(self, max_task_chars: int, max_context_chars: int) -> PlanRequest:
         """This request with validated text fields, or RequestError."""
@@ -70,6 +73,9 @@ class PlanRequest:
         for name in ("enable_thinking", "speculative"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise RequestError(f"{name} must be true or false")
+        if self.method is not None and self.method not in METHODS:
+            raise RequestError(f"method must be one of {', '.join(METHODS)}, "
+                               f"got {self.method!r}")
         return dataclasses.replace(self, task=task.strip(), context=context.strip())
 
     @classmethod

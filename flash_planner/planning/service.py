@@ -277,6 +277,7 @@ class PlannerService:
             max_new_tokens=request.max_new_tokens or cfg.max_new_tokens,
             deadline_s=None if deadline is None else deadline - waited_s,
             speculative=cfg.speculative if request.speculative is None else request.speculative,
+            method=request.method,
             relaxed_thinking=cfg.relaxed_thinking,
             relaxed_topk=cfg.relaxed_topk, relaxed_delta=cfg.relaxed_delta,
             enable_thinking=(cfg.enable_thinking if request.enable_thinking is None

@@ -116,7 +116,9 @@ def planner_node_class():
             self._phase, self._load_error = "inactive", ""
             self.get_logger().info(
                 f"loaded {engine_config.model_path} on {engine.device} "
-                f"({engine.dtype}): {engine.memory}; warm-up {warm_ms:.0f} ms")
+                f"({engine.dtype}): {engine.memory}; proposers: "
+                f"{', '.join(engine.proposers) or 'none'} (method {engine_config.method}); "
+                f"warm-up {warm_ms:.0f} ms")
 
         def on_activate(self, state):
             self._planner.start()

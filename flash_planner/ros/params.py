@@ -55,7 +55,12 @@ PARAMS: tuple[Param, ...] = (
        "(TensorRT on CUDA when installed); an unavailable one falls back to torch (logged).",
        choices=("torch", "onnxruntime", "tensorrt", "auto")),
     # speculative decoding
-    _p("speculative.enabled", True, "Speculative decoding when a drafter is loaded."),
+    _p("speculative.enabled", True, "Speculative decoding when a proposer is loaded."),
+    _p("speculative.method", "", "Proposer: dflash (drafter), mtp (the checkpoint's head), "
+       "auto (each cycle to the faster of those loaded), none; '' = the preset's (auto).",
+       choices=("", "auto", "dflash", "mtp", "none")),
+    _p("speculative.mtp_steps", 0, "MTP drafts per cycle; 0 = the preset's (3).",
+       range=(0, 15)),
     _p("speculative.block_size", 0, "Verify block (anchor + drafts); 0 = preset's/drafter's.",
        range=(0, 64)),
     _p("speculative.window", 0, "Drafter context window in tokens; 0 = the preset's (128).",
@@ -178,6 +183,7 @@ def build_configs(values: dict[str, Any]):
             prefill_chunk=v["engine.prefill_chunk"], block_size=block,
             max_block=max(MAX_BLOCK, block or preset.block_size or 0),
             window=v["speculative.window"] or None, window_seed=v["speculative.window_seed"],
+            method=v["speculative.method"] or None, mtp_steps=v["speculative.mtp_steps"] or None,
             dense_backend=v["engine.dense_backend"])
     except ValueError as exc:
         raise ValueError(f"model/engine parameters: {exc}") from None

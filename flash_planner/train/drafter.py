@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from ..engine.config import RopeConfig
 from ..engine.models.dflash import DFlashDrafter, DraftConfig
-from .target import TrainSettings, optimise
+from .target import TrainSettings, frozen_target, optimise
 
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -114,15 +114,9 @@ def train_drafter(examples: Sequence[tuple[list[int], list[int]]], target_dir: s
                   spec: DrafterSpec | None = None, settings: TrainSettings | None = None,
                   log=print) -> list[float]:
     """Train against the frozen target in target_dir and save to out_dir; returns losses."""
-    from transformers import AutoModelForCausalLM
-
     spec = spec or DrafterSpec()
     settings = settings or TrainSettings(steps=600, batch_size=16, lr=1e-3)
-    torch.set_num_threads(settings.threads)
-    torch.manual_seed(settings.seed)
-    target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
-    for p in target.parameters():
-        p.requires_grad_(False)
+    target = frozen_target(target_dir, settings)
     tcfg = target.config
     drafter = DFlashDrafter(spec.config(tcfg.hidden_size, tcfg.vocab_size, mask_id,
                                         tcfg.num_hidden_layers)).train()

@@ -158,6 +158,19 @@ def optimise(name: str, model: torch.nn.Module, examples, pad_id: int,
     return losses
 
 
+def frozen_target(target_dir: str | Path, settings: TrainSettings):
+    """The trained target for a later stage (drafter, MTP head): threads and seed set from
+    `settings` first, then loaded with transformers in fp32, eval mode, no gradients."""
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(settings.threads)
+    torch.manual_seed(settings.seed)
+    target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    return target
+
+
 def answer_loss(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy on the tokens the mask marks (the answer)."""
     logits = model(input_ids=ids).logits[:, :-1]

@@ -4,7 +4,8 @@ The weights are written by transformers' own `save_pretrained` and the tokenizer
 planner's byte-level BPE (`train/tokenizer.py`) trained on a small corpus, so loading goes
 through exactly the path a downloaded checkpoint takes. Kinds: `hybrid` (Qwen3_5ForCausalLM,
 text-only), `hybrid_vl` (Qwen3_5ForConditionalGeneration, text under model.language_model),
-`dense` (Qwen3ForCausalLM).
+`dense` (Qwen3ForCausalLM). `mtp=True` adds a random MTP head (`mtp.*`, the layout of
+Qwen3.5/3.6 releases) to a hybrid kind.
 Sizes: `tiny` (~0.1M parameters) and `bench` (~60M parameters, a decode benchmark config).
 """
 
@@ -79,7 +80,8 @@ def _perturb(model: torch.nn.Module, seed: int) -> None:
 
 def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "tiny",
                           seed: int = 0, max_shard_size: str | None = None,
-                          rotary: float = 0.5, init: float | None = None) -> Path:
+                          rotary: float = 0.5, init: float | None = None,
+                          mtp: bool = False) -> Path:
     """Write a random-weight checkpoint + tokenizer to `path` and return it.
 
     init: the weights' initializer_range (default per size). Larger values give logits a
@@ -104,7 +106,54 @@ def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "t
     _perturb(model, seed)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(str(path), **kwargs)
+    if mtp:
+        if kind == "dense":
+            raise ValueError("dense Qwen3 checkpoints have no MTP head")
+        add_tiny_mtp_head(path, seed)
     return path
+
+
+def add_tiny_mtp_head(path: Path, seed: int = 0, scale: float = 1.0) -> None:
+    """Add random `mtp.*` tensors and `mtp_num_hidden_layers: 1` to a hybrid checkpoint.
+
+    The layer is a transformers Qwen3.5 full-attention decoder layer (its tensor names are
+    the ones releases use under `mtp.layers.0.`), plus `fc` [H, 2H] and the three norms;
+    sharded checkpoints get an extra shard listed in the index, as releases have.
+    `scale` multiplies the random weights (larger: sharper draft logits)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer
+
+    raw = json.loads((path / "config.json").read_text())
+    text = raw.get("text_config") or raw
+    cfg = AutoConfig.from_pretrained(str(path))
+    cfg = getattr(cfg, "text_config", cfg)
+    torch.manual_seed(seed + 7)
+    layer = Qwen3_5DecoderLayer(cfg, cfg.layer_types.index("full_attention"))
+    _perturb(layer, seed + 7)
+    h = cfg.hidden_size
+    gen = torch.Generator().manual_seed(seed + 8)
+    tensors = {f"mtp.layers.0.{k}": v * (scale if v.dim() == 2 else 1.0)
+               for k, v in layer.state_dict().items()}
+    tensors["mtp.fc.weight"] = torch.randn(h, 2 * h, generator=gen) * 0.1 * scale
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        tensors[f"mtp.{norm}.weight"] = 0.2 * torch.randn(h, generator=gen)  # zero-centred
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        save_file(tensors, str(path / "model-mtp.safetensors"), metadata={"format": "pt"})
+        entries = json.loads(index.read_text())
+        entries["weight_map"].update(dict.fromkeys(tensors, "model-mtp.safetensors"))
+        index.write_text(json.dumps(entries, indent=2))
+    else:
+        weights = load_file(str(path / "model.safetensors"))
+        save_file({**weights, **tensors}, str(path / "model.safetensors"),
+                  metadata={"format": "pt"})
+    text["mtp_num_hidden_layers"] = 1
+    text["mtp_use_dedicated_embeddings"] = False
+    (path / "config.json").write_text(json.dumps(raw, indent=2))
 
 
 def write_tiny_drafter(path: str | Path, target: str | Path, num_layers: int = 2,

@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flash_planner.engine.auto_proposer import AutoProposer
 from flash_planner.engine.generate import CancelToken, GenerationSettings, generate
+from flash_planner.engine.mtp_proposer import MTPProposer
 from flash_planner.engine.proposer import DFlashProposer, ReplayProposer
 from flash_planner.train.tiny import write_tiny_drafter
 
@@ -18,10 +20,15 @@ NEAR_TIE = 1e-3
 PROMPT = "open the top drawer, take the blue screwdriver"
 
 
+def _target(checkpoints, kind):
+    """The hybrid target carries an MTP head, so its engines load dflash, mtp and auto."""
+    return checkpoints(kind, **({"mtp": True} if kind == "hybrid" else {}))
+
+
 @pytest.fixture(scope="module")
 def drafters(tmp_path_factory, checkpoints):
     return {kind: write_tiny_drafter(tmp_path_factory.mktemp(f"drafter-{kind}"),
-                                     checkpoints(kind), num_layers=2, block_size=8)
+                                     _target(checkpoints, kind), num_layers=2, block_size=8)
             for kind in ("hybrid", "dense")}
 
 
@@ -31,11 +38,28 @@ def engines(checkpoints, drafters, make_engine):
 
     def get(kind: str, kv: str):
         if (kind, kv) not in cache:
-            cache[kind, kv] = make_engine(checkpoints(kind), kv_dtype=kv,
+            cache[kind, kv] = make_engine(_target(checkpoints, kind), kv_dtype=kv,
                                           drafter_path=str(drafters[kind]))
         return cache[kind, kv]
 
     return get
+
+
+def _proposer(engine, source, block, ref):
+    """A proposer of `source` drafting block-1 tokens per cycle."""
+    vocab = engine.model_config.vocab_size
+    if source == "replay":
+        return ReplayProposer(ref, vocab, block_size=block, seed=block)
+    dflash, mtp = engine.proposers["dflash"], engine.proposers.get("mtp")
+    fresh = {"dflash": lambda: DFlashProposer(dflash.drafter, dflash.embed,
+                                              dflash.lm_head_weight, block_size=block),
+             "mtp": lambda: MTPProposer(mtp.head, engine.model, mtp.state, steps=block - 1)}
+    if source != "auto":
+        return fresh[source]()
+    # switches every other cycle; the replay (wrong at a random offset) gives long accepts
+    return AutoProposer({"dflash": fresh["dflash"](), "mtp": fresh["mtp"](),
+                         "replay": ReplayProposer(ref, vocab, block_size=block, seed=block)},
+                        None, probe_every=2)
 
 
 def _prompt(engine):
@@ -61,26 +85,26 @@ def assert_lossless(engine, prompt, ref_tokens, got_tokens):
                                f"({got_tokens[i]} vs {ref_tokens[i]}), top-2 margin {margin}")
 
 
+SOURCES = [(kind, source) for kind in ("hybrid", "dense")
+           for source in ("dflash", "replay", "mtp", "auto")
+           if kind == "hybrid" or source in ("dflash", "replay")]   # dense Qwen3: no MTP
+
+
 @pytest.mark.parametrize("block", [4, 8, 16])
 @pytest.mark.parametrize("kv", ["fp32", "fp8"])
-@pytest.mark.parametrize("source", ["dflash", "replay"])
-@pytest.mark.parametrize("kind", ["hybrid", "dense"])
+@pytest.mark.parametrize("kind,source", SOURCES)
 def test_strict_speculative_equals_plain_greedy(engines, kind, source, kv, block):
     engine = engines(kind, kv)
     prompt = _prompt(engine)
     ref = _plain(engine, 48).token_ids
-    if source == "dflash":
-        base = engine.proposer
-        proposer = DFlashProposer(base.drafter, base.embed, base.lm_head_weight,
-                                  block_size=block)
-    else:
-        proposer = ReplayProposer(ref, engine.model_config.vocab_size, block_size=block,
-                                  seed=block)
+    proposer = _proposer(engine, source, block, ref)
     got = generate(engine, prompt, GenerationSettings(48, ignore_eos=True), proposer=proposer)
     assert got.stats.cycles > 0
     assert_lossless(engine, prompt, ref, got.token_ids)
     if source == "replay":
         assert got.stats.mean_accepted > 0.5
+    if source == "auto":
+        assert {"dflash", "mtp", "replay"} <= set(got.stats.method_cycles)
 
 
 @pytest.mark.parametrize("block", [4, 8, 16])

@@ -19,7 +19,7 @@ from ..config import LINEAR_ATTENTION, ModelConfig
 from .attention import Attention
 from .context import ForwardContext
 from .gdn import GatedDeltaNet
-from .layers import MLP, RMSNorm, rope_cos_sin
+from .layers import MLP, RMSNorm
 from .segments import build_segments, layer_arity
 
 
@@ -59,6 +59,7 @@ class DecoderLayer(nn.Module):
 class ForwardOutput:
     logits: torch.Tensor          # [B, T or 1, vocab] float32
     taps: list[torch.Tensor]      # per requested layer id, its output [B, T, hidden]
+                                  # (the last layer's after the final norm)
 
 
 class TorchDense:
@@ -98,20 +99,15 @@ class TargetModel(nn.Module):
         """Run ids [B, T] at the state's next positions; the caller commits rows afterwards.
 
         record_steps keeps per-step GDN checkpoints so `state.commit(n)` may keep fewer rows.
-        taps: layer ids whose outputs to return (id L = output of decoder layer L).
+        taps: layer ids whose outputs to return (id L = output of decoder layer L; the last
+        layer's after the final norm, which is what upstream drafters and MTP heads consume).
         all_logits: logits of every row (verify) instead of the last row only (prefill).
         """
         b, t = ids.shape
         n = len(self.layers)
-        start = state.begin(t, record_steps)
+        ctx = ForwardContext.open(state, b, t, self.cfg.rope, self.embed_tokens.weight.dtype,
+                                  ids.device, record_steps)
         try:
-            positions = torch.arange(start, start + t, device=ids.device).expand(b, t)
-            dtype = self.embed_tokens.weight.dtype
-            cos, sin = rope_cos_sin(positions, self.cfg.rope.rotary_dim, self.cfg.rope.theta,
-                                    dtype)
-            key_pos = torch.arange(start + t, device=ids.device)
-            mask = key_pos[None, :] <= positions[0, :, None]           # [T, start+T]
-            ctx = ForwardContext(state, start, positions, cos, sin, record_steps, mask)
             wanted = {layer: i for i, layer in enumerate(taps)}
             tapped: list[torch.Tensor] = [ids.new_zeros(0)] * len(taps)
             outs = self.dense.run(0, ids)
@@ -129,8 +125,8 @@ class TargetModel(nn.Module):
                 rows = slice(None) if all_logits or i in wanted else slice(-1, None)
                 x_out, logits = self.dense.run(n, x[:, rows], core[:, rows],
                                                *(p[:, rows] for p in post))
-                if i in wanted:
-                    tapped[wanted[i]] = x_out
+                if i in wanted:  # as transformers' hidden_states[L]: after the final norm
+                    tapped[wanted[i]] = self.norm(x_out)
             return ForwardOutput(logits if all_logits else logits[:, -1:], tapped)
         except BaseException:
             # The mixers update state in place: after a failed forward it is unreliable.

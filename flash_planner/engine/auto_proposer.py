@@ -1,0 +1,126 @@
+"""`auto`: route each speculative cycle to the proposer expected to publish tokens fastest.
+
+Per phase (thinking, answer) and proposer the router keeps a moving estimate of tokens
+published per cycle and of the cycle's cost in wall time (propose -> commit: draft, verify,
+accept and the host sync; an MTP head's catch-up over rows another proposer drafted is a
+switching cost and left out). A cycle goes to the proposer with the most tokens per
+millisecond; one that has not drafted in this phase for `probe_every` cycles drafts once, so
+a change in the text (plan JSON, prose, repeated lines) is noticed. The estimates persist
+across requests (one router per engine).
+
+Every proposer sees every `begin` and `commit`, whichever drafted, so each one's state (the
+drafter's window, the MTP head's cache) is exact when it is next chosen. Verification does
+not depend on who drafted, so greedy output with strict acceptance is still exactly the
+target's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .acceptance import ThinkTracker
+from .proposer import Proposer
+
+
+@dataclass
+class Estimate:
+    tokens: float        # published tokens per cycle (moving average)
+    ms: float            # wall ms per cycle (moving average)
+    last_cycle: int      # router cycle count when this proposer last drafted in the phase
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / max(self.ms, 1e-6)
+
+
+class AutoProposer(Proposer):
+    name = "auto"
+
+    def __init__(self, proposers: dict[str, Proposer], think_ids: tuple[int, int] | None,
+                 probe_every: int = 12, smoothing: float = 0.3):
+        if len(proposers) < 2:
+            raise ValueError("auto needs at least two proposers to choose between")
+        self.proposers = proposers
+        self.tap_ids = tuple(sorted({t for p in proposers.values() for t in p.tap_ids}))
+        self.block_size = max(p.block_size for p in proposers.values())
+        self.seed_rows = max(p.seed_rows for p in proposers.values())
+        self.phase = ThinkTracker(*think_ids) if think_ids is not None else None
+        self.probe_every = probe_every
+        self.smoothing = smoothing
+        self.estimates: dict[tuple[str, str], Estimate] = {}
+        self.cycles = 0
+        self._method = ""                # the proposer that drafted the current cycle
+        self._drafting: tuple[str, str, float] | None = None   # (phase, name, start time)
+
+    @property
+    def last_method(self) -> str:
+        return self._method
+
+    def _phase(self) -> str:
+        return "think" if self.phase is not None and self.phase.thinking else "answer"
+
+    def _taps_for(self, proposer: Proposer, taps: torch.Tensor | None, rows: int | None = None
+                  ) -> torch.Tensor | None:
+        """The columns of the union taps [1, T, n*H] that `proposer` asked for."""
+        if taps is None or not proposer.tap_ids:
+            return None
+        if rows is not None:
+            taps = taps[:, taps.shape[1] - min(rows, taps.shape[1]):]
+        if proposer.tap_ids == self.tap_ids:
+            return taps
+        n = len(self.tap_ids)
+        index = torch.tensor([self.tap_ids.index(t) for t in proposer.tap_ids],
+                             dtype=torch.long, device=taps.device)
+        split = taps.view(*taps.shape[:2], n, -1)
+        return split.index_select(2, index).flatten(2)
+
+    def choose(self, phase: str) -> str:
+        known = {name: self.estimates.get((phase, name)) for name in self.proposers}
+        for name, est in known.items():
+            if est is None:
+                return name                                   # never measured here
+        best = max(known, key=lambda name: known[name].rate)
+        stale = [name for name, est in known.items()
+                 if name != best and self.cycles - est.last_cycle >= self.probe_every]
+        return stale[0] if stale else best
+
+    def begin(self, prompt_ids: Sequence[int], taps: torch.Tensor | None) -> None:
+        if self.phase is not None:
+            self.phase.reset(prompt_ids)
+        self._drafting = None
+        for p in self.proposers.values():
+            p.begin(prompt_ids, self._taps_for(p, taps, p.seed_rows) if p.seed_rows else None)
+
+    def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
+        phase = self._phase()
+        self._method = name = self.choose(phase)
+        self._drafting = (phase, name, time.perf_counter())
+        proposer = self.proposers[name]
+        return proposer.propose(anchor, start, min(num, proposer.block_size - 1))
+
+    def commit(self, tokens: Sequence[int], taps: torch.Tensor | None, start: int) -> None:
+        if self._drafting is not None:
+            phase, name, t0 = self._drafting
+            ms = (time.perf_counter() - t0) * 1000.0
+            ms -= getattr(self.proposers[name], "catchup_ms", 0.0)
+            self._record(phase, name, len(tokens), ms)
+            self._drafting = None
+        for p in self.proposers.values():
+            p.commit(tokens, self._taps_for(p, taps), start)
+        if self.phase is not None:
+            self.phase.observe(tokens)
+
+    def _record(self, phase: str, name: str, tokens: int, ms: float) -> None:
+        self.cycles += 1
+        est = self.estimates.get((phase, name))
+        if est is None:
+            self.estimates[(phase, name)] = Estimate(float(tokens), ms, self.cycles)
+            return
+        a = self.smoothing
+        est.tokens += a * (tokens - est.tokens)
+        est.ms += a * (ms - est.ms)
+        est.last_cycle = self.cycles

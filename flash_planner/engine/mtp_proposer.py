@@ -1,0 +1,89 @@
+"""The MTP proposer: the checkpoint's own `mtp.*` head drafts k tokens by chaining itself.
+
+The head's KV cache (its own `InferenceState`, one attention layer, FP8 like the target's if
+asked) only ever holds entries made from the target's normed hidden state h_q and the true
+next token, for committed positions q. Committed rows wait in `pending` until the next
+`propose`, which runs them through the head in one forward (in chunks after a long prompt or
+a stretch of cycles another proposer drafted) with the anchor as the last row's next token;
+the last row's output gives draft 1. Drafts 2..k chain the head on its own output and draft
+at the next positions; those entries are forgotten (`truncate`) before the verify, so after
+any partial accept the cache holds exactly the entries of committed positions: the ones
+upstream engines keep. No host sync: drafts stay on the device.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from .cache import InferenceState
+from .models.mtp import MTPHead
+from .models.target import TargetModel
+from .proposer import Proposer
+
+
+class MTPProposer(Proposer):
+    name = "mtp"
+
+    def __init__(self, head: MTPHead, target: TargetModel, state: InferenceState,
+                 steps: int = 3, chunk: int = 256):
+        if steps < 1:
+            raise ValueError(f"mtp_steps must be >= 1, got {steps}")
+        self.head = head
+        self.embed = target.embed_tokens
+        self.lm_head_weight = (target.embed_tokens.weight if target.lm_head is None
+                               else target.lm_head.weight)
+        self.state = state
+        self.chunk = chunk
+        self.tap_ids = (target.cfg.num_layers - 1,)   # the last layer, after the final norm
+        self.block_size = steps + 1
+        self.seed_rows = state.capacity               # every prompt row enters the cache
+        self.pending_hidden: list[torch.Tensor] = []  # normed h of committed rows not in cache
+        self.pending_tokens: list[int] = []           # the token at each of those rows
+        self.catchup_ms = 0.0                         # time the last propose spent on pending
+
+    def begin(self, prompt_ids: Sequence[int], taps: torch.Tensor | None) -> None:
+        self.state.reset()
+        if taps is None or taps.shape[1] != len(prompt_ids):
+            raise ValueError("MTPProposer.begin needs the last layer's output of every "
+                             "prompt row")
+        self.pending_hidden = [taps]
+        self.pending_tokens = list(prompt_ids)
+
+    @torch.inference_mode()
+    def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
+        t0 = time.perf_counter()
+        hidden = torch.cat(self.pending_hidden, dim=1)                 # [1, start-P, H]
+        if hidden.shape[1] != start - self.state.length:
+            raise RuntimeError(f"MTP head holds {self.state.length} positions and "
+                               f"{hidden.shape[1]} pending rows, anchor at {start}")
+        # Each pending row's next token: the following row's token, the anchor for the last.
+        tokens = torch.cat((torch.tensor(self.pending_tokens[1:], dtype=torch.long,
+                                         device=anchor.device), anchor))
+        for at in range(0, hidden.shape[1], self.chunk):
+            out = self.head(self.embed(tokens[at:at + self.chunk])[None],
+                            hidden[:, at:at + self.chunk], self.state)
+            self.state.commit(out.shape[1])
+        self.pending_hidden, self.pending_tokens = [], []
+        self.catchup_ms = (time.perf_counter() - t0) * 1000.0
+        out = out[:, -1:]
+        drafts = [self._draft(out)]
+        for _ in range(num - 1):
+            out = self.head(self.embed(drafts[-1])[None], out, self.state)
+            self.state.commit(1)
+            drafts.append(self._draft(out))
+        self.state.truncate(start)       # entries from drafts: dropped before the verify
+        return torch.cat(drafts)
+
+    def _draft(self, out: torch.Tensor) -> torch.Tensor:
+        return (out[0] @ self.lm_head_weight.T).argmax(dim=-1)        # [1]
+
+    @torch.inference_mode()
+    def commit(self, tokens: Sequence[int], taps: torch.Tensor | None, start: int) -> None:
+        if taps is None:
+            raise ValueError("MTPProposer.commit needs the committed rows' taps")
+        n = len(tokens)
+        self.pending_hidden.append(taps[:, :n])
+        self.pending_tokens.extend(tokens)

@@ -1,0 +1,76 @@
+"""Which proposers an engine loads for its `method` (methods.py), and the errors when one
+is missing: auto loads the DFlash drafter when a drafter directory is given and the MTP head
+when the checkpoint has `mtp.*` weights, and with both an `AutoProposer` routes each cycle
+(with neither, plain decoding); dflash and mtp load that one or fail naming what is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from .acceptance import think_token_ids
+from .auto_proposer import AutoProposer
+from .cache import InferenceState
+from .checkpoint import Checkpoint, load_mtp_head
+from .config import ConfigError
+from .models.dflash import load_drafter
+from .mtp_proposer import MTPProposer
+from .proposer import DFlashProposer, Proposer
+
+if TYPE_CHECKING:
+    from .engine import EngineConfig
+
+log = logging.getLogger(__name__)
+
+WHY_MISSING = {
+    "dflash": "dflash needs a DFlash drafter directory (drafter_path / --drafter)",
+    "mtp": "mtp needs a Qwen3.5/3.6 checkpoint with its mtp.* head, loaded with method mtp "
+           "or auto",
+}
+
+
+@dataclass(frozen=True)
+class ProposerBytes:
+    weights: int      # the proposers' own parameters (drafter, MTP head)
+    kv: int           # the MTP head's KV cache
+
+
+def build_proposers(config: EngineConfig, checkpoint: Checkpoint, state: InferenceState,
+                    dtype: torch.dtype, device: torch.device
+                    ) -> tuple[dict[str, Proposer], ProposerBytes]:
+    model = checkpoint.model
+    head_weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    proposers: dict[str, Proposer] = {}
+    weights = kv = 0
+    if config.method == "dflash" and not config.drafter_path:
+        raise ConfigError(f"method 'dflash': {WHY_MISSING['dflash']}")
+    if config.method in ("auto", "dflash") and config.drafter_path:
+        drafter = load_drafter(config.drafter_path, checkpoint.config, dtype, device)
+        dflash = DFlashProposer(drafter, model.embed_tokens, head_weight, window=config.window,
+                                seed_window=config.window_seed, block_size=config.block_size)
+        if dflash.block_size > config.max_block:
+            raise ConfigError(f"the drafter's block size {dflash.block_size} exceeds "
+                              f"max_block {config.max_block}")
+        proposers["dflash"] = dflash
+        weights += sum(p.nbytes for p in drafter.parameters())
+    want_mtp = config.method == "mtp" or (config.method == "auto" and checkpoint.mtp_weights
+                                          and checkpoint.config.is_hybrid)
+    if want_mtp:
+        head = load_mtp_head(checkpoint, dtype, device)
+        head_state = InferenceState(head.cfg, capacity=state.capacity, max_steps=1,
+                                    kv_dtype=state.kv.k.dtype, compute_dtype=dtype,
+                                    device=device)
+        proposers["mtp"] = MTPProposer(head, model, head_state, steps=config.mtp_steps,
+                                       chunk=config.prefill_chunk)
+        weights += sum(p.nbytes for p in head.parameters())
+        kv += head_state.nbytes.kv
+    if len(proposers) == 2:
+        proposers["auto"] = AutoProposer(dict(proposers), think_token_ids(checkpoint.tokenizer))
+    if config.method == "auto" and not proposers:
+        log.info("method auto: no drafter directory and no MTP head in %s; plain decoding",
+                 checkpoint.path)
+    return proposers, ProposerBytes(weights, kv)
