@@ -30,6 +30,7 @@ def _checked(**kwargs):
     ({"task": "ok", "max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
     ({"task": "ok", "deadline_s": -1}, "deadline_s must be a positive number"),
     ({"task": "ok", "speculative": "no"}, "speculative must be true or false"),
+    ({"task": "ok", "method": "eagle"}, "method must be one of auto, dflash, mtp, none"),
 ])
 def test_bad_requests_are_refused_with_the_reason(kwargs, match):
     with pytest.raises(RequestError, match=match):
@@ -60,9 +61,9 @@ def test_bad_task_messages(text, match):
 def test_task_messages_plain_and_json():
     assert PlanRequest.from_text("open the fridge").task == "open the fridge"
     req = PlanRequest.from_text('{"id": 7, "task": "open it", "context": "fridge ahead", '
-                                '"speculative": false}')
+                                '"speculative": false, "method": "mtp"}')
     assert (req.id, req.task, req.context) == ("7", "open it", "fridge ahead")
-    assert req.speculative is False
+    assert req.speculative is False and req.method == "mtp"
 
 
 def test_prompt_lists_every_skill_and_renders_with_the_chat_template(hybrid_dir):

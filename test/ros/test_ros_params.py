@@ -67,13 +67,14 @@ def test_path_and_overrides_on_top_of_a_preset(hybrid_dir, tmp_path):
         "model.drafter_path": str(drafter), "model.dtype": "fp32", "model.device": "cpu",
         "engine.max_context": 1024, "engine.kv_dtype": "fp8", "speculative.block_size": 8,
         "speculative.window": 32, "speculative.window_seed": False,
-        "speculative.enabled": False, "planner.queue_policy": "preempt",
+        "speculative.enabled": False, "speculative.method": "mtp",
+        "speculative.mtp_steps": 5, "planner.queue_policy": "preempt",
         "planner.deadline_s": 2, "planner.max_new_tokens": 100,
         "planner.skills_file": str(skills), "planner.enable_thinking": False})
     assert engine.model_path == str(hybrid_dir) and engine.drafter_path == str(drafter)
     assert (engine.dtype, engine.kv_dtype, engine.device) == ("fp32", "fp8", "cpu")
     assert (engine.max_context, engine.block_size, engine.window) == (1024, 8, 32)
-    assert not engine.window_seed
+    assert not engine.window_seed and (engine.method, engine.mtp_steps) == ("mtp", 5)
     assert not planner.speculative and planner.policy == "preempt"
     assert planner.deadline_s == 2.0 and planner.max_new_tokens == 100
     assert not planner.enable_thinking and skills_path == skills
@@ -112,6 +113,8 @@ def test_no_model_is_a_clear_error():
     ({"model.preset": "qwen3_4b", "engine.prefill_chunk": 0}, "engine.prefill_chunk"),
     ({"model.preset": "qwen3_4b", "speculative.block_size": 1}, "speculative.block_size"),
     ({"model.preset": "qwen3_4b", "speculative.enabled": 1}, "speculative.enabled"),
+    ({"model.preset": "qwen3_4b", "speculative.method": "eagle"}, "speculative.method"),
+    ({"model.preset": "qwen3_4b", "speculative.mtp_steps": 16}, "speculative.mtp_steps"),
     ({"model.preset": "qwen3_4b", "planner.queue_policy": "lifo"}, "planner.queue_policy"),
     ({"model.preset": "qwen3_4b", "planner.queue_depth": 0}, "planner.queue_depth"),
     ({"model.preset": "qwen3_4b", "planner.deadline_s": -1.0}, "planner.deadline_s"),
