@@ -100,7 +100,7 @@ class Tally:
         cycles = sum(self.phase_cycles.values())
         per = {p: (self.phase_tokens[p] / self.phase_cycles[p] if self.phase_cycles[p] else 0.0)
                for p in self.phase_tokens}
-        drafted = sum(c for m, c in self.method_cycles.items() if m != "none")
+        total = sum(self.method_cycles.values())
         return {"mode": self.name, "valid_pct": 100.0 * self.valid / max(self.n, 1),
                 "exact_pct": 100.0 * self.exact / max(self.n, 1), "tok_s": tps,
                 "x_plain": tps / plain_tps if plain_tps else 0.0,
@@ -108,7 +108,7 @@ class Tally:
                                      if cycles else 0.0),
                 "tokens_per_cycle_think": per["think"], "tokens_per_cycle_answer": per["answer"],
                 "ttft_ms": self.ttft_ms / max(self.n, 1),
-                "mtp_cycle_share": self.method_cycles.get("mtp", 0) / drafted if drafted else 0.0,
+                "cycle_share": {m: c / total for m, c in self.method_cycles.items()},
                 "accept_hist": self.accept_hist}
 
 
@@ -266,13 +266,15 @@ def main(argv=None) -> int:
               f"{r['ttft_ms']:>8.1f}")
     print(f"\nprompt kinds ({args.kind_n} prompts each; mixed = all of them shuffled): decode "
           "tok/s (x plain, tokens/cycle)")
-    head = f"{'kind':<12}" + "".join(f"{m:>22}" for m in KIND_MODES) + f"{'auto mtp %':>12}"
+    head = (f"{'kind':<12}" + "".join(f"{m:>22}" for m in KIND_MODES)
+            + f"{'auto: dflash/mtp/plain %':>26}")
     print(head + "\n" + "-" * len(head))
     for kind, data in kinds.items():
         cells = "".join(f"{r['tok_s']:>8.0f} ({r['x_plain']:.2f}x, {r['tokens_per_cycle']:.2f})"
                         .rjust(22) for r in data["rows"])
-        share = data["rows"][KIND_MODES.index("auto")]["mtp_cycle_share"]
-        print(f"{kind:<12}{cells}{100 * share:>11.0f}%")
+        share = data["rows"][KIND_MODES.index("auto")]["cycle_share"]
+        split = "/".join(f"{100 * share.get(m, 0):.0f}" for m in ("dflash", "mtp", "none"))
+        print(f"{kind:<12}{cells}{split:>26}")
     print(write_png(rows, args.png))
     print(f"wall time {time.perf_counter() - t0:.1f} s")
     return 0

@@ -82,7 +82,8 @@ def test_generate_with_drafter_reports_speculative_stats(hybrid_dir, drafter_dir
             "--max-new-tokens", "20", "--ignore-eos"]
     plain = _json_run(capsys, base)
     spec = _json_run(capsys, base + ["--drafter", str(drafter_dir), "--block-size", "4",
-                                     "--window", "32", "--no-window-seed"])
+                                     "--window", "32", "--no-window-seed", "--method",
+                                     "dflash"])
     off = _json_run(capsys, base + ["--drafter", str(drafter_dir), "--no-spec"])
     relaxed = _json_run(capsys, base + ["--drafter", str(drafter_dir), "--relaxed-thinking",
                                         "--relaxed-topk", "2", "--relaxed-delta", "0.5"])

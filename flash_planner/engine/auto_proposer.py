@@ -1,12 +1,16 @@
 """`auto`: route each speculative cycle to the proposer expected to publish tokens fastest.
 
-Per phase (thinking, answer) and proposer the router keeps a moving estimate of tokens
-published per cycle and of the cycle's cost in wall time (propose -> commit: draft, verify,
-accept and the host sync; an MTP head's catch-up over rows another proposer drafted is a
-switching cost and left out). A cycle goes to the proposer with the most tokens per
-millisecond; one that has not drafted in this phase for `probe_every` cycles drafts once, so
-a change in the text (plan JSON, prose, repeated lines) is noticed. The estimates persist
-across requests (one router per engine).
+The candidates are the loaded proposers and plain decoding (a cycle with no drafts), so
+text no proposer predicts decodes at plain speed. Per phase (thinking, answer: from the
+published tokens, the anchor included) and candidate the router keeps a moving estimate of
+tokens published per cycle and of the cycle's cost in wall time (propose -> commit: draft,
+verify, accept and the host sync; an MTP head's catch-up over rows another proposer drafted
+is a switching cost and left out). A cycle goes to the candidate with the most tokens per
+millisecond. Every other candidate drafts once after `probe_every / r` cycles without it,
+r being its rate over the best one's, so a change in the text (plan JSON, prose, repeated
+lines) is noticed while a candidate far behind costs little: a probe loses at most r(1-r)
+of a cycle's worth per probe_every/r cycles, under 1/(4 probe_every) of the time. The
+estimates persist across requests (one router per engine).
 
 Every proposer sees every `begin` and `commit`, whichever drafted, so each one's state (the
 drafter's window, the MTP head's cache) is exact when it is next chosen. Verification does
@@ -30,11 +34,21 @@ from .proposer import Proposer
 class Estimate:
     tokens: float        # published tokens per cycle (moving average)
     ms: float            # wall ms per cycle (moving average)
-    last_cycle: int      # router cycle count when this proposer last drafted in the phase
+    last_cycle: int      # router cycle count when this candidate last ran in the phase
 
     @property
     def rate(self) -> float:
         return self.tokens / max(self.ms, 1e-6)
+
+
+class PlainDecoding(Proposer):
+    """The router's no-draft candidate: a cycle verifies the anchor alone."""
+
+    name = "none"
+    block_size = 1
+
+    def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
+        return anchor[:0]
 
 
 class AutoProposer(Proposer):
@@ -42,9 +56,9 @@ class AutoProposer(Proposer):
 
     def __init__(self, proposers: dict[str, Proposer], think_ids: tuple[int, int] | None,
                  probe_every: int = 12, smoothing: float = 0.3):
-        if len(proposers) < 2:
-            raise ValueError("auto needs at least two proposers to choose between")
-        self.proposers = proposers
+        if not proposers:
+            raise ValueError("auto needs a proposer to choose against plain decoding")
+        self.proposers = {**proposers, PlainDecoding.name: PlainDecoding()}
         self.tap_ids = tuple(sorted({t for p in proposers.values() for t in p.tap_ids}))
         self.block_size = max(p.block_size for p in proposers.values())
         self.seed_rows = max(p.seed_rows for p in proposers.values())
@@ -84,8 +98,9 @@ class AutoProposer(Proposer):
             if est is None:
                 return name                                   # never measured here
         best = max(known, key=lambda name: known[name].rate)
-        stale = [name for name, est in known.items()
-                 if name != best and self.cycles - est.last_cycle >= self.probe_every]
+        top = known[best].rate
+        stale = [name for name, est in known.items() if name != best
+                 and (self.cycles - est.last_cycle) * est.rate >= self.probe_every * top]
         return stale[0] if stale else best
 
     def begin(self, prompt_ids: Sequence[int], taps: torch.Tensor | None) -> None:
@@ -111,6 +126,8 @@ class AutoProposer(Proposer):
             self._drafting = None
         for p in self.proposers.values():
             p.commit(tokens, self._taps_for(p, taps), start)
+
+    def published(self, tokens: Sequence[int]) -> None:
         if self.phase is not None:
             self.phase.observe(tokens)
 

@@ -131,7 +131,8 @@ class Engine:
         self.state = state
         self.device = device
         self.dtype = dtype
-        # method -> proposer: dflash and/or mtp as loaded, auto when both are
+        # method -> proposer: dflash and/or mtp as loaded, auto (routing among them and
+        # plain decoding) when the method is auto
         self.proposers = proposers or {}
         self.extra_bytes = extra_bytes or ProposerBytes(0, 0)
 
@@ -140,9 +141,7 @@ class Engine:
         """The default proposer (config.method); None decodes plainly."""
         if self.config.method == "none" or not self.proposers:
             return None
-        if self.config.method in self.proposers:
-            return self.proposers[self.config.method]
-        return next(iter(self.proposers.values()))  # auto with a single proposer
+        return self.proposers[self.config.method]
 
     def proposer_for(self, method: str | None) -> Proposer | None:
         """The proposer a request asks for: None = the default; 'none' = plain decoding."""
@@ -152,8 +151,8 @@ class Engine:
             return None
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-        if method == "auto":
-            return self.proposers.get("auto") or self.proposer
+        if method == "auto" and not self.proposers:
+            return None       # nothing to route to: plain decoding
         if method not in self.proposers:
             loaded = ", ".join(self.proposers) or "none (plain decoding only)"
             raise ValueError(f"method {method!r} is not loaded in this engine (loaded: "

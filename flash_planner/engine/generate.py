@@ -250,6 +250,8 @@ def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,
         raise NonFiniteLogits(len(ids) - 1)
     new = [first]
     policy.observe(new)
+    if proposer is not None:
+        proposer.published(new)
     stats.ttft_ms = now_ms() - t0
     t_first = now_ms()
     cycle = None

@@ -37,6 +37,10 @@ class Proposer:
         """Rows committed to the target, in order from position `start` (the anchor first);
         taps [1, len(tokens), n*hidden]."""
 
+    def published(self, tokens: Sequence[int]) -> None:
+        """Tokens just published (the prefill's first one, then each cycle's, the bonus
+        token included): what the next cycle's anchor is, before it is committed."""
+
     @property
     def last_method(self) -> str:
         """The method that drafted the last proposal (differs from `name` for auto)."""

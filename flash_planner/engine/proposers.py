@@ -1,7 +1,8 @@
 """Which proposers an engine loads for its `method` (methods.py), and the errors when one
 is missing: auto loads the DFlash drafter when a drafter directory is given and the MTP head
-when the checkpoint has `mtp.*` weights, and with both an `AutoProposer` routes each cycle
-(with neither, plain decoding); dflash and mtp load that one or fail naming what is missing.
+when the checkpoint has `mtp.*` weights, and an `AutoProposer` routes each cycle among them
+and plain decoding (with neither, plain decoding); dflash and mtp load that one or fail
+naming what is missing.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ WHY_MISSING = {
     "dflash": "dflash needs a DFlash drafter directory (drafter_path / --drafter)",
     "mtp": "mtp needs a Qwen3.5/3.6 checkpoint with its mtp.* head, loaded with method mtp "
            "or auto",
+    "auto": "auto routes among the proposers an engine loads with method auto",
 }
 
 
@@ -68,7 +70,7 @@ def build_proposers(config: EngineConfig, checkpoint: Checkpoint, state: Inferen
                                        chunk=config.prefill_chunk)
         weights += sum(p.nbytes for p in head.parameters())
         kv += head_state.nbytes.kv
-    if len(proposers) == 2:
+    if config.method == "auto" and proposers:
         proposers["auto"] = AutoProposer(dict(proposers), think_token_ids(checkpoint.tokenizer))
     if config.method == "auto" and not proposers:
         log.info("method auto: no drafter directory and no MTP head in %s; plain decoding",

@@ -11,7 +11,8 @@ at position `start`:
 4. commit (after the caller's stop rules chose how many new tokens to publish, `keep`):
    keep rows (the anchor and d_1..d_{keep-1}) are committed to the target state, which rolls
    the GDN/conv state back to that step in O(1) and rewinds the KV length; the same rows go
-   to the proposer's window in commit order; the policy sees the published tokens.
+   to the proposer's window in commit order; the proposer and the policy see the published
+   tokens.
 """
 
 from __future__ import annotations
@@ -87,4 +88,5 @@ def commit_cycle(state: InferenceState, cycle: Cycle, keep: int, proposer: Propo
         if proposer is not None:
             proposer.commit(rows, None if cycle.taps is None else cycle.taps[:, :keep],
                             cycle.start)
+            proposer.published(cycle.tokens[:keep])
         policy.observe(cycle.tokens[:keep])

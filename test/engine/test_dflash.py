@@ -89,7 +89,7 @@ def slow_drafts(w, raw, embed, lm_head, taps, ctx_pos, anchor, start):
 
 
 def test_drafter_matches_a_direct_reimplementation(target, drafter_dir, make_engine):
-    engine = make_engine(target, drafter_path=str(drafter_dir), window=12)
+    engine = make_engine(target, drafter_path=str(drafter_dir), window=12, method="dflash")
     proposer = engine.proposer
     assert isinstance(proposer, DFlashProposer) and proposer.block_size == 8
     prompt = engine.tokenizer.encode("pick up the red cup and place it on the kitchen table",

@@ -202,22 +202,51 @@ def test_mtp_and_switching_auto_are_lossless_under_every_commit_length(
                              prompt + ref.token_ids)
 
 
-def test_auto_routes_to_the_faster_proposer_and_probes_the_other(mtp_checkpoint,
-                                                                 make_engine):
+def test_auto_routes_to_the_faster_candidate_and_probes_the_others(mtp_checkpoint,
+                                                                    make_engine):
     path = mtp_checkpoint()
     engine = make_engine(path, method="mtp", mtp_steps=3)
     prompt = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
-    ref = generate(engine, prompt, GenerationSettings(120, ignore_eos=True, method="none"))
-    # an exact replay publishes block_size tokens a cycle: far ahead of a random head
+    ref = generate(engine, prompt, GenerationSettings(400, ignore_eos=True, method="none"))
+    # an exact replay publishes block_size tokens a cycle: far ahead of a random head and
+    # of plain decoding, which are measured once and then only probed
     replay = ReplayProposer(ref.token_ids, engine.model_config.vocab_size, block_size=8,
                             error_at=99)
     auto = AutoProposer({"mtp": engine.proposers["mtp"], "replay": replay}, None,
-                        probe_every=6)
+                        probe_every=1)
+    got = generate(engine, prompt, GenerationSettings(400, ignore_eos=True), proposer=auto)
+    assert got.token_ids == ref.token_ids
+    cycles = got.stats.method_cycles
+    assert cycles["replay"] > 3 * (cycles["mtp"] + cycles["none"]), cycles
+    assert cycles["mtp"] >= 2 and cycles["none"] >= 2, cycles     # probed again
+    rates = {name: auto.estimates["answer", name].rate for name in ("replay", "mtp", "none")}
+    assert rates["replay"] == max(rates.values())
+
+
+def test_auto_falls_back_to_plain_decoding_when_drafts_are_rejected(mtp_checkpoint,
+                                                                   make_engine):
+    """A replay that is always wrong costs a verify block and publishes one token a cycle:
+    plain decoding publishes the same token for a one-row verify, so auto settles on it."""
+    engine = make_engine(mtp_checkpoint(), method="none")
+    prompt = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
+    ref = generate(engine, prompt, GenerationSettings(120, ignore_eos=True))
+    wrong = ReplayProposer(ref.token_ids, engine.model_config.vocab_size, block_size=16,
+                           error_at=0)
+    auto = AutoProposer({"replay": wrong}, None, probe_every=4)
     got = generate(engine, prompt, GenerationSettings(120, ignore_eos=True), proposer=auto)
     assert got.token_ids == ref.token_ids
     cycles = got.stats.method_cycles
-    assert cycles["replay"] > 2 * cycles["mtp"] and cycles["mtp"] >= 2, cycles
-    assert auto.estimates["answer", "replay"].rate > auto.estimates["answer", "mtp"].rate
+    assert cycles["none"] > 3 * cycles["replay"], cycles
+
+
+def test_auto_phase_follows_the_published_think_markers(mtp_checkpoint, make_engine):
+    engine = make_engine(mtp_checkpoint(), method="none")
+    vocab = engine.model_config.vocab_size
+    auto = AutoProposer({"replay": ReplayProposer([], vocab)}, (7, 8))
+    auto.begin([1, 2, 7], None)                # the prompt opens a thinking block
+    assert auto._phase() == "think"
+    auto.published([5, 8])                     # the next anchor closes it
+    assert auto._phase() == "answer"
 
 
 def test_the_demo_head_accepts_and_keeps_its_cache_exact_under_partial_accepts():
@@ -256,15 +285,17 @@ def test_errors_name_what_is_missing(checkpoints, mtp_checkpoint, make_engine,
         make_engine(mtp_checkpoint(), method="mtp", mtp_steps=16)
     drafter = write_tiny_drafter(tmp_path_factory.mktemp("drafter"), checkpoints("hybrid"))
     only_dflash = make_engine(checkpoints("hybrid"), drafter_path=str(drafter))
-    assert set(only_dflash.proposers) == {"dflash"}
-    with pytest.raises(ValueError, match=r"method 'mtp' is not loaded .*loaded: dflash"):
+    assert set(only_dflash.proposers) == {"dflash", "auto"}
+    with pytest.raises(ValueError, match=r"method 'mtp' is not loaded .*loaded: dflash, auto"):
         generate(only_dflash, [5, 6, 7], GenerationSettings(4, method="mtp"))
+    fixed = make_engine(checkpoints("hybrid"), drafter_path=str(drafter), method="dflash")
+    with pytest.raises(ValueError, match=r"method .auto. is not loaded .*loaded: dflash\)"):
+        generate(fixed, [5, 6, 7], GenerationSettings(4, method="auto"))
     with pytest.raises(ValueError, match="method must be one of"):
         GenerationSettings(4, method="medusa")
-    # auto with one proposer is that proposer; with none, plain decoding
-    assert generate(only_dflash, [5, 6, 7], GenerationSettings(4, method="auto")).stats.cycles
-    plain = make_engine(checkpoints("hybrid"))
+    plain = make_engine(checkpoints("hybrid"))   # auto with nothing to route to: plain
     assert plain.proposers == {} and plain.proposer is None
+    assert generate(plain, [5, 6, 7], GenerationSettings(4, method="auto")).stats.drafted == 0
 
 
 def test_a_head_with_a_wrong_shape_is_refused_before_loading(mtp_checkpoint, tmp_path):

@@ -14,7 +14,7 @@ from flash_planner.train.tiny import write_tiny_drafter
 def engine(tmp_path_factory, checkpoints, make_engine):
     target = checkpoints("hybrid")
     drafter = write_tiny_drafter(tmp_path_factory.mktemp("drafter"), target, block_size=8)
-    return make_engine(target, drafter_path=str(drafter), window=16)
+    return make_engine(target, drafter_path=str(drafter), window=16, method="dflash")
 
 
 class TappingReplay(DFlashProposer):
