@@ -3,12 +3,13 @@
 The head's KV cache (its own `InferenceState`, one attention layer, FP8 like the target's if
 asked) only ever holds entries made from the target's normed hidden state h_q and the true
 next token, for committed positions q. Committed rows wait in `pending` until the next
-`propose`, which runs them through the head in one forward (in chunks after a long prompt or
-a stretch of cycles another proposer drafted) with the anchor as the last row's next token;
-the last row's output gives draft 1. Drafts 2..k chain the head on its own output and draft
-at the next positions; those entries are forgotten (`truncate`) before the verify, so after
-any partial accept the cache holds exactly the entries of committed positions: the ones
-upstream engines keep. No host sync: drafts stay on the device.
+`propose`, which runs them through the head with the anchor as the last row's next token:
+the rows of the last commit in one forward whose last row gives draft 1, after the older
+rows (the prompt, or cycles another proposer drafted) in chunks as a catch-up. Drafts 2..k
+chain the head on its own output and draft at the next positions; those entries are
+forgotten (`truncate`) before the verify, so after any partial accept the cache holds
+exactly the entries of committed positions: the ones upstream engines keep. No host sync:
+drafts stay on the device.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class MTPProposer(Proposer):
         self.seed_rows = state.capacity               # every prompt row enters the cache
         self.pending_hidden: list[torch.Tensor] = []  # normed h of committed rows not in cache
         self.pending_tokens: list[int] = []           # the token at each of those rows
-        self.catchup_ms = 0.0                         # time the last propose spent on pending
+        self.last_commit_rows = 0                     # pending rows from the last commit
+        self.catchup_ms = 0.0                         # last propose's time on older rows
 
     def begin(self, prompt_ids: Sequence[int], taps: torch.Tensor | None) -> None:
         self.state.reset()
@@ -51,10 +53,10 @@ class MTPProposer(Proposer):
                              "prompt row")
         self.pending_hidden = [taps]
         self.pending_tokens = list(prompt_ids)
+        self.last_commit_rows = 1
 
     @torch.inference_mode()
     def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
-        t0 = time.perf_counter()
         hidden = torch.cat(self.pending_hidden, dim=1)                 # [1, start-P, H]
         if hidden.shape[1] != start - self.state.length:
             raise RuntimeError(f"MTP head holds {self.state.length} positions and "
@@ -62,12 +64,18 @@ class MTPProposer(Proposer):
         # Each pending row's next token: the following row's token, the anchor for the last.
         tokens = torch.cat((torch.tensor(self.pending_tokens[1:], dtype=torch.long,
                                          device=anchor.device), anchor))
-        for at in range(0, hidden.shape[1], self.chunk):
-            out = self.head(self.embed(tokens[at:at + self.chunk])[None],
-                            hidden[:, at:at + self.chunk], self.state)
-            self.state.commit(out.shape[1])
-        self.pending_hidden, self.pending_tokens = [], []
+        # Rows before the last commit's (the prompt, or cycles another proposer drafted)
+        # are a catch-up; the last commit's rows are this cycle's first head forward.
+        split = hidden.shape[1] - self.last_commit_rows
+        t0 = time.perf_counter()
+        for at in range(0, split, self.chunk):
+            end = min(at + self.chunk, split)
+            self.head(self.embed(tokens[at:end])[None], hidden[:, at:end], self.state)
+            self.state.commit(end - at)
         self.catchup_ms = (time.perf_counter() - t0) * 1000.0
+        out = self.head(self.embed(tokens[split:])[None], hidden[:, split:], self.state)
+        self.state.commit(out.shape[1])
+        self.pending_hidden, self.pending_tokens = [], []
         out = out[:, -1:]
         drafts = [self._draft(out)]
         for _ in range(num - 1):
@@ -87,3 +95,4 @@ class MTPProposer(Proposer):
         n = len(tokens)
         self.pending_hidden.append(taps[:, :n])
         self.pending_tokens.extend(tokens)
+        self.last_commit_rows = n

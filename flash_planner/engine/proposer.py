@@ -11,6 +11,7 @@ loop-overhead benchmark at a fixed acceptance length). The checkpoint's own MTP 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence
 
 import torch
@@ -48,6 +49,10 @@ class Proposer:
 
 
 class DFlashProposer(Proposer):
+    """The drafter's window takes committed rows when it next drafts: the rows of the last
+    commit as part of the cycle, rows of cycles another proposer drafted (auto) before them
+    as a catch-up (`catchup_ms`), at most a window's worth."""
+
     name = "dflash"
 
     def __init__(self, drafter: DFlashDrafter, embed: torch.nn.Embedding,
@@ -56,22 +61,43 @@ class DFlashProposer(Proposer):
         self.drafter = drafter
         self.embed = embed
         self.lm_head_weight = lm_head_weight
-        self.window = ContextWindow(drafter, window)
+        self._window = ContextWindow(drafter, window)
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (taps, positions)
+        self.catchup_ms = 0.0
         self.seed_rows = window if seed_window else 0
         self.tap_ids = drafter.cfg.tap_ids
         self.block_size = block_size or drafter.cfg.block_size
         if self.block_size < 2:
             raise ValueError(f"block size must be >= 2, got {self.block_size}")
 
+    @property
+    def window(self) -> ContextWindow:
+        """The context window with every committed row (pending rows are added now)."""
+        self._fold(len(self._pending))
+        return self._window
+
+    @torch.inference_mode()
+    def _fold(self, commits: int) -> None:
+        """Add the oldest `commits` pending commits to the window, in commit order."""
+        if commits <= 0:
+            return
+        done, self._pending = self._pending[:commits], self._pending[commits:]
+        self._window.append(torch.cat([t for t, _ in done], dim=1),
+                            torch.cat([p for _, p in done]))
+
     def begin(self, prompt_ids: Sequence[int], taps: torch.Tensor | None) -> None:
-        self.window.clear()
+        self._window.clear()
+        self._pending = []
         if taps is not None and taps.shape[1]:
             m = taps.shape[1]
             end = len(prompt_ids)
-            self.window.append(taps, torch.arange(end - m, end, device=taps.device))
+            self._window.append(taps, torch.arange(end - m, end, device=taps.device))
 
     @torch.inference_mode()
     def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
+        t0 = time.perf_counter()
+        self._fold(len(self._pending) - 1)
+        self.catchup_ms = (time.perf_counter() - t0) * 1000.0
         mask = self.drafter.cfg.mask_token_id
         # The drafter always sees the block it was trained on; shorter requests truncate.
         ids = torch.cat((anchor, anchor.new_full((self.block_size - 1,), mask)))
@@ -80,12 +106,14 @@ class DFlashProposer(Proposer):
         logits = self.drafter.draft_logits(hidden[0, 1:num + 1], self.lm_head_weight)
         return logits.argmax(dim=-1)
 
-    @torch.inference_mode()
     def commit(self, tokens: Sequence[int], taps: torch.Tensor | None, start: int) -> None:
         if taps is None:
             raise ValueError("DFlashProposer.commit needs the committed rows' taps")
         n = len(tokens)
-        self.window.append(taps[:, :n], torch.arange(start, start + n, device=taps.device))
+        self._pending.append((taps[:, :n], torch.arange(start, start + n, device=taps.device)))
+        # a commit the newer ones already fill the window without is never needed
+        while sum(t.shape[1] for t, _ in self._pending[1:]) >= self._window.capacity:
+            self._pending.pop(0)
 
 
 class ReplayProposer(Proposer):
