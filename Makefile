@@ -40,7 +40,7 @@ test: ros-env
 demo: $(STAMP)
 	$(VENV)/bin/flash-planner plan "$(DEMO_TASK)"
 
-# Retrain the demo model from scratch (fixed seeds; about 35 minutes on 2 CPU cores).
+# Retrain the demo model from scratch (fixed seeds; about 56 minutes on 2 CPU cores).
 demo-model: $(STAMP)
 	$(VENV)/bin/python -m flash_planner.train.build_demo
 
