@@ -7,10 +7,13 @@ tokens published per cycle and of the cycle's cost in wall time (propose -> comm
 verify, accept and the host sync; a proposer's catch-up over the rows of cycles it did not
 draft, `catchup_ms`, is a switching cost and left out). A cycle goes to the candidate with
 the most tokens per millisecond. Every other candidate drafts once after
-`probe_every / r^2` cycles without it, r being its rate over the best one's, so a change in
-the text (plan JSON, prose, repeated lines) is noticed while a candidate far behind costs
-little: probing loses at most (1 - r) r^2 / probe_every of the time, under 1.2% at the
-default of 12. The estimates persist across requests (one router per engine).
+`probe_every / r^2` cycles without it (at most 8 probe_every), r being its rate over the
+best one's, so a change in the text (plan JSON, prose, repeated lines) is noticed while a
+candidate far behind costs little: probing loses at most (1 - r) r^2 / probe_every of the
+time, under 1.2% at the default of 12. Wall time only ever errs upward (the process waits
+or is preempted), so the cost estimate takes a lower sample at once and moves toward a
+higher one by the moving average, a stall counting at most 3x: one stall cannot shut a
+candidate out. The estimates persist across requests (one router per engine).
 
 Every proposer sees every `begin` and `commit`, whichever drafted, so each one's state (the
 drafter's window, the MTP head's cache) is exact when it is next chosen. Verification does
@@ -21,7 +24,7 @@ target's.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -55,7 +58,8 @@ class AutoProposer(Proposer):
     name = "auto"
 
     def __init__(self, proposers: dict[str, Proposer], think_ids: tuple[int, int] | None,
-                 probe_every: int = 12, smoothing: float = 0.3):
+                 probe_every: int = 12, smoothing: float = 0.3,
+                 clock: Callable[[], float] = time.perf_counter):
         if not proposers:
             raise ValueError("auto needs a proposer to choose against plain decoding")
         self.proposers = {**proposers, PlainDecoding.name: PlainDecoding()}
@@ -65,6 +69,7 @@ class AutoProposer(Proposer):
         self.phase = ThinkTracker(*think_ids) if think_ids is not None else None
         self.probe_every = probe_every
         self.smoothing = smoothing
+        self.clock = clock                 # seconds; tests pass a virtual one
         self.estimates: dict[tuple[str, str], Estimate] = {}
         self.cycles = 0
         self._method = ""                # the proposer that drafted the current cycle
@@ -100,8 +105,8 @@ class AutoProposer(Proposer):
         best = max(known, key=lambda name: known[name].rate)
         top = known[best].rate
         stale = [name for name, est in known.items() if name != best
-                 and (self.cycles - est.last_cycle) * est.rate ** 2
-                 >= self.probe_every * top ** 2]
+                 and self.cycles - est.last_cycle >= min(8 * self.probe_every,
+                                                         self.probe_every * (top / est.rate) ** 2)]
         return stale[0] if stale else best
 
     def begin(self, prompt_ids: Sequence[int], taps: torch.Tensor | None) -> None:
@@ -114,14 +119,14 @@ class AutoProposer(Proposer):
     def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
         phase = self._phase()
         self._method = name = self.choose(phase)
-        self._drafting = (phase, name, time.perf_counter())
+        self._drafting = (phase, name, self.clock())
         proposer = self.proposers[name]
         return proposer.propose(anchor, start, min(num, proposer.block_size - 1))
 
     def commit(self, tokens: Sequence[int], taps: torch.Tensor | None, start: int) -> None:
         if self._drafting is not None:
             phase, name, t0 = self._drafting
-            ms = (time.perf_counter() - t0) * 1000.0
+            ms = (self.clock() - t0) * 1000.0
             ms -= getattr(self.proposers[name], "catchup_ms", 0.0)
             self._record(phase, name, len(tokens), ms)
             self._drafting = None
@@ -140,5 +145,5 @@ class AutoProposer(Proposer):
             return
         a = self.smoothing
         est.tokens += a * (tokens - est.tokens)
-        est.ms += a * (ms - est.ms)
+        est.ms = min(ms, est.ms + a * (min(ms, 3 * est.ms) - est.ms))
         est.last_cycle = self.cycles

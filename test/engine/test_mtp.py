@@ -202,50 +202,95 @@ def test_mtp_and_switching_auto_are_lossless_under_every_commit_length(
                              prompt + ref.token_ids)
 
 
+class VirtualClock:
+    """Seconds that advance only by the costs the test sets: 1 ms per cycle (the router
+    reads the clock twice a cycle) plus what a `Costed` candidate adds, so the router's
+    choices do not depend on the load of the machine running the test."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        self.now += 0.0005
+        return self.now
+
+
+class Costed(Proposer):
+    """`inner`, whose every proposal advances the virtual clock by `ms`."""
+
+    def __init__(self, inner, clock, ms):
+        self.inner, self.clock, self.ms = inner, clock, ms
+        self.tap_ids, self.block_size = inner.tap_ids, inner.block_size
+        self.seed_rows, self.name = inner.seed_rows, inner.name
+
+    def begin(self, prompt_ids, taps):
+        self.inner.begin(prompt_ids, taps)
+
+    def propose(self, anchor, start, num):
+        self.clock.now += self.ms / 1000
+        return self.inner.propose(anchor, start, num)
+
+    def commit(self, tokens, taps, start):
+        self.inner.commit(tokens, taps, start)
+
+
 def test_auto_routes_to_the_faster_candidate_and_probes_the_others(mtp_checkpoint,
                                                                     make_engine):
     path = mtp_checkpoint()
     engine = make_engine(path, method="mtp", mtp_steps=3)
     prompt = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
     ref = generate(engine, prompt, GenerationSettings(400, ignore_eos=True, method="none"))
-    # an exact replay publishes block_size tokens a cycle: far ahead of a random head and
-    # of plain decoding, which are measured once and then only probed
+    # an exact replay publishes 8 tokens a cycle: far ahead of a random head and of plain
+    # decoding (1 token a cycle), which are measured once and then only probed
+    clock = VirtualClock()
     replay = ReplayProposer(ref.token_ids, engine.model_config.vocab_size, block_size=8,
                             error_at=99)
-    auto = AutoProposer({"mtp": engine.proposers["mtp"], "replay": replay}, None,
-                        probe_every=1)
+    auto = AutoProposer({"mtp": Costed(engine.proposers["mtp"], clock, 3.0),
+                         "replay": Costed(replay, clock, 2.0)}, None, probe_every=4,
+                        clock=clock)
     got = generate(engine, prompt, GenerationSettings(400, ignore_eos=True), proposer=auto)
     assert got.token_ids == ref.token_ids
     cycles = got.stats.method_cycles
     assert cycles["replay"] > 3 * (cycles["mtp"] + cycles["none"]), cycles
-    assert cycles["mtp"] >= 1 and cycles["none"] >= 1, cycles     # measured
-    rates = {name: auto.estimates["answer", name].rate for name in ("replay", "mtp", "none")}
+    assert cycles["mtp"] >= 2, cycles     # measured, then probed again (at 8 probe_every)
+    rates = {name: auto.estimates["answer", name].rate for name in ("replay", "mtp")}
     assert rates["replay"] == max(rates.values())
     # the probe rule: a candidate at r = rate / best rate drafts after probe_every / r^2
-    # cycles without it
+    # cycles without it, at most 8 probe_every
     auto.probe_every = 12
     auto.estimates = {("answer", "replay"): Estimate(8.0, 1.0, 0),
-                      ("answer", "mtp"): Estimate(4.0, 1.0, 0),     # r = 1/2: every 48
-                      ("answer", "none"): Estimate(1.0, 1.0, 0)}    # r = 1/8: every 768
-    for cycles, chosen in ((47, "replay"), (48, "mtp")):
+                      ("answer", "mtp"): Estimate(6.0, 1.0, 0),     # r = 3/4: every 21.3
+                      ("answer", "none"): Estimate(1.0, 1.0, 0)}    # r = 1/8: every 96
+    for cycles, chosen in ((21, "replay"), (22, "mtp")):
         auto.cycles = cycles
         assert auto.choose("answer") == chosen
-    auto.estimates["answer", "mtp"].last_cycle = 760
-    for cycles, chosen in ((767, "replay"), (768, "none")):
+    auto.estimates["answer", "mtp"].last_cycle = 90
+    for cycles, chosen in ((95, "replay"), (96, "none")):
         auto.cycles = cycles
         assert auto.choose("answer") == chosen
+
+
+def test_one_stall_does_not_shut_a_candidate_out():
+    auto = AutoProposer({"replay": ReplayProposer([], 8)}, None)
+    auto._record("answer", "replay", 8, 500.0)     # a stall on the first measurement
+    auto._record("answer", "replay", 8, 2.0)       # the next probe: taken at once
+    assert auto.estimates["answer", "replay"].ms == 2.0
+    auto._record("answer", "replay", 8, 400.0)     # a later stall counts as 3x at most
+    assert auto.estimates["answer", "replay"].ms == pytest.approx(2.0 + 0.3 * 4.0)
 
 
 def test_auto_falls_back_to_plain_decoding_when_drafts_are_rejected(mtp_checkpoint,
                                                                    make_engine):
-    """A replay that is always wrong costs a verify block and publishes one token a cycle:
-    plain decoding publishes the same token for a one-row verify, so auto settles on it."""
+    """A replay that is always wrong costs a 16-row verify and publishes one token a cycle,
+    as plain decoding does with a one-row verify (cheaper): auto settles on plain."""
     engine = make_engine(mtp_checkpoint(), method="none")
     prompt = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
     ref = generate(engine, prompt, GenerationSettings(120, ignore_eos=True))
+    clock = VirtualClock()
     wrong = ReplayProposer(ref.token_ids, engine.model_config.vocab_size, block_size=16,
                            error_at=0)
-    auto = AutoProposer({"replay": wrong}, None, probe_every=4)
+    auto = AutoProposer({"replay": Costed(wrong, clock, 4.0)}, None, probe_every=4,
+                        clock=clock)
     got = generate(engine, prompt, GenerationSettings(120, ignore_eos=True), proposer=auto)
     assert got.token_ids == ref.token_ids
     cycles = got.stats.method_cycles
