@@ -17,6 +17,8 @@ import logging
 import sys
 import tempfile
 
+from .engine.methods import METHODS
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -56,7 +58,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--drafter", metavar="DIR", help="DFlash drafter directory (turns "
                       "speculation on)")
-    spec.add_argument("--method", choices=["auto", "dflash", "mtp", "none"],
+    spec.add_argument("--method", choices=METHODS,
                       help="proposer: the DFlash drafter, the checkpoint's own MTP head, "
                       "auto (each cycle to the faster of those loaded; the default) or none")
     spec.add_argument("--mtp-steps", type=int, help="MTP drafts per cycle (default 3)")

@@ -66,6 +66,10 @@ class AutoProposer(Proposer):
         self.tap_ids = tuple(sorted({t for p in proposers.values() for t in p.tap_ids}))
         self.block_size = max(p.block_size for p in proposers.values())
         self.seed_rows = max(p.seed_rows for p in proposers.values())
+        # each proposer's tap layers as slots of the union, in the proposer's order
+        self._slots = {name: [self.tap_ids.index(t) for t in p.tap_ids]
+                       for name, p in self.proposers.items()}
+        self._index: dict[str, torch.Tensor] = {}
         self.phase = ThinkTracker(*think_ids) if think_ids is not None else None
         self.probe_every = probe_every
         self.smoothing = smoothing
@@ -82,19 +86,23 @@ class AutoProposer(Proposer):
     def _phase(self) -> str:
         return "think" if self.phase is not None and self.phase.thinking else "answer"
 
-    def _taps_for(self, proposer: Proposer, taps: torch.Tensor | None, rows: int | None = None
+    def _taps_for(self, name: str, taps: torch.Tensor | None, rows: int | None = None
                   ) -> torch.Tensor | None:
-        """The columns of the union taps [1, T, n*H] that `proposer` asked for."""
-        if taps is None or not proposer.tap_ids:
+        """The columns of the union taps [1, T, n*H] that proposer `name` asked for: a view
+        when its layers are adjacent in the union (always, for dflash + mtp), else a gather
+        with an index built once."""
+        slots = self._slots[name]
+        if taps is None or not slots:
             return None
         if rows is not None:
             taps = taps[:, taps.shape[1] - min(rows, taps.shape[1]):]
-        if proposer.tap_ids == self.tap_ids:
-            return taps
-        n = len(self.tap_ids)
-        index = torch.tensor([self.tap_ids.index(t) for t in proposer.tap_ids],
-                             dtype=torch.long, device=taps.device)
-        split = taps.view(*taps.shape[:2], n, -1)
+        width = taps.shape[-1] // len(self.tap_ids)
+        if slots == list(range(slots[0], slots[0] + len(slots))):
+            return taps[..., slots[0] * width:(slots[0] + len(slots)) * width]
+        index = self._index.get(name)
+        if index is None or index.device != taps.device:
+            index = self._index[name] = torch.tensor(slots, device=taps.device)
+        split = taps.view(*taps.shape[:2], len(self.tap_ids), width)
         return split.index_select(2, index).flatten(2)
 
     def choose(self, phase: str) -> str:
@@ -113,8 +121,8 @@ class AutoProposer(Proposer):
         if self.phase is not None:
             self.phase.reset(prompt_ids)
         self._drafting = None
-        for p in self.proposers.values():
-            p.begin(prompt_ids, self._taps_for(p, taps, p.seed_rows) if p.seed_rows else None)
+        for name, p in self.proposers.items():
+            p.begin(prompt_ids, self._taps_for(name, taps, p.seed_rows) if p.seed_rows else None)
 
     def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
         phase = self._phase()
@@ -127,11 +135,11 @@ class AutoProposer(Proposer):
         if self._drafting is not None:
             phase, name, t0 = self._drafting
             ms = (self.clock() - t0) * 1000.0
-            ms -= getattr(self.proposers[name], "catchup_ms", 0.0)
+            ms -= self.proposers[name].catchup_ms
             self._record(phase, name, len(tokens), ms)
             self._drafting = None
-        for p in self.proposers.values():
-            p.commit(tokens, self._taps_for(p, taps), start)
+        for name, p in self.proposers.items():
+            p.commit(tokens, self._taps_for(name, taps), start)
 
     def published(self, tokens: Sequence[int]) -> None:
         if self.phase is not None:

@@ -34,26 +34,24 @@ class MTPProposer(Proposer):
             raise ValueError(f"mtp_steps must be >= 1, got {steps}")
         self.head = head
         self.embed = target.embed_tokens
-        self.lm_head_weight = (target.embed_tokens.weight if target.lm_head is None
-                               else target.lm_head.weight)
+        self.lm_head_weight = target.output_weight
         self.state = state
         self.chunk = chunk
         self.tap_ids = (target.cfg.num_layers - 1,)   # the last layer, after the final norm
         self.block_size = steps + 1
         self.seed_rows = state.capacity               # every prompt row enters the cache
-        self.pending_hidden: list[torch.Tensor] = []  # normed h of committed rows not in cache
-        self.pending_tokens: list[int] = []           # the token at each of those rows
-        self.last_commit_rows = 0                     # pending rows from the last commit
-        self.catchup_ms = 0.0                         # last propose's time on older rows
+        # Normed h of committed rows not in the cache, one chunk per commit (the prompt's
+        # last row a chunk of its own), and the token at each of those rows.
+        self.pending_hidden: list[torch.Tensor] = []
+        self.pending_tokens: list[int] = []
 
     def begin(self, prompt_ids: Sequence[int], taps: torch.Tensor | None) -> None:
         self.state.reset()
         if taps is None or taps.shape[1] != len(prompt_ids):
             raise ValueError("MTPProposer.begin needs the last layer's output of every "
                              "prompt row")
-        self.pending_hidden = [taps]
+        self.pending_hidden = [taps[:, :-1], taps[:, -1:]]
         self.pending_tokens = list(prompt_ids)
-        self.last_commit_rows = 1
 
     @torch.inference_mode()
     def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
@@ -64,9 +62,9 @@ class MTPProposer(Proposer):
         # Each pending row's next token: the following row's token, the anchor for the last.
         tokens = torch.cat((torch.tensor(self.pending_tokens[1:], dtype=torch.long,
                                          device=anchor.device), anchor))
-        # Rows before the last commit's (the prompt, or cycles another proposer drafted)
-        # are a catch-up; the last commit's rows are this cycle's first head forward.
-        split = hidden.shape[1] - self.last_commit_rows
+        # Rows before the last chunk (the prompt, or cycles another proposer drafted) are a
+        # catch-up; the last chunk's rows are this cycle's first head forward.
+        split = hidden.shape[1] - self.pending_hidden[-1].shape[1]
         t0 = time.perf_counter()
         for at in range(0, split, self.chunk):
             end = min(at + self.chunk, split)
@@ -95,4 +93,3 @@ class MTPProposer(Proposer):
         n = len(tokens)
         self.pending_hidden.append(taps[:, :n])
         self.pending_tokens.extend(tokens)
-        self.last_commit_rows = n

@@ -25,6 +25,8 @@ class Proposer:
     tap_ids: tuple[int, ...] = ()   # target layers whose outputs `begin`/`commit` receive
     block_size: int = 16            # verify rows per cycle: the anchor + block_size-1 drafts
     seed_rows: int = 0              # prompt-tail rows whose taps `begin` wants
+    catchup_ms: float = 0.0         # the last propose's time on rows of cycles it did not
+                                    # draft (auto's switching cost, kept out of its estimates)
 
     def begin(self, prompt_ids: Sequence[int], taps: torch.Tensor | None) -> None:
         """A new request; taps [1, m, n*hidden] of the prompt's last m tokens (or None)."""

@@ -45,14 +45,14 @@ def build_proposers(config: EngineConfig, checkpoint: Checkpoint, state: Inferen
                     dtype: torch.dtype, device: torch.device
                     ) -> tuple[dict[str, Proposer], ProposerBytes]:
     model = checkpoint.model
-    head_weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
     proposers: dict[str, Proposer] = {}
     weights = kv = 0
     if config.method == "dflash" and not config.drafter_path:
         raise ConfigError(f"method 'dflash': {WHY_MISSING['dflash']}")
     if config.method in ("auto", "dflash") and config.drafter_path:
         drafter = load_drafter(config.drafter_path, checkpoint.config, dtype, device)
-        dflash = DFlashProposer(drafter, model.embed_tokens, head_weight, window=config.window,
+        dflash = DFlashProposer(drafter, model.embed_tokens, model.output_weight,
+                                window=config.window,
                                 seed_window=config.window_seed, block_size=config.block_size)
         if dflash.block_size > config.max_block:
             raise ConfigError(f"the drafter's block size {dflash.block_size} exceeds "

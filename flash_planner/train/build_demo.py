@@ -25,11 +25,11 @@ from .target import TargetSpec, TrainSettings, train_target
 from .tokenizer import load_tokenizer, train_tokenizer
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "assets" / "demo"
-MTP_STEPS = 1200
+MTP_TRAIN_STEPS = 1200
 MTP_DEPTH = 3           # chain steps trained: the engine's default mtp_steps
 
 
-def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_steps: int,
+def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_train_steps: int,
           threads: int, check: int, only: str | None = None) -> None:
     t0 = time.perf_counter()
     log = lambda msg: print(msg, flush=True)  # noqa: E731
@@ -57,7 +57,7 @@ def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_steps
                                                    seed=seed, threads=threads), log=log)
     if only in (None, "mtp"):
         train_mtp(data, target_dir, ids["pad_id"], MTP_DEPTH,
-                  TrainSettings(steps=mtp_steps, batch_size=16, lr=1e-3, seed=seed,
+                  TrainSettings(steps=mtp_train_steps, batch_size=16, lr=1e-3, seed=seed,
                                 threads=threads), log=log)
     log(f"[build] trained in {(time.perf_counter() - t0) / 60:.1f} min -> {out}")
     if check:
@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drafter-steps", type=int, default=1800)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--check", type=int, default=50, help="held-out tasks to check")
-    parser.add_argument("--mtp-steps", type=int, default=MTP_STEPS)
+    # training steps of the head (not `flash-planner --mtp-steps`, its drafts per cycle)
+    parser.add_argument("--mtp-train-steps", type=int, default=MTP_TRAIN_STEPS)
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--drafter-only", action="store_const", const="drafter", dest="only",
                       help="keep the target in OUT/target, train only the drafter")
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    build(args.out, args.seed, args.target_steps, args.drafter_steps, args.mtp_steps,
+    build(args.out, args.seed, args.target_steps, args.drafter_steps, args.mtp_train_steps,
           args.threads, args.check, args.only)
     return 0
 

@@ -45,8 +45,7 @@ def head_pass(head: MTPHead, embedded: torch.Tensor, hidden: torch.Tensor,
     and values to `keys` / `values` and returns the normed outputs [N, S, H]."""
     layer = head.layers[0]
     attn = layer.self_attn
-    x = head.fc(torch.cat((head.pre_fc_norm_embedding(embedded),
-                           head.pre_fc_norm_hidden(hidden)), dim=-1))
+    x = head.fuse(embedded, hidden)
     (q, k, v), post = layer.pre_mixer(x)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     keys.append(k)

@@ -8,6 +8,7 @@ come from transformers. Neither shares code with the engine.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -30,6 +31,12 @@ from flash_planner.train.tiny import write_tiny_drafter
 
 PROMPT = "open the top drawer, take the blue screwdriver"
 NEAR_TIE = 1e-4
+
+
+@functools.cache
+def reference(path, kind="hybrid"):
+    """One `Reference` per checkpoint (it loads transformers' model)."""
+    return Reference(path, kind)
 
 
 class Reference:
@@ -134,6 +141,10 @@ class Recording(Proposer):
     def last_method(self):
         return self.inner.last_method
 
+    @property
+    def catchup_ms(self):
+        return self.inner.catchup_ms
+
 
 def assert_draft_matches(ref_logits, drafts):
     for logits, got in zip(ref_logits, drafts):
@@ -162,7 +173,7 @@ def mtp_checkpoint(checkpoints):
 def test_drafts_and_cache_equal_the_reference_head(mtp_checkpoint, make_engine, kind):
     path = mtp_checkpoint(kind)
     engine = make_engine(path, method="mtp", mtp_steps=4)
-    ref = Reference(path, kind)
+    ref = reference(path, kind)
     prompt = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
     rec = Recording(engine.proposers["mtp"])
     out = generate(engine, prompt, GenerationSettings(20, ignore_eos=True), proposer=rec)
@@ -198,7 +209,7 @@ def test_mtp_and_switching_auto_are_lossless_under_every_commit_length(
     assert set(mixed.stats.method_cycles) >= {"replay", "mtp"}
     assert len([n for n in mixed.stats.accept_hist if n]) >= 3   # varied commit lengths
     if kv == "fp32":
-        assert_cache_matches(Reference(path, "hybrid"), engine.proposers["mtp"],
+        assert_cache_matches(reference(path), engine.proposers["mtp"],
                              prompt + ref.token_ids)
 
 
@@ -215,23 +226,16 @@ class VirtualClock:
         return self.now
 
 
-class Costed(Proposer):
+class Costed(Recording):
     """`inner`, whose every proposal advances the virtual clock by `ms`."""
 
     def __init__(self, inner, clock, ms):
-        self.inner, self.clock, self.ms = inner, clock, ms
-        self.tap_ids, self.block_size = inner.tap_ids, inner.block_size
-        self.seed_rows, self.name = inner.seed_rows, inner.name
-
-    def begin(self, prompt_ids, taps):
-        self.inner.begin(prompt_ids, taps)
+        super().__init__(inner)
+        self.clock, self.ms = clock, ms
 
     def propose(self, anchor, start, num):
         self.clock.now += self.ms / 1000
-        return self.inner.propose(anchor, start, num)
-
-    def commit(self, tokens, taps, start):
-        self.inner.commit(tokens, taps, start)
+        return super().propose(anchor, start, num)
 
 
 def test_auto_routes_to_the_faster_candidate_and_probes_the_others(mtp_checkpoint,
@@ -312,7 +316,7 @@ def test_the_demo_head_accepts_and_keeps_its_cache_exact_under_partial_accepts()
     engine = Engine.load(ModelPreset.load("demo").engine_config(device="cpu", dtype="fp32"))
     assert {"dflash", "mtp", "auto"} <= set(engine.proposers)
     catalog = SkillCatalog.from_yaml(default_skills_path())
-    ref = Reference(engine.checkpoint.path, "hybrid")
+    ref = reference(engine.checkpoint.path)
     k = engine.proposers["mtp"].block_size - 1
     hist = [0] * (k + 1)
     for ex in make_corpus(0, n_train=0, n_heldout=40)[1][:3]:

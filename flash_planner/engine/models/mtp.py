@@ -52,6 +52,11 @@ class MTPHead(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(self.cfg, 0)])
         self.norm = RMSNorm(h, eps, zero_centred=True)
 
+    def fuse(self, embedded: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The layer's input: fc over the normed embedding, then the normed hidden state."""
+        return self.fc(torch.cat((self.pre_fc_norm_embedding(embedded),
+                                  self.pre_fc_norm_hidden(hidden)), dim=-1))
+
     @torch.inference_mode()
     def forward(self, embedded: torch.Tensor, hidden: torch.Tensor, state: InferenceState
                 ) -> torch.Tensor:
@@ -62,8 +67,7 @@ class MTPHead(nn.Module):
         The caller commits the rows (`state.commit`) or forgets them (`state.truncate`)."""
         b, t, _ = embedded.shape
         ctx = ForwardContext.open(state, b, t, self.cfg.rope, embedded.dtype, embedded.device)
-        x = self.fc(torch.cat((self.pre_fc_norm_embedding(embedded),
-                               self.pre_fc_norm_hidden(hidden)), dim=-1))
+        x = self.fuse(embedded, hidden)
         layer = self.layers[0]
         mix, post = layer.pre_mixer(x)
         x = layer.post_mixer(x, layer.mix(mix, ctx), post)

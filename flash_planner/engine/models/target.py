@@ -89,6 +89,11 @@ class TargetModel(nn.Module):
         self.arity = [layer_arity(layer) for layer in self.layers]
         self.dense = TorchDense(self.segments)
 
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """[vocab, hidden]: lm_head's weight, or the embedding's when they are tied."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
     def set_dense(self, runner) -> None:
         """Run the dense segments with another backend (same `run(index, *tensors)`)."""
         self.dense = runner
