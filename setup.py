@@ -36,6 +36,7 @@ setup(
         "tokenizers",
         "pyyaml",
         "jsonschema",
+        "xgrammar>=0.2.8",
         "numpy",
     ],
     extras_require={"test": ["pytest", "onnx", "onnxruntime", "onnxscript", "ruff"],

@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     thinking.add_argument("--thinking", dest="thinking", action="store_true", default=None)
     thinking.add_argument("--no-thinking", dest="thinking", action="store_false")
     plan.add_argument("--max-new-tokens", type=int, default=512)
+    plan.add_argument("--no-constrain", action="store_true", help="decode the answer without "
+                      "the catalog's plan grammar (it is only validated afterwards)")
     _add_engine_args(plan)
 
     gen = sub.add_parser("generate", help="greedy generation from a model")
@@ -191,7 +193,9 @@ def _plan(args: argparse.Namespace) -> int:
                           ).checked(limits.max_task_chars, limits.max_context_chars)
     catalog = SkillCatalog.from_yaml(args.skills or default_skills_path())
     engine, preset = _load_engine(args, args.model)
-    service = PlannerService(engine, catalog, PlannerConfig(**_spec_settings(args, preset)))
+    service = PlannerService(engine, catalog, PlannerConfig(
+        constrain=not args.no_constrain, refusal_hint=preset.refusal_hint,
+        **_spec_settings(args, preset)))
     service.start()
     try:
         result = service.plan(request)
@@ -209,7 +213,8 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"[{t.get('new_tokens', 0)} tokens, TTFT {t.get('ttft_ms', 0):.1f} ms, "
               f"{t.get('decode_tokens_per_s', 0):.1f} tok/s, "
               f"{t.get('tokens_per_cycle', 0):.2f} tokens/cycle, "
-              f"total {t.get('total_latency_ms', 0):.1f} ms]", file=sys.stderr)
+              + (f"{t['forced_tokens']} forced by the grammar, " if t.get("constrained") else "")
+              + f"total {t.get('total_latency_ms', 0):.1f} ms]", file=sys.stderr)
     return EXIT_OK if result.success else EXIT_FAILED
 
 

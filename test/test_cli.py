@@ -92,7 +92,8 @@ def test_generate_with_drafter_reports_speculative_stats(hybrid_dir, drafter_dir
     assert stats["cycles"] == 19 and stats["drafted"] > 19
     for key in ("mean_accepted", "tokens_per_cycle", "accept_hist", "phase_ms_per_cycle"):
         assert key in stats
-    assert set(stats["phase_ms_per_cycle"]) == {"draft", "verify", "accept", "commit", "other"}
+    assert set(stats["phase_ms_per_cycle"]) == {"draft", "grammar", "verify", "accept", "commit",
+                                               "other"}
     assert off["stats"]["drafted"] == 0
     assert len(relaxed["token_ids"]) == 20
 

@@ -21,6 +21,7 @@ import torch
 
 from .acceptance import RelaxedThinking, StrictAcceptance, think_token_ids
 from .chat import encode_chat
+from .constraint import Constraint, masked
 from .engine import Engine
 from .methods import METHODS
 from .proposer import Proposer
@@ -199,11 +200,14 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
              on_token: TokenCallback | None = None,
              cancel: CancelToken | None = None,
              proposer: Proposer | None = None,
-             policy: StrictAcceptance | RelaxedThinking | None = None) -> GenerationResult:
+             policy: StrictAcceptance | RelaxedThinking | None = None,
+             constraint: Constraint | None = None) -> GenerationResult:
     """Greedy decoding of `prompt`, speculative when a proposer is available.
 
     `proposer` overrides the engine's own (tests and benchmarks pass a replay proposer);
-    `policy` overrides the acceptance policy the settings describe.
+    `policy` overrides the acceptance policy the settings describe; `constraint` (a fresh
+    one per request, e.g. `JsonSchemaGrammar.constraint()`) restricts the answer to a
+    grammar.
     """
     settings = settings or GenerationSettings()
     t0 = now_ms()
@@ -217,10 +221,16 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
     if proposer is not None and proposer.block_size > engine.config.max_block:
         raise ValueError(f"block size {proposer.block_size} exceeds the engine's max_block "
                          f"{engine.config.max_block}")
+    if constraint is not None and settings.ignore_eos:
+        raise ValueError("ignore_eos cannot be combined with a grammar constraint: the "
+                         "grammar ends the answer with EOS")
     policy = policy or make_policy(engine, settings)
     policy.reset(ids)
+    if constraint is not None:
+        constraint.reset(ids)
     try:
-        return _decode(engine, ids, settings, on_token, cancel, proposer, policy, t0, deadline)
+        return _decode(engine, ids, settings, on_token, cancel, proposer, policy, t0, deadline,
+                       constraint)
     except BaseException:
         # An exception mid-cycle (a fault, non-finite logits, an interrupt) can leave
         # uncommitted rows: clear the state now (the proposer is re-seeded by `begin`).
@@ -230,8 +240,8 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
 
 def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,
             on_token: TokenCallback | None, cancel: CancelToken | None,
-            proposer: Proposer | None, policy, t0: float, deadline: float | None
-            ) -> GenerationResult:
+            proposer: Proposer | None, policy, t0: float, deadline: float | None,
+            constraint: Constraint | None) -> GenerationResult:
     """Prefill and the decode loop of `generate` (arguments checked and resolved there)."""
     stats = GenerationStats(prompt_tokens=len(ids))
     timer = PhaseTimer(sync=settings.profile_phases)
@@ -245,11 +255,19 @@ def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,
     published: list[int] = []
     # Decoding the text so far every cycle is only worth it for a listener.
     stream = TextStream(engine.tokenizer, published) if on_token is not None else None
-    first, finite = torch.stack((logits.argmax(), torch.isfinite(logits).all())).tolist()
+    allowed = None
+    if constraint is not None:
+        with timer.phase("grammar"):
+            allowed = constraint.masks([])
+    first, finite = torch.stack((masked(logits[None], allowed)[0].argmax(),
+                                 torch.isfinite(logits).all())).tolist()
     if not finite:
         raise NonFiniteLogits(len(ids) - 1)
     new = [first]
     policy.observe(new)
+    if constraint is not None:
+        with timer.phase("grammar"):
+            constraint.commit(new)
     if proposer is not None:
         proposer.published(new)
     stats.ttft_ms = now_ms() - t0
@@ -267,7 +285,7 @@ def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,
         keep, reason = rules.first_stop(published, new)
         published.extend(new[:keep])
         if cycle is not None:
-            commit_cycle(engine.state, cycle, keep, proposer, policy, timer)
+            commit_cycle(engine.state, cycle, keep, proposer, policy, timer, constraint)
         emit(new[:keep], final=reason is not None)
         if reason is None:  # checked after the callback, before the next forward
             reason = _interrupted(cancel, deadline)
@@ -277,12 +295,16 @@ def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,
             break
         remaining = settings.max_new_tokens - len(published)
         drafts = 0 if proposer is None else min(proposer.block_size - 1, remaining - 1)
+        room = min(engine.config.max_block - 1, remaining - 1)   # drafts + forced tokens
         cycle = run_cycle(engine.model, engine.state, published[-1], proposer, policy,
-                          drafts, timer)
+                          drafts, timer, constraint, room)
         stats.record_cycle(cycle.drafted, cycle.accepted, cycle.method)
         new = cycle.tokens
     stats.new_tokens = len(published)
     stats.decode_ms = now_ms() - t_first
     stats.total_ms = now_ms() - t0
     stats.phase_ms = dict(timer.ms)
+    if constraint is not None:
+        stats.forced_tokens = constraint.stats.forced
+        stats.grammar_cut_drafts = constraint.stats.cut
     return GenerationResult(published, decode_text(engine.tokenizer, published), reason, stats)

@@ -3,9 +3,12 @@
 One cycle starts from the anchor (the last published token, not yet run through the target)
 at position `start`:
 
-1. propose: the proposer drafts k tokens (k = 0 is plain greedy decoding, same path);
+1. propose: the proposer drafts k tokens (k = 0 is plain greedy decoding, same path); under
+   a grammar constraint the drafts come to the host, the block ends at the first draft the
+   grammar forbids and the tokens it forces next are appended (`constraint.py`);
 2. verify: one target forward over [anchor, d_1..d_k] that records per-step GDN checkpoints
-   and the proposer's taps;
+   and the proposer's taps; a constraint's masks are built while it runs and applied to its
+   logits;
 3. accept: the policy counts accepted drafts n on the device; one host copy brings back
    n, the drafts and the target's argmaxes together;
 4. commit (after the caller's stop rules chose how many new tokens to publish, `keep`):
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .cache import InferenceState
+from .constraint import Constraint, masked
 from .models.target import TargetModel
 from .proposer import Proposer
 from .telemetry import PhaseTimer
@@ -44,12 +48,14 @@ class Cycle:
     accepted: int                 # n
     drafted: int                  # k
     taps: torch.Tensor | None     # [1, k+1, n_taps*hidden] verify taps, row 0 = anchor
-    method: str = "none"          # the proposer that drafted (none: k = 0)
+    method: str = "none"          # the proposer that drafted (none: it drafted nothing)
 
 
 def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
-              proposer: Proposer | None, policy, num_drafts: int, timer: PhaseTimer) -> Cycle:
-    """Steps 1-3; the state is left with k+1 pending rows for `commit_cycle`."""
+              proposer: Proposer | None, policy, num_drafts: int, timer: PhaseTimer,
+              constraint: Constraint | None = None, room: int = 0) -> Cycle:
+    """Steps 1-3; the state is left with k+1 pending rows for `commit_cycle`. Under a
+    constraint the block holds at most `room` drafts, forced tokens included."""
     device = model.embed_tokens.weight.device
     anchor_t = torch.tensor([anchor], dtype=torch.long, device=device)
     start = state.length
@@ -58,29 +64,40 @@ def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
             drafts = proposer.propose(anchor_t, start, num_drafts)
         else:
             drafts = anchor_t[:0]
+    proposed = int(drafts.shape[0])
+    if constraint is not None:
+        with timer.phase("grammar"):
+            block = constraint.block(drafts.tolist(), max(room, proposed))
+            drafts = torch.tensor(block, dtype=torch.long, device=device)
     k = int(drafts.shape[0])
     tap_ids = proposer.tap_ids if proposer is not None else ()
     with timer.phase("verify"):
         out = model(torch.cat((anchor_t, drafts))[None], state, record_steps=k > 0,
                     taps=tap_ids, all_logits=True)
+    allowed = None
+    if constraint is not None:
+        with timer.phase("grammar"):   # host work while an asynchronous forward runs
+            allowed = constraint.masks(block)
     with timer.phase("accept"):
-        logits = out.logits[0]                                          # [k+1, V]
+        raw = out.logits[0]                                             # [k+1, V]
+        # finiteness of the raw logits: masking puts -inf where the grammar forbids
+        finite = torch.isfinite(raw).all(dim=-1).long()
+        logits = masked(raw, allowed)
         n = policy.accept(drafts, logits) if k else torch.zeros((), dtype=torch.long,
                                                                  device=device)
         # The one host sync of the cycle: the count, all candidate tokens and whether each
         # row's logits are finite, in one copy.
-        finite = torch.isfinite(logits).all(dim=-1).long()
         host = torch.cat((n.view(1), drafts, logits.argmax(dim=-1), finite)).tolist()
     n, d, a, ok = host[0], host[1:1 + k], host[1 + k:2 + 2 * k], host[2 + 2 * k:]
     if not all(ok[:n + 1]):  # a row that decides a published token
         raise NonFiniteLogits(start + ok.index(0))
     taps = torch.cat(out.taps, dim=-1) if tap_ids else None
-    method = proposer.last_method if k else "none"
+    method = proposer.last_method if proposed else "none"
     return Cycle(start, anchor, d[:n] + [a[n]], n, k, taps, method)
 
 
 def commit_cycle(state: InferenceState, cycle: Cycle, keep: int, proposer: Proposer | None,
-                 policy, timer: PhaseTimer) -> None:
+                 policy, timer: PhaseTimer, constraint: Constraint | None = None) -> None:
     """Step 4: commit `keep` rows (1 <= keep <= n+1) everywhere, in commit order."""
     with timer.phase("commit"):
         state.commit(keep)
@@ -90,3 +107,6 @@ def commit_cycle(state: InferenceState, cycle: Cycle, keep: int, proposer: Propo
                             cycle.start)
             proposer.published(cycle.tokens[:keep])
         policy.observe(cycle.tokens[:keep])
+    if constraint is not None:
+        with timer.phase("grammar"):
+            constraint.commit(cycle.tokens[:keep], min(keep, cycle.accepted))

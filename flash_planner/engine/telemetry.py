@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-PHASES = ("draft", "verify", "accept", "commit")
+PHASES = ("draft", "grammar", "verify", "accept", "commit")
 
 
 def now_ms() -> float:
@@ -52,6 +52,10 @@ class GenerationStats:
     method_cycles: dict[str, int] = field(default_factory=dict)
     method_accepted: dict[str, int] = field(default_factory=dict)
     phase_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    # grammar-constrained requests: jump-forward tokens published, and proposer drafts the
+    # grammar cut from blocks (None: unconstrained)
+    forced_tokens: int | None = None
+    grammar_cut_drafts: int | None = None
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -94,6 +98,9 @@ class GenerationStats:
             "accept_hist": list(self.accept_hist),
             "method_cycles": dict(self.method_cycles),
             "method_accepted": dict(self.method_accepted),
+            **({} if self.forced_tokens is None else {
+                "forced_tokens": self.forced_tokens,
+                "grammar_cut_drafts": self.grammar_cut_drafts}),
             "phase_ms_per_cycle": {name: round(ms / per_cycle, 4)
                                    for name, ms in {**self.phase_ms, "other": other}.items()},
         }

@@ -5,6 +5,9 @@ first JSON object in it is parsed (code fences and trailing text are tolerated) 
 against the JSON-Schema generated from the skill catalog with the `jsonschema` library:
 first the plan's envelope, then each step's arguments against its skill's schema, so that an
 error names the step, the skill and the argument. An invalid plan is never returned as one.
+
+A refusal, `{"refusal": REASON}`, is the planner's answer when the catalog cannot express
+the task (README, "Refusals"): it raises `PlanRefused`, a `PlanError` carrying the reason.
 """
 
 from __future__ import annotations
@@ -25,10 +28,26 @@ ENVELOPE = {
         "properties": {"skill": {"type": "string"}, "args": {"type": "object"}}}}},
 }
 _ENVELOPE = Draft202012Validator(ENVELOPE)
+_STEP = Draft202012Validator(ENVELOPE["properties"]["plan"]["items"])
 
 
 class PlanError(ValueError):
     """The model's output is not a valid plan; the message says precisely why."""
+
+
+class PlanRefused(PlanError):
+    """The model answered with a refusal: the catalog cannot express the task."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"the planner refused the task: {reason}")
+        self.reason = reason
+
+
+def refusal_reason(obj: Any) -> str | None:
+    """The reason of a refusal object, or None when `obj` is not one."""
+    if isinstance(obj, dict) and set(obj) == {"refusal"} and isinstance(obj["refusal"], str):
+        return obj["refusal"].strip() or None
+    return None
 
 
 def split_answer(text: str) -> tuple[str, str]:
@@ -80,23 +99,33 @@ def _describe(error, step: int, skill: str) -> str:
     return f"{at}: argument '{arg}': {error.message}"
 
 
+def validate_step(step: Any, index: int, catalog: SkillCatalog) -> dict[str, Any]:
+    """One step of a plan (0-based `index`), or PlanError naming its problem."""
+    error = next(iter(_STEP.iter_errors(step)), None)
+    if error is not None:
+        raise PlanError(f"step {index + 1}: {error.message}")
+    skill = catalog.get(step["skill"])
+    if skill is None:
+        raise PlanError(f"step {index + 1}: unknown skill '{step['skill']}' "
+                        f"(known: {', '.join(catalog.names)})")
+    errors = sorted(Draft202012Validator(skill.args_schema()).iter_errors(step["args"]),
+                    key=lambda e: (e.validator != "required", list(e.path)))
+    if errors:
+        raise PlanError(_describe(errors[0], index, skill.name))
+    return step
+
+
 def validate_plan(obj: Any, catalog: SkillCatalog) -> list[dict[str, Any]]:
-    """The plan's steps, or PlanError naming the first problem."""
+    """The plan's steps, or PlanError naming the first problem (PlanRefused: a refusal)."""
+    reason = refusal_reason(obj)
+    if reason is not None:
+        raise PlanRefused(reason)
     envelope = next(iter(sorted(_ENVELOPE.iter_errors(obj), key=lambda e: list(e.path))), None)
     if envelope is not None:
         where = _where(envelope.path) or "the plan"
         raise PlanError(f"{where}: {envelope.message} (expected "
                         '{"plan": [{"skill": NAME, "args": {...}}, ...]})')
-    for i, step in enumerate(obj["plan"]):
-        skill = catalog.get(step["skill"])
-        if skill is None:
-            raise PlanError(f"step {i + 1}: unknown skill '{step['skill']}' "
-                            f"(known: {', '.join(catalog.names)})")
-        errors = sorted(Draft202012Validator(skill.args_schema()).iter_errors(step["args"]),
-                        key=lambda e: (e.validator != "required", list(e.path)))
-        if errors:
-            raise PlanError(_describe(errors[0], i, skill.name))
-    return obj["plan"]
+    return [validate_step(step, i, catalog) for i, step in enumerate(obj["plan"])]
 
 
 def parse_plan(text: str, catalog: SkillCatalog, truncated: bool = False

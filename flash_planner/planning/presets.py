@@ -73,6 +73,7 @@ class ModelPreset:
     method: str = "auto"           # auto | dflash | mtp | none (EngineConfig.method)
     mtp_steps: int = 3
     relaxed_thinking: bool = False
+    refusal_hint: bool = True      # tell the model the refusal shape (PlannerConfig)
 
     @classmethod
     def load(cls, name: str) -> ModelPreset:

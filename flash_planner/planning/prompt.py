@@ -11,11 +11,14 @@ SYSTEM = (
     "Plan the robot's task with these skills:\n{skills}\n"
     'Reply with JSON only: {{"plan": [{{"skill": NAME, "args": {{ARG: VALUE}}}}, ...]}}'
 )
+# The refusal shape (README, "Refusals"). Presets of models that were never taught it leave
+# it out (`refusal_hint: false`): the demo was trained on the prompt without it.
+REFUSAL_HINT = ', or {"refusal": REASON} if these skills cannot do the task'
 
 
-def system_prompt(catalog: SkillCatalog) -> str:
+def system_prompt(catalog: SkillCatalog, refusal_hint: bool = False) -> str:
     lines = "\n".join(f"- {s.signature()}: {s.description}" for s in catalog.skills)
-    return SYSTEM.format(skills=lines)
+    return SYSTEM.format(skills=lines) + (REFUSAL_HINT if refusal_hint else "")
 
 
 def user_prompt(task: str, context: str = "") -> str:
@@ -25,7 +28,9 @@ def user_prompt(task: str, context: str = "") -> str:
     return text
 
 
-def build_messages(catalog: SkillCatalog, task: str, context: str = "") -> list[dict]:
-    """Chat messages for the tokenizer's template (thinking on/off is the template's flag)."""
-    return [{"role": "system", "content": system_prompt(catalog)},
+def build_messages(catalog: SkillCatalog, task: str, context: str = "",
+                   refusal_hint: bool = False) -> list[dict]:
+    """Chat messages for the tokenizer's template (thinking on/off is the template's flag).
+    Without `refusal_hint` this is the prompt the demo was trained on."""
+    return [{"role": "system", "content": system_prompt(catalog, refusal_hint)},
             {"role": "user", "content": user_prompt(task, context)}]

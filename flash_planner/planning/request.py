@@ -115,20 +115,24 @@ class PlanResult:
     success: bool
     plan: list[dict[str, Any]] | None = None
     error: str = ""
+    refusal: str = ""        # the model's reason when it refused the task (README, "Refusals")
     raw_text: str = ""
     thinking: str = ""
     finish_reason: str = ""
     telemetry: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self, raw_text: bool = True) -> dict[str, Any]:
-        """The result as JSON-ready data: id, task, success, plan or error, (raw_text),
-        finish_reason, telemetry. The one serialisation the CLI and the ROS topic share."""
+        """The result as JSON-ready data: id, task, success, plan or error (and refusal),
+        (raw_text), finish_reason, telemetry. The one serialisation the CLI and the ROS
+        topic share."""
         out: dict[str, Any] = {"id": self.request_id, "task": self.task,
                                "success": self.success}
         if self.success:
             out["plan"] = self.plan
         else:
             out["error"] = self.error
+            if self.refusal:
+                out["refusal"] = self.refusal
         if raw_text:
             out["raw_text"] = self.raw_text
         out.update(finish_reason=self.finish_reason, telemetry=self.telemetry)

@@ -6,6 +6,11 @@ the reason. Requests can be cancelled by id (the running one stops within one sp
 cycle) and carry a deadline counted from submission. Every outcome is a `PlanResult`; an
 invalid request, a model answer that is not a valid plan, or an engine failure never stops
 the service from taking the next request.
+
+With `constrain` (the default) the answer is decoded under the plan grammar compiled from the
+catalog when the service is built (`plan_grammar.py`): every finished answer parses as a plan
+or a refusal. Closed plan steps are found as they stream (`steps.py`): each feedback carries
+the steps that closed in it, and telemetry says when the first one did (`first_step_ms`).
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from ..engine.cache import ContextOverflowError
 from ..engine.engine import Engine
 from ..engine.generate import CancelToken, GenerationSettings, generate
 from ..engine.speculative import NonFiniteLogits
-from .parse import PlanError, parse_plan
+from .parse import PlanError, PlanRefused, parse_plan
+from .plan_grammar import compile_plan_grammar
 from .prompt import build_messages
 from .request import PlanRequest, PlanResult, RequestError
 from .skills import SkillCatalog
+from .steps import StepStream
 
 log = logging.getLogger(__name__)
 POLICIES = ("queue", "preempt", "reject")
@@ -47,6 +54,8 @@ class PlannerConfig:
     relaxed_thinking: bool = False
     relaxed_topk: int = 3
     relaxed_delta: float = 1.0
+    constrain: bool = True          # decode the answer under the catalog's plan grammar
+    refusal_hint: bool = True       # the prompt names the refusal shape (prompt.REFUSAL_HINT)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -66,6 +75,7 @@ class PlanFeedback:
     tokens_so_far: int
     tokens_per_s: float
     mean_accepted: float
+    steps: tuple[tuple[int, dict], ...] = ()    # (index, step) of plan steps closed here
 
 
 FeedbackCallback = Callable[[PlanFeedback], None]
@@ -113,6 +123,8 @@ class PlannerService:
             raise ValueError(f"{engine.config.model_path} has no tokenizer (tokenizer.json "
                              "and tokenizer_config.json): the planner needs one to read tasks")
         self.engine, self.catalog, self.config = engine, catalog, config
+        # compiled once, at configure: a catalog it cannot express fails here (CatalogError)
+        self.grammar = compile_plan_grammar(catalog, engine) if config.constrain else None
         self._lock = threading.Condition()
         self._queue: collections.deque[PlanTicket] = collections.deque()
         self._running: PlanTicket | None = None
@@ -292,17 +304,23 @@ class PlannerService:
         if deadline is not None and waited >= deadline:
             return _failed(request, f"deadline of {deadline} s passed while queued",
                            finish_reason="deadline", telemetry=telemetry)
-        messages = build_messages(self.catalog, request.task, request.context)
+        messages = build_messages(self.catalog, request.task, request.context,
+                                  self.config.refusal_hint)
+        listener = _Listener(ticket, StepStream(self.catalog))
         try:
             settings = self._settings(request, waited)
-            out = generate(self.engine, messages, settings,
-                           on_token=self._feedback(ticket), cancel=ticket.cancel_token)
+            constraint = self.grammar.constraint() if self.grammar is not None else None
+            out = generate(self.engine, messages, settings, on_token=listener,
+                           cancel=ticket.cancel_token, constraint=constraint)
         except (ContextOverflowError, ValueError) as exc:
             return _failed(request, f"cannot plan this request: {exc}", telemetry=telemetry)
         except NonFiniteLogits as exc:
             log.error("request %s: %s", request.id, exc)
             return _failed(request, str(exc), finish_reason="error", telemetry=telemetry)
         telemetry.update(out.stats.as_dict())
+        telemetry["constrained"] = constraint is not None
+        if listener.first_step_ms is not None:
+            telemetry["first_step_ms"] = round(listener.first_step_ms, 3)
         base = dict(raw_text=out.text, finish_reason=out.finish_reason, telemetry=telemetry)
         if out.finish_reason == "cancelled":
             return _failed(request, ticket.cancel_reason, **base)
@@ -312,29 +330,50 @@ class PlannerService:
         try:
             steps, thinking = parse_plan(out.text, self.catalog,
                                          truncated=out.finish_reason == "length")
+        except PlanRefused as exc:
+            return _failed(request, str(exc), refusal=exc.reason, **base)
         except PlanError as exc:
             return _failed(request, str(exc), **base)
         return PlanResult(request.id, request.task, True, plan=steps, thinking=thinking,
                           **base)
 
-    def _feedback(self, ticket: PlanTicket):
-        if ticket.on_feedback is None:
-            return None
-        state = {"tokens": 0, "calls": 0, "t0": None}
 
-        def on_token(ids: list[int], delta: str) -> None:
-            now = time.monotonic()
-            state["t0"] = state["t0"] or now
-            state["tokens"] += len(ids)
-            state["calls"] += 1
-            cycles = state["calls"] - 1          # the first call is the prefill token
-            elapsed = now - state["t0"]
-            tps = (state["tokens"] - 1) / elapsed if elapsed > 0 else 0.0
-            accepted = (state["tokens"] - 1) / cycles - 1 if cycles else 0.0
+class _Listener:
+    """The token callback of one request: finds closed plan steps in the streamed text and
+    forwards feedback (with those steps) to the ticket's consumer, if it has one."""
+
+    def __init__(self, ticket: PlanTicket, steps: StepStream):
+        self.ticket, self.steps = ticket, steps
+        self.t_start = time.monotonic()
+        self.t_first: float | None = None      # first token published
+        self.first_step_ms: float | None = None
+        self.tokens = self.calls = 0
+        self.streaming = True                  # false after a step closed invalid
+
+    def __call__(self, ids: list[int], delta: str) -> None:
+        now = time.monotonic()
+        closed: tuple[tuple[int, dict], ...] = ()
+        if self.streaming and delta:
+            before = len(self.steps.steps)
             try:
-                ticket.on_feedback(PlanFeedback(ticket.id, delta, state["tokens"], tps,
-                                                max(accepted, 0.0)))
-            except Exception:  # a broken feedback consumer must not stop decoding
-                log.exception("feedback callback of request %s failed", ticket.id)
-
-        return on_token
+                new = self.steps.feed(delta)
+            except PlanError:       # unconstrained output; the final parse names the error
+                self.streaming, new = False, []
+            closed = tuple(enumerate(new, start=before))
+            if closed and self.first_step_ms is None:
+                self.first_step_ms = (now - self.t_start) * 1000.0
+        ticket = self.ticket
+        if ticket.on_feedback is None:
+            return
+        self.t_first = self.t_first or now
+        self.tokens += len(ids)
+        self.calls += 1
+        cycles = self.calls - 1          # the first call is the prefill token
+        elapsed = now - self.t_first
+        tps = (self.tokens - 1) / elapsed if elapsed > 0 else 0.0
+        accepted = (self.tokens - 1) / cycles - 1 if cycles else 0.0
+        try:
+            ticket.on_feedback(PlanFeedback(ticket.id, delta, self.tokens, tps,
+                                            max(accepted, 0.0), closed))
+        except Exception:  # a broken feedback consumer must not stop decoding
+            log.exception("feedback callback of request %s failed", ticket.id)

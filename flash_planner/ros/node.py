@@ -118,6 +118,7 @@ def planner_node_class():
                 f"loaded {engine_config.model_path} on {engine.device} "
                 f"({engine.dtype}): {engine.memory}; proposers: "
                 f"{', '.join(engine.proposers) or 'none'} (method {engine_config.method}); "
+                f"plan grammar {'on' if self._planner.grammar else 'off'}; "
                 f"warm-up {warm_ms:.0f} ms")
 
         def on_activate(self, state):

@@ -74,6 +74,8 @@ PARAMS: tuple[Param, ...] = (
     # planner
     _p("planner.skills_file", "", "Skill catalog YAML; '' = the installed config/skills.yaml."),
     _p("planner.enable_thinking", True, "Thinking phase for ~/task requests that do not say."),
+    _p("planner.constrain", True, "Decode the answer under the skill catalog's plan grammar "
+       "(every answer parses); false = validate only afterwards."),
     _p("planner.max_new_tokens", 512, "Default bound on generated tokens.", range=(1, 131072)),
     _p("planner.max_task_chars", 2000, "Longest task text accepted.", range=(1, 1_000_000)),
     _p("planner.max_context_chars", 4000, "Longest context text accepted.",
@@ -195,8 +197,10 @@ def build_configs(values: dict[str, Any]):
         max_task_chars=v["planner.max_task_chars"],
         max_context_chars=v["planner.max_context_chars"],
         max_new_tokens=v["planner.max_new_tokens"], enable_thinking=v["planner.enable_thinking"],
+        constrain=v["planner.constrain"],
         deadline_s=v["planner.deadline_s"] or None, speculative=v["speculative.enabled"],
         relaxed_thinking=v["speculative.relaxed_thinking"] or preset.relaxed_thinking,
+        refusal_hint=preset.refusal_hint,
         relaxed_topk=v["speculative.relaxed_topk"], relaxed_delta=v["speculative.relaxed_delta"])
     skills = v["planner.skills_file"]
     skills_path = Path(skills).expanduser() if skills else default_skills_path()

@@ -1,0 +1,48 @@
+"""The plan grammar: what a constrained answer may be, built from the skill catalog.
+
+An answer is either a plan, `{"plan": [{"skill": NAME, "args": {...}}, ...]}` with only the
+catalog's skills, each with exactly its own arguments, of their types and within their
+enums and ranges, or a refusal, `{"refusal": REASON}`, when the catalog cannot express the
+task. The grammar is compiled once per catalog (at configure); a catalog it cannot compile is
+a `CatalogError` naming the skill.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..engine.acceptance import think_token_ids
+from ..engine.engine import Engine
+from ..engine.grammar import GrammarError, JsonSchemaGrammar
+from .skills import CatalogError, SkillCatalog
+
+REFUSAL_SCHEMA = {"type": "object", "required": ["refusal"], "additionalProperties": False,
+                  "properties": {"refusal": {"type": "string", "minLength": 1}}}
+
+
+def answer_schema(catalog: SkillCatalog) -> dict[str, Any]:
+    """JSON-Schema of a constrained answer: a plan or a refusal."""
+    return {"anyOf": [catalog.plan_schema(), REFUSAL_SCHEMA]}
+
+
+def compile_plan_grammar(catalog: SkillCatalog, engine: Engine) -> JsonSchemaGrammar:
+    tok = engine.tokenizer
+    if tok is None:
+        raise ValueError(f"{engine.config.model_path} has no tokenizer: a plan grammar is "
+                         "compiled for the model's tokenizer")
+
+    def compile(schema: dict[str, Any]) -> JsonSchemaGrammar:
+        return JsonSchemaGrammar.compile(schema, tok, engine.model_config.vocab_size,
+                                         engine.eos_ids(), think_token_ids(tok))
+
+    try:
+        return compile(answer_schema(catalog))
+    except GrammarError as exc:
+        for skill in catalog.skills:   # name the skill that breaks it
+            try:
+                compile(SkillCatalog((skill,)).plan_schema())
+            except GrammarError as one:
+                raise CatalogError(f"skill '{skill.name}' cannot be turned into a plan "
+                                   f"grammar: {one}") from None
+        raise CatalogError(f"the skill catalog cannot be turned into a plan grammar: "
+                           f"{exc}") from None
