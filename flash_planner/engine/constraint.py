@@ -6,7 +6,8 @@ tokens the grammar forces next (jump-forward). `grammar.py` builds one with xgra
 loop only sees this interface.
 
 `Constraint` is one request's use of a matcher. The grammar covers the answer only: thinking
-(`<think> ... </think>`) stays free, so only tokens after the last `</think>` (in the prompt
+(`<think> ... </think>`) stays free but for one rule, that it cannot end the output (a stop
+token there would leave no answer), so only tokens after the last `</think>` (in the prompt
 or generated) go through the matcher. With no think marker in the prompt the first token
 may open a thinking block or start the answer. Per cycle:
 
@@ -16,8 +17,8 @@ may open a thinking block or start the answer. Per cycle:
    had to propose: the verify forward checks them like any other draft, so jump-forward
    never changes the output.
 2. `masks(block)`: for each verify row, the tokens allowed after the anchor and the drafts
-   before it (None when no row is constrained). Called after the verify forward is
-   launched, so on CUDA the mask work overlaps the forward.
+   before it. Called after the verify forward is launched, so on CUDA the mask work
+   overlaps the forward.
 3. `commit(tokens)`: the published tokens advance the matcher.
 
 With masked logits, strict acceptance compares each draft with the masked argmax of its
@@ -71,9 +72,10 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return ((bitmask.unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, :vocab_size]
 
 
-def _allow(bitmask: torch.Tensor, row: int, token: int) -> None:
+def _set_bit(bitmask: torch.Tensor, row: int, token: int, allowed: bool) -> None:
     word, bit = divmod(token, 32)
-    value = int(bitmask[row, word]) | (1 << bit)
+    value = int(bitmask[row, word]) & 0xFFFFFFFF
+    value = value | (1 << bit) if allowed else value & ~(1 << bit)
     bitmask[row, word] = value - (1 << 32) if value >= 1 << 31 else value   # int32 wrap
 
 
@@ -92,8 +94,10 @@ class ConstraintStats:
 
 
 class Constraint:
-    def __init__(self, matcher: TokenMatcher, think_ids: tuple[int, int] | None):
+    def __init__(self, matcher: TokenMatcher, think_ids: tuple[int, int] | None,
+                 stop_ids: Sequence[int]):
         self.matcher = matcher
+        self.stop_ids = frozenset(stop_ids)
         self.vocab_size = matcher.vocab_size
         self.think_open, self.think_close = think_ids if think_ids is not None else (-1, -1)
         self.phase = ANSWER
@@ -119,7 +123,7 @@ class Constraint:
     def _step(self, phase: str, token: int) -> tuple[bool, bool, str]:
         """(allowed, fed to the matcher, phase after) for `token` in `phase`."""
         if phase == THINK or (phase == START and token == self.think_open):
-            return True, False, self._next_phase(phase, token)
+            return token not in self.stop_ids, False, self._next_phase(phase, token)
         ok = not self.matcher.terminated() and self.matcher.accept(token)
         return ok, ok, ANSWER
 
@@ -146,25 +150,25 @@ class Constraint:
         self.matcher.rollback(fed)
         return out
 
-    def masks(self, block: Sequence[int]) -> torch.Tensor | None:
+    def masks(self, block: Sequence[int]) -> torch.Tensor:
         """bool [len(block)+1, vocab]: tokens allowed at each verify row (row i follows the
-        anchor and block[:i]); None when every row is free (thinking). The matcher is left
-        where it was."""
+        anchor and block[:i]). The matcher is left where it was."""
         rows = len(block) + 1
         bitmask = torch.full((rows, mask_words(self.vocab_size)), -1, dtype=torch.int32)
-        phase, fed, constrained = self.phase, 0, False
+        phase, fed = self.phase, 0
         for row in range(rows):
-            # after a stop token nothing is published: that row stays free
-            if phase != THINK and not self.matcher.terminated():
+            if phase == THINK:
+                for tok in self.stop_ids:
+                    _set_bit(bitmask, row, tok, False)
+            elif not self.matcher.terminated():   # after a stop token nothing is published
                 self.matcher.fill_mask(bitmask, row)
-                constrained = True
                 if phase == START:   # or open a thinking block
-                    _allow(bitmask, row, self.think_open)
+                    _set_bit(bitmask, row, self.think_open, True)
             if row < len(block):
                 _, used, phase = self._step(phase, block[row])
                 fed += used
         self.matcher.rollback(fed)
-        return unpack_bitmask(bitmask, self.vocab_size) if constrained else None
+        return unpack_bitmask(bitmask, self.vocab_size)
 
     def commit(self, tokens: Sequence[int], drafts_published: int = 0) -> None:
         """The published tokens (the last cycle's first `drafts_published` drafts, then

@@ -33,13 +33,16 @@ def _reason(exc: Exception) -> str:
 class XGrammarMatcher:
     """`constraint.TokenMatcher` over an xgrammar matcher."""
 
-    def __init__(self, compiled: xgr.CompiledGrammar, tokenizer, vocab_size: int):
+    def __init__(self, compiled: xgr.CompiledGrammar, tokenizer, vocab_size: int,
+                 refused: frozenset[int]):
         self._matcher = xgr.GrammarMatcher(compiled)
         self._tokenizer = tokenizer
+        self._refused = refused
         self.vocab_size = vocab_size
 
     def accept(self, token: int) -> bool:
-        return self._matcher.accept_token(token)
+        # xgrammar logs a warning for each special token it refuses: drafts can be any token
+        return token not in self._refused and self._matcher.accept_token(token)
 
     def rollback(self, count: int) -> None:
         if count:
@@ -65,6 +68,9 @@ class JsonSchemaGrammar:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.think_ids = think_ids
+        info = compiled.tokenizer_info
+        # special tokens other than the stop tokens are never part of an answer
+        self.refused = frozenset(info.special_token_ids) - frozenset(info.stop_token_ids)
 
     @classmethod
     def compile(cls, schema: dict[str, Any], tokenizer, vocab_size: int,
@@ -83,7 +89,8 @@ class JsonSchemaGrammar:
         return cls(compiled, tokenizer, vocab_size, think_ids)
 
     def matcher(self) -> XGrammarMatcher:
-        return XGrammarMatcher(self.compiled, self.tokenizer, self.vocab_size)
+        return XGrammarMatcher(self.compiled, self.tokenizer, self.vocab_size, self.refused)
 
     def constraint(self) -> Constraint:
-        return Constraint(self.matcher(), self.think_ids)
+        return Constraint(self.matcher(), self.think_ids,
+                          self.compiled.tokenizer_info.stop_token_ids)

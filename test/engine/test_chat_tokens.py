@@ -10,34 +10,13 @@ depends on the flags and contents, not on the BPE merges).
 from __future__ import annotations
 
 import pytest
+from qwen3_tokenizer import DEMO, QWEN3_ADDED, QWEN3_TEMPLATE, qwen3_shaped_tokenizer
 
 from flash_planner.engine.chat import TemplateError, encode_chat, encode_text
 from flash_planner.engine.generate import encode_prompt
 from flash_planner.planning.prompt import build_messages
 from flash_planner.train.corpus import default_catalog, make_corpus
 from flash_planner.train.tokenizer import load_tokenizer
-
-DEMO = "flash_planner/assets/demo/target"
-# Qwen3's added tokens in id order, with their "special" flag.
-QWEN3_ADDED = [
-    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
-    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True),
-    ("<|box_end|>", True), ("<|quad_start|>", True), ("<|quad_end|>", True),
-    ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
-    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False),
-    ("</tool_call>", False), ("<|fim_prefix|>", False), ("<|fim_middle|>", False),
-    ("<|fim_suffix|>", False), ("<|fim_pad|>", False), ("<|repo_name|>", False),
-    ("<|file_sep|>", False), ("<tool_response>", False), ("</tool_response>", False),
-    ("<think>", False), ("</think>", False),
-]
-QWEN3_TEMPLATE = (
-    "{%- for m in messages %}"
-    "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
-)
 
 
 @pytest.fixture(scope="module")
@@ -47,24 +26,7 @@ def demo_tok():
 
 @pytest.fixture(scope="module")
 def qwen3_tok(demo_tok, tmp_path_factory):
-    import json
-
-    from tokenizers import AddedToken, Tokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    spec = json.loads(demo_tok.backend_tokenizer.to_str())
-    spec["added_tokens"] = []
-    backend = Tokenizer.from_str(json.dumps(spec))
-    for content, special in QWEN3_ADDED:
-        token = AddedToken(content, special=special, normalized=not special)
-        (backend.add_special_tokens if special else backend.add_tokens)([token])
-    fast = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>",
-                                   clean_up_tokenization_spaces=False)
-    fast.chat_template = QWEN3_TEMPLATE
-    path = tmp_path_factory.mktemp("qwen3_tok")
-    fast.save_pretrained(str(path))
-    return load_tokenizer(path)   # through transformers' ordinary loading path
+    return qwen3_shaped_tokenizer(demo_tok, tmp_path_factory.mktemp("qwen3_tok"))
 
 
 def _added_ids(tok) -> set[int]:
