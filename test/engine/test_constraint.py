@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import xgrammar as xgr
+from qwen3_tokenizer import DEMO
 
 from flash_planner.engine.acceptance import think_token_ids
 from flash_planner.engine.constraint import GrammarViolation, masked, unpack_bitmask
@@ -20,7 +21,6 @@ from flash_planner.engine.grammar import GrammarError, JsonSchemaGrammar
 from flash_planner.engine.proposer import ReplayProposer
 from flash_planner.train.tiny import write_tiny_drafter
 from flash_planner.train.tokenizer import load_tokenizer
-from qwen3_tokenizer import DEMO
 
 SCHEMA = {
     "type": "object", "required": ["steps"], "additionalProperties": False,
