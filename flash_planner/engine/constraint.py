@@ -8,7 +8,8 @@ loop only sees this interface.
 `Constraint` is one request's use of a matcher. The grammar covers the answer only: thinking
 (`<think> ... </think>`) stays free but for one rule, that it cannot end the output (a stop
 token there would leave no answer), so only tokens after the last `</think>` (in the prompt
-or generated) go through the matcher. With no think marker in the prompt the first token
+or generated) go through the matcher; the think markers themselves are never part of an
+answer. With no think marker in the prompt the first token
 may open a thinking block or start the answer. Per cycle:
 
 1. `block(drafts, room)`: the proposer's drafts the grammar allows (the block ends at the
@@ -100,6 +101,8 @@ class Constraint:
         self.stop_ids = frozenset(stop_ids)
         self.vocab_size = matcher.vocab_size
         self.think_open, self.think_close = think_ids if think_ids is not None else (-1, -1)
+        # a think marker in the answer would make it read as thinking: never part of one
+        self.markers = frozenset(think_ids or ())
         self.phase = ANSWER
         self.stats = ConstraintStats()
         self._forced_from = 0    # index in the last block where forced tokens begin
@@ -124,7 +127,8 @@ class Constraint:
         """(allowed, fed to the matcher, phase after) for `token` in `phase`."""
         if phase == THINK or (phase == START and token == self.think_open):
             return token not in self.stop_ids, False, self._next_phase(phase, token)
-        ok = not self.matcher.terminated() and self.matcher.accept(token)
+        ok = (token not in self.markers and not self.matcher.terminated()
+              and self.matcher.accept(token))
         return ok, ok, ANSWER
 
     def block(self, drafts: Sequence[int], room: int) -> list[int]:
@@ -162,8 +166,8 @@ class Constraint:
                     _set_bit(bitmask, row, tok, False)
             elif not self.matcher.terminated():   # after a stop token nothing is published
                 self.matcher.fill_mask(bitmask, row)
-                if phase == START:   # or open a thinking block
-                    _set_bit(bitmask, row, self.think_open, True)
+                for tok in self.markers:
+                    _set_bit(bitmask, row, tok, phase == START and tok == self.think_open)
             if row < len(block):
                 _, used, phase = self._step(phase, block[row])
                 fed += used

@@ -39,14 +39,14 @@ class PlanRefused(PlanError):
     """The model answered with a refusal: the catalog cannot express the task."""
 
     def __init__(self, reason: str):
-        super().__init__(f"the planner refused the task: {reason}")
+        super().__init__(f"the planner refused the task: {reason or '(no reason given)'}")
         self.reason = reason
 
 
 def refusal_reason(obj: Any) -> str | None:
-    """The reason of a refusal object, or None when `obj` is not one."""
+    """The reason of a refusal object ('' if empty), or None when `obj` is not one."""
     if isinstance(obj, dict) and set(obj) == {"refusal"} and isinstance(obj["refusal"], str):
-        return obj["refusal"].strip() or None
+        return obj["refusal"].strip()
     return None
 
 

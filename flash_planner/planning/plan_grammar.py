@@ -16,8 +16,10 @@ from ..engine.engine import Engine
 from ..engine.grammar import GrammarError, JsonSchemaGrammar
 from .skills import CatalogError, SkillCatalog
 
+# No minLength on the reason: xgrammar 0.2.8 turns a string with a length bound into a rule
+# that lets raw control characters through (invalid JSON); an empty reason is still a refusal.
 REFUSAL_SCHEMA = {"type": "object", "required": ["refusal"], "additionalProperties": False,
-                  "properties": {"refusal": {"type": "string", "minLength": 1}}}
+                  "properties": {"refusal": {"type": "string"}}}
 
 
 def answer_schema(catalog: SkillCatalog) -> dict[str, Any]:

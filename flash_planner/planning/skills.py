@@ -119,4 +119,30 @@ def _argument(name: str, spec: Any, where: str) -> Argument:
     if unknown:
         raise CatalogError(f"{where}: unknown field(s) {unknown}")
     constraints = tuple((k, spec[k]) for k in CONSTRAINTS if k in spec)
+    _check_constraints(spec["type"], dict(constraints), where)
     return Argument(name, spec["type"], str(spec.get("description", "")), constraints)
+
+
+_PYTHON_TYPES = {"string": str, "number": (int, float), "integer": int, "boolean": bool}
+
+
+def _check_constraints(kind: str, c: dict[str, Any], where: str) -> None:
+    """Constraints no value can meet are catalog errors (the plan grammar could not be
+    compiled from them, and no plan could validate)."""
+    if "enum" in c:
+        enum = c["enum"]
+        if not isinstance(enum, list) or not enum:
+            raise CatalogError(f"{where}: 'enum' must be a non-empty list")
+        bad = [v for v in enum if not isinstance(v, _PYTHON_TYPES[kind])
+               or (kind != "boolean" and isinstance(v, bool))]
+        if bad:
+            raise CatalogError(f"{where}: enum value {bad[0]!r} is not of type {kind}")
+    for bound in ("minimum", "maximum"):
+        if bound not in c:
+            continue
+        if kind not in ("number", "integer"):
+            raise CatalogError(f"{where}: '{bound}' applies to number and integer arguments")
+        if isinstance(c[bound], bool) or not isinstance(c[bound], (int, float)):
+            raise CatalogError(f"{where}: '{bound}' must be a number, got {c[bound]!r}")
+    if "minimum" in c and "maximum" in c and c["minimum"] > c["maximum"]:
+        raise CatalogError(f"{where}: minimum {c['minimum']} is above maximum {c['maximum']}")

@@ -41,6 +41,16 @@ def test_plan_schema_accepts_valid_and_rejects_invalid_plans(catalog):
     ({"skills": [{"name": "a", "args": {"x": {"type": "float"}}}]}, "'type' must be one of"),
     ({"skills": [{"name": "a", "args": {"x": {"type": "string", "regex": "."}}}]},
      r"unknown field\(s\) \['regex'\]"),
+    ({"skills": [{"name": "a", "args": {"x": {"type": "number", "minimum": 5, "maximum": 1}}}]},
+     r"argument 'x': minimum 5 is above maximum 1"),
+    ({"skills": [{"name": "a", "args": {"x": {"type": "string", "enum": []}}}]},
+     "'enum' must be a non-empty list"),
+    ({"skills": [{"name": "a", "args": {"x": {"type": "integer", "enum": [1, "two"]}}}]},
+     "enum value .two. is not of type integer"),
+    ({"skills": [{"name": "a", "args": {"x": {"type": "string", "maximum": 3}}}]},
+     "'maximum' applies to number and integer arguments"),
+    ({"skills": [{"name": "a", "args": {"x": {"type": "number", "minimum": "0"}}}]},
+     "'minimum' must be a number"),
 ])
 def test_bad_catalogs_name_the_problem(data, match):
     with pytest.raises(CatalogError, match=match):
