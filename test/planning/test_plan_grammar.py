@@ -13,6 +13,7 @@ import json
 
 import pytest
 import xgrammar as xgr
+from qwen3_tokenizer import DEMO, qwen3_shaped_tokenizer
 
 from flash_planner.engine.constraint import GrammarViolation
 from flash_planner.engine.engine import Engine
@@ -24,7 +25,6 @@ from flash_planner.planning.service import PlannerConfig, PlannerService
 from flash_planner.planning.skills import Argument, CatalogError, Skill, SkillCatalog
 from flash_planner.train.corpus import answer_text, make_corpus
 from flash_planner.train.tokenizer import load_tokenizer
-from qwen3_tokenizer import DEMO, qwen3_shaped_tokenizer
 
 TIMEOUT = 300
 
