@@ -17,8 +17,13 @@ Table 2, prompt kinds (plain, dflash, mtp, auto): plan (the held-out tasks), nav
 (go-family tasks: mostly JSON), prose (the thinking text alone: thinking-on tasks stopped
 at </think>), repeat (a raw prompt of one sentence repeated, continued for 96 tokens) and
 mixed (all of them shuffled together), with auto's share of MTP cycles.
+Table 3 (`--constrained`, instead of tables 1 and 2): plain, dflash, mtp and auto without and
+with the plan grammar (`+grammar`) on the held-out tasks, in turn per prompt: valid and exact
+plans, tokens/s, the ratio to the same method without the grammar, tokens per cycle, tokens
+per plan that jump-forward published, and the grammar's share of decode time.
 
     python bench/plan.py [--n 500] [--kind-n 40] [--threads 1] [--png PATH] [--json]
+    python bench/plan.py --constrained [--n 500] [--threads 1] [--json]
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from decode import token_clock_class
 from flash_planner.engine.engine import Engine
 from flash_planner.engine.generate import GenerationSettings, encode_prompt, generate
 from flash_planner.planning.parse import PlanError, parse_plan
+from flash_planner.planning.plan_grammar import compile_plan_grammar
 from flash_planner.planning.presets import ModelPreset, default_skills_path
 from flash_planner.planning.prompt import build_messages
 from flash_planner.planning.skills import SkillCatalog
@@ -48,6 +54,7 @@ MODES = {"plain": ("none", False), "dflash": ("dflash", False), "mtp": ("mtp", F
          "auto": ("auto", False), "dflash+relaxed": ("dflash", True),
          "mtp+relaxed": ("mtp", True)}
 KIND_MODES = ("plain", "dflash", "mtp", "auto")
+GRAMMAR = "+grammar"
 
 
 @dataclass
@@ -72,10 +79,14 @@ class Tally:
     phase_cycles: dict = field(default_factory=lambda: {"think": 0, "answer": 0})
     method_cycles: dict = field(default_factory=dict)
     accept_hist: list = field(default_factory=list)
+    forced: int = 0
+    grammar_ms: float = 0.0
 
     def add(self, out, prompt: Prompt, catalog) -> None:
         s = out.stats
         self.n += 1
+        self.forced += s.forced_tokens or 0
+        self.grammar_ms += s.phase_ms["grammar"]
         self.tokens += s.new_tokens - 1
         self.decode_s += s.decode_ms / 1000
         self.ttft_ms += s.ttft_ms
@@ -109,11 +120,13 @@ class Tally:
                 "tokens_per_cycle_think": per["think"], "tokens_per_cycle_answer": per["answer"],
                 "ttft_ms": self.ttft_ms / max(self.n, 1),
                 "cycle_share": {m: c / total for m, c in self.method_cycles.items()},
-                "accept_hist": self.accept_hist}
+                "accept_hist": self.accept_hist, "forced_per_plan": self.forced / max(self.n, 1),
+                "grammar_share": self.grammar_ms / 1000 / self.decode_s if self.decode_s else 0}
 
 
-def run_one(engine, prompt: Prompt, mode: str, tally: Tally, think_close: int, catalog):
-    method, relaxed = MODES[mode]
+def run_one(engine, prompt: Prompt, mode: str, tally: Tally, think_close: int, catalog,
+            grammar=None):
+    method, relaxed = MODES[mode.removesuffix(GRAMMAR)]
     thinking = {"on": prompt.thinking, "calls": 0}
 
     def on_token(ids, _delta):
@@ -128,7 +141,37 @@ def run_one(engine, prompt: Prompt, mode: str, tally: Tally, think_close: int, c
             thinking["on"] = False
 
     settings = GenerationSettings(**prompt.settings, method=method, relaxed_thinking=relaxed)
-    tally.add(generate(engine, prompt.messages, settings, on_token), prompt, catalog)
+    constraint = grammar.constraint() if mode.endswith(GRAMMAR) else None
+    tally.add(generate(engine, prompt.messages, settings, on_token, constraint=constraint),
+              prompt, catalog)
+
+
+def constrained_table(engine, plans, catalog, close: int, as_json: bool) -> int:
+    """Table 3: each method without and with the plan grammar, in turn per prompt."""
+    grammar = compile_plan_grammar(catalog, engine)
+    modes = [m + g for m in KIND_MODES for g in ("", GRAMMAR)]
+    tallies = {m: Tally(m) for m in modes}
+    for p in plans:
+        for mode, tally in tallies.items():
+            run_one(engine, p, mode, tally, close, catalog, grammar)
+    rows = []
+    for mode, tally in tallies.items():
+        base = tallies[mode.removesuffix(GRAMMAR)]
+        rows.append(tally.row(base.tokens / base.decode_s))
+    if as_json:
+        print(json.dumps({"n": len(plans), "constrained": rows}))
+        return 0
+    print(f"demo planner on {len(plans)} held-out tasks, {torch.get_num_threads()} "
+          f"thread(s), fp32 CPU, max {MAX_NEW} new tokens; x = vs the same method without "
+          "the grammar")
+    head = (f"{'mode':<16}{'valid %':>8}{'exact %':>8}{'tok/s':>8}{'x':>7}{'tok/cyc':>8}"
+            f"{'forced/plan':>12}{'grammar %':>10}")
+    print(head + "\n" + "-" * len(head))
+    for r in rows:
+        print(f"{r['mode']:<16}{r['valid_pct']:>8.1f}{r['exact_pct']:>8.1f}{r['tok_s']:>8.0f}"
+              f"{r['x_plain']:>6.2f}x{r['tokens_per_cycle']:>8.2f}{r['forced_per_plan']:>12.1f}"
+              f"{100 * r['grammar_share']:>10.1f}")
+    return 0
 
 
 def run_transformers(model, engine, prompts, catalog, tally):
@@ -214,6 +257,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--png", type=Path, default=Path("bench/out/plan.png"))
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--constrained", action="store_true",
+                        help="table 3 only: each method without and with the plan grammar")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
@@ -227,6 +272,11 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
 
     plans = [plan_prompt(ex, catalog) for ex in heldout[:args.n]]
+    if args.constrained:
+        code = constrained_table(engine, plans, catalog, close, args.json)
+        if not args.json:
+            print(f"wall time {time.perf_counter() - t0:.1f} s")
+        return code
     tallies = {m: Tally(m) for m in MODES}
     for p in plans:
         for mode, tally in tallies.items():

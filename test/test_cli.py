@@ -131,14 +131,30 @@ def test_speculative_usage_errors(hybrid_dir, drafter_dir, capsys, extra, match)
 
 def test_plan_json_reports_no_valid_plan_from_a_random_model(hybrid_dir, capsys):
     code = main(["plan", "pick up the red cup", "--model", str(hybrid_dir), "--json",
-                 "--max-new-tokens", "16", "--no-thinking", "--context", "cup on table"])
+                 "--max-new-tokens", "16", "--no-thinking", "--context", "cup on table",
+                 "--no-constrain"])
     out = json.loads(capsys.readouterr().out)
     assert code == 1
     assert out["success"] is False and out["error"] and "plan" not in out
-    assert out["raw_text"]
+    assert out["raw_text"] and out["telemetry"]["constrained"] is False
     for key in ("decode_tokens_per_s", "tokens_per_cycle", "mean_accepted", "cycles",
                 "ttft_ms", "total_ms", "queue_wait_ms", "total_latency_ms"):
         assert key in out["telemetry"], key
+
+
+def test_plan_under_the_grammar_reports_its_jump_forward_tokens(hybrid_dir, capsys):
+    """A random model under the grammar answers in its shape: here a refusal (its argmax
+    prefers `"refusal"`), reported as one, with the tokens jump-forward published."""
+    code = main(["plan", "pick up the red cup", "--model", str(hybrid_dir), "--json",
+                 "--max-new-tokens", "200", "--no-thinking"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1 and out["refusal"] is not None
+    assert out["error"].startswith("the planner refused the task")
+    t = out["telemetry"]
+    assert t["constrained"] is True and t["forced_tokens"] > 0 and "grammar_cut_drafts" in t
+    main(["plan", "pick up the red cup", "--model", str(hybrid_dir), "--max-new-tokens", "200",
+          "--no-thinking"])
+    assert "forced by the grammar" in capsys.readouterr().err
 
 
 def test_plan_plain_output_explains_the_failure(hybrid_dir, capsys):

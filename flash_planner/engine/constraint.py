@@ -80,11 +80,13 @@ def _set_bit(bitmask: torch.Tensor, row: int, token: int, allowed: bool) -> None
     bitmask[row, word] = value - (1 << 32) if value >= 1 << 31 else value   # int32 wrap
 
 
-def masked(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
-    """Logits with every token the grammar forbids at -inf (a new tensor)."""
-    if allowed is None:
+def masked(logits: torch.Tensor, bitmask: torch.Tensor | None) -> torch.Tensor:
+    """Logits [rows, vocab] with every token the int32 bitmask [rows, words] forbids at -inf
+    (a new tensor). The bitmask, 1/32 of a bool mask, is what crosses to the device."""
+    if bitmask is None:
         return logits
-    return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+    allowed = unpack_bitmask(bitmask.to(logits.device, non_blocking=True), logits.shape[-1])
+    return logits.masked_fill(~allowed, float("-inf"))
 
 
 @dataclass
@@ -155,8 +157,9 @@ class Constraint:
         return out
 
     def masks(self, block: Sequence[int]) -> torch.Tensor:
-        """bool [len(block)+1, vocab]: tokens allowed at each verify row (row i follows the
-        anchor and block[:i]). The matcher is left where it was."""
+        """int32 bitmask [len(block)+1, words] of the tokens allowed at each verify row (row i
+        follows the anchor and block[:i]; `unpack_bitmask` reads it). The matcher is left
+        where it was."""
         rows = len(block) + 1
         bitmask = torch.full((rows, mask_words(self.vocab_size)), -1, dtype=torch.int32)
         phase, fed = self.phase, 0
@@ -172,7 +175,7 @@ class Constraint:
                 _, used, phase = self._step(phase, block[row])
                 fed += used
         self.matcher.rollback(fed)
-        return unpack_bitmask(bitmask, self.vocab_size)
+        return bitmask
 
     def commit(self, tokens: Sequence[int], drafts_published: int = 0) -> None:
         """The published tokens (the last cycle's first `drafts_published` drafts, then

@@ -255,11 +255,11 @@ def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,
     published: list[int] = []
     # Decoding the text so far every cycle is only worth it for a listener.
     stream = TextStream(engine.tokenizer, published) if on_token is not None else None
-    allowed = None
+    bitmask = None
     if constraint is not None:
         with timer.phase("grammar"):
-            allowed = constraint.masks([])
-    first, finite = torch.stack((masked(logits[None], allowed)[0].argmax(),
+            bitmask = constraint.masks([])
+    first, finite = torch.stack((masked(logits[None], bitmask)[0].argmax(),
                                  torch.isfinite(logits).all())).tolist()
     if not finite:
         raise NonFiniteLogits(len(ids) - 1)

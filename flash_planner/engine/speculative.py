@@ -74,15 +74,15 @@ def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
     with timer.phase("verify"):
         out = model(torch.cat((anchor_t, drafts))[None], state, record_steps=k > 0,
                     taps=tap_ids, all_logits=True)
-    allowed = None
+    bitmask = None
     if constraint is not None:
         with timer.phase("grammar"):   # host work while an asynchronous forward runs
-            allowed = constraint.masks(block)
+            bitmask = constraint.masks(block)
     with timer.phase("accept"):
         raw = out.logits[0]                                             # [k+1, V]
         # finiteness of the raw logits: masking puts -inf where the grammar forbids
         finite = torch.isfinite(raw).all(dim=-1).long()
-        logits = masked(raw, allowed)
+        logits = masked(raw, bitmask)
         n = policy.accept(drafts, logits) if k else torch.zeros((), dtype=torch.long,
                                                                  device=device)
         # The one host sync of the cycle: the count, all candidate tokens and whether each

@@ -55,7 +55,9 @@ class PlannerConfig:
     relaxed_topk: int = 3
     relaxed_delta: float = 1.0
     constrain: bool = True          # decode the answer under the catalog's plan grammar
-    refusal_hint: bool = True       # the prompt names the refusal shape (prompt.REFUSAL_HINT)
+    # the prompt names the refusal shape (prompt.REFUSAL_HINT); the CLI and the node take the
+    # model preset's choice (true but for the demo, which was trained without it)
+    refusal_hint: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -158,12 +158,13 @@ def test_masks_follow_the_drafts_and_match_xgrammar(targets):
     drafts = tok.encode('{"steps": [{"name": "open', add_special_tokens=False)
     c = grammar.constraint()
     c.reset(prompt + [think_token_ids(tok)[1]])   # after </think>: the grammar alone
-    allowed = c.masks(drafts)
+    bits = c.masks(drafts)
+    allowed = unpack_bitmask(bits, vocab)
     assert allowed.shape == (len(drafts) + 1, vocab)
     m = xgr.GrammarMatcher(grammar.compiled)
     bitmask = xgr.allocate_token_bitmask(1, vocab)
     logits = torch.randn(len(drafts) + 1, vocab)
-    got = masked(logits, allowed)
+    got = masked(logits, bits)
     for row, draft in enumerate([*drafts, None]):
         m.fill_next_token_bitmask(bitmask)
         want = logits[row:row + 1].clone()
@@ -217,7 +218,7 @@ def test_thinking_is_free_but_cannot_end_the_output_and_the_answer_is_constraine
     block = [think_open, *words, think_close, *answer]
     c = grammar.constraint()
     c.reset(tok.encode("<|im_start|>assistant\n", add_special_tokens=False))  # no marker
-    allowed = c.masks(block)
+    allowed = unpack_bitmask(c.masks(block), 1024)
     start = allowed[0]
     assert start[think_open] and start[brace[0]] and not start[words[0]]
     eos = tok.eos_token_id
@@ -232,5 +233,5 @@ def test_thinking_is_free_but_cannot_end_the_output_and_the_answer_is_constraine
 
     # thinking off: the template's </think> in the prompt starts the grammar at once
     c.reset(tok.encode("<think>\n\n</think>\n\n", add_special_tokens=False))
-    first = c.masks([])[0]
+    first = unpack_bitmask(c.masks([]), 1024)[0]
     assert first[brace[0]] and not first[think_open]

@@ -15,7 +15,7 @@ import pytest
 import xgrammar as xgr
 from qwen3_tokenizer import DEMO, qwen3_shaped_tokenizer
 
-from flash_planner.engine.constraint import GrammarViolation
+from flash_planner.engine.constraint import GrammarViolation, unpack_bitmask
 from flash_planner.engine.engine import Engine
 from flash_planner.planning.parse import PlanRefused, parse_plan, split_answer
 from flash_planner.planning.plan_grammar import compile_plan_grammar
@@ -131,7 +131,7 @@ def test_a_qwen3_shaped_tokenizer_keeps_its_control_tokens_out_of_answers(
     c = g.constraint()
     c.reset(tok.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n",
                        add_special_tokens=False))
-    allowed = c.masks([])[0]
+    allowed = unpack_bitmask(c.masks([]), vocab)[0]
     assert allowed.shape == (vocab,) and not allowed[len(tok):].any()   # padding rows
     for name in ("<tool_call>", "<think>", "</think>", "<|im_start|>", "<|endoftext|>"):
         token = tok.convert_tokens_to_ids(name)

@@ -139,3 +139,11 @@ def test_dense_backend_reaches_the_engine_config():
         engine, _, _ = build_configs({"model.preset": "qwen3_4b",
                                       "engine.dense_backend": backend})
         assert engine.dense_backend == backend
+
+
+def test_constrain_and_the_presets_refusal_hint_reach_the_planner_config(hybrid_dir):
+    _, planner, _ = build_configs({})
+    assert planner.constrain is True and planner.refusal_hint is False   # the demo preset
+    _, planner, _ = build_configs({"planner.constrain": False, "model.preset": "",
+                                   "model.path": str(hybrid_dir)})
+    assert planner.constrain is False and planner.refusal_hint is True
