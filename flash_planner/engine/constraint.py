@@ -6,11 +6,12 @@ tokens the grammar forces next (jump-forward). `grammar.py` builds one with xgra
 loop only sees this interface.
 
 `Constraint` is one request's use of a matcher. The grammar covers the answer only: thinking
-(`<think> ... </think>`) stays free but for one rule, that it cannot end the output (a stop
-token there would leave no answer), so only tokens after the last `</think>` (in the prompt
-or generated) go through the matcher; the think markers themselves are never part of an
-answer. With no think marker in the prompt the first token
-may open a thinking block or start the answer. Per cycle:
+(`<think> ... </think>`) stays free but for two rules: it cannot end the output (a stop
+token there would leave no answer), and from generated token `think_budget` on (if set) the
+only token it allows is `</think>`, so the answer keeps the tokens reserved for it. Only
+tokens after the last `</think>` (in the prompt or generated) go through the matcher; the
+think markers themselves are never part of an answer. With no think marker in the prompt
+the first token may open a thinking block or start the answer. Per cycle:
 
 1. `block(drafts, room)`: the proposer's drafts the grammar allows (the block ends at the
    first forbidden one: no verify work is spent past it), then the tokens the grammar forces
@@ -94,18 +95,21 @@ class ConstraintStats:
     forced: int = 0          # published tokens that came from jump-forward
     forced_drafted: int = 0  # jump-forward tokens put into verify blocks
     cut: int = 0             # proposer drafts dropped: the grammar forbids them or one before
+    think_closed: bool = False   # the thinking budget ran out and </think> was forced
 
 
 class Constraint:
     def __init__(self, matcher: TokenMatcher, think_ids: tuple[int, int] | None,
-                 stop_ids: Sequence[int]):
+                 stop_ids: Sequence[int], think_budget: int | None = None):
         self.matcher = matcher
+        self.think_budget = think_budget
         self.stop_ids = frozenset(stop_ids)
         self.vocab_size = matcher.vocab_size
         self.think_open, self.think_close = think_ids if think_ids is not None else (-1, -1)
         # a think marker in the answer would make it read as thinking: never part of one
         self.markers = frozenset(think_ids or ())
         self.phase = ANSWER
+        self.position = 0        # tokens published in this request
         self.stats = ConstraintStats()
         self._forced_from = 0    # index in the last block where forced tokens begin
 
@@ -116,6 +120,7 @@ class Constraint:
             if tok in (self.think_open, self.think_close):
                 self.phase = THINK if tok == self.think_open else ANSWER
                 break
+        self.position = 0
         self.stats = ConstraintStats()
 
     def _next_phase(self, phase: str, token: int) -> str:
@@ -125,8 +130,15 @@ class Constraint:
             return THINK
         return ANSWER
 
-    def _step(self, phase: str, token: int) -> tuple[bool, bool, str]:
-        """(allowed, fed to the matcher, phase after) for `token` in `phase`."""
+    def _closing(self, phase: str, position: int) -> bool:
+        """Whether only </think> may come at `position` (the thinking budget is spent)."""
+        return (phase == THINK and self.think_budget is not None
+                and position >= self.think_budget)
+
+    def _step(self, phase: str, token: int, position: int) -> tuple[bool, bool, str]:
+        """(allowed, fed to the matcher, phase after) for `token` at generated `position`."""
+        if self._closing(phase, position):
+            return token == self.think_close, False, self._next_phase(phase, token)
         if phase == THINK or (phase == START and token == self.think_open):
             return token not in self.stop_ids, False, self._next_phase(phase, token)
         ok = (token not in self.markers and not self.matcher.terminated()
@@ -138,7 +150,7 @@ class Constraint:
         `room` in all. The matcher is left where it was."""
         phase, fed, out = self.phase, 0, []
         for tok in list(drafts)[:room]:
-            ok, used, phase_after = self._step(phase, tok)
+            ok, used, phase_after = self._step(phase, tok, self.position + len(out))
             if not ok:
                 break
             out.append(tok)
@@ -146,6 +158,9 @@ class Constraint:
             phase = phase_after
         self.stats.cut += min(len(drafts), room) - len(out)
         self._forced_from = len(out)
+        if self._closing(phase, self.position + len(out)) and len(out) < room:
+            out.append(self.think_close)
+            phase = ANSWER
         if phase == ANSWER and not self.matcher.terminated():
             for tok in self.matcher.forced_tokens()[:room - len(out)]:
                 if not self.matcher.accept(tok):
@@ -164,7 +179,10 @@ class Constraint:
         bitmask = torch.full((rows, mask_words(self.vocab_size)), -1, dtype=torch.int32)
         phase, fed = self.phase, 0
         for row in range(rows):
-            if phase == THINK:
+            if self._closing(phase, self.position + row):
+                bitmask[row] = 0
+                _set_bit(bitmask, row, self.think_close, True)
+            elif phase == THINK:
                 for tok in self.stop_ids:
                     _set_bit(bitmask, row, tok, False)
             elif not self.matcher.terminated():   # after a stop token nothing is published
@@ -172,7 +190,7 @@ class Constraint:
                 for tok in self.markers:
                     _set_bit(bitmask, row, tok, phase == START and tok == self.think_open)
             if row < len(block):
-                _, used, phase = self._step(phase, block[row])
+                _, used, phase = self._step(phase, block[row], self.position + row)
                 fed += used
         self.matcher.rollback(fed)
         return bitmask
@@ -182,7 +200,10 @@ class Constraint:
         possibly its bonus token) advance the matcher."""
         self.stats.forced += max(0, drafts_published - self._forced_from)
         for tok in tokens:
-            ok, _, self.phase = self._step(self.phase, tok)
+            closing = self._closing(self.phase, self.position)
+            ok, _, self.phase = self._step(self.phase, tok, self.position)
             if not ok:
                 raise GrammarViolation(f"token {tok} was published although the grammar "
                                        "forbids it")
+            self.stats.think_closed |= closing
+            self.position += 1

@@ -307,4 +307,5 @@ def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,
     if constraint is not None:
         stats.forced_tokens = constraint.stats.forced
         stats.grammar_cut_drafts = constraint.stats.cut
+        stats.thinking_budget_hit = constraint.stats.think_closed
     return GenerationResult(published, decode_text(engine.tokenizer, published), reason, stats)

@@ -91,6 +91,8 @@ class JsonSchemaGrammar:
     def matcher(self) -> XGrammarMatcher:
         return XGrammarMatcher(self.compiled, self.tokenizer, self.vocab_size, self.refused)
 
-    def constraint(self) -> Constraint:
+    def constraint(self, think_budget: int | None = None) -> Constraint:
+        """A fresh per-request constraint; `think_budget`: generated tokens after which
+        thinking must close (None: no limit)."""
         return Constraint(self.matcher(), self.think_ids,
-                          self.compiled.tokenizer_info.stop_token_ids)
+                          self.compiled.tokenizer_info.stop_token_ids, think_budget)

@@ -52,10 +52,12 @@ class GenerationStats:
     method_cycles: dict[str, int] = field(default_factory=dict)
     method_accepted: dict[str, int] = field(default_factory=dict)
     phase_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    # grammar-constrained requests: jump-forward tokens published, and proposer drafts the
-    # grammar cut from blocks (None: unconstrained)
+    # grammar-constrained requests: jump-forward tokens published, proposer drafts the
+    # grammar cut from blocks, whether the thinking budget closed thinking (None:
+    # unconstrained)
     forced_tokens: int | None = None
     grammar_cut_drafts: int | None = None
+    thinking_budget_hit: bool | None = None
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -100,7 +102,8 @@ class GenerationStats:
             "method_accepted": dict(self.method_accepted),
             **({} if self.forced_tokens is None else {
                 "forced_tokens": self.forced_tokens,
-                "grammar_cut_drafts": self.grammar_cut_drafts}),
+                "grammar_cut_drafts": self.grammar_cut_drafts,
+                "thinking_budget_hit": self.thinking_budget_hit}),
             "phase_ms_per_cycle": {name: round(ms / per_cycle, 4)
                                    for name, ms in {**self.phase_ms, "other": other}.items()},
         }

@@ -55,6 +55,8 @@ class PlannerConfig:
     relaxed_topk: int = 3
     relaxed_delta: float = 1.0
     constrain: bool = True          # decode the answer under the catalog's plan grammar
+    # constrained: tokens kept for the answer; thinking is closed when it would eat into them
+    answer_reserve: int = 160
     # the prompt names the refusal shape (prompt.REFUSAL_HINT); the CLI and the node take the
     # model preset's choice (true but for the demo, which was trained without it)
     refusal_hint: bool = False
@@ -62,7 +64,8 @@ class PlannerConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        for name in ("queue_depth", "max_task_chars", "max_context_chars", "max_new_tokens"):
+        for name in ("queue_depth", "max_task_chars", "max_context_chars", "max_new_tokens",
+                     "answer_reserve"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -311,7 +314,10 @@ class PlannerService:
         listener = _Listener(ticket, StepStream(self.catalog))
         try:
             settings = self._settings(request, waited)
-            constraint = self.grammar.constraint() if self.grammar is not None else None
+            constraint = None
+            if self.grammar is not None:
+                budget = max(0, settings.max_new_tokens - self.config.answer_reserve)
+                constraint = self.grammar.constraint(think_budget=budget)
             out = generate(self.engine, messages, settings, on_token=listener,
                            cancel=ticket.cancel_token, constraint=constraint)
         except (ContextOverflowError, ValueError) as exc:

@@ -76,6 +76,8 @@ PARAMS: tuple[Param, ...] = (
     _p("planner.enable_thinking", True, "Thinking phase for ~/task requests that do not say."),
     _p("planner.constrain", True, "Decode the answer under the skill catalog's plan grammar "
        "(every answer parses); false = validate only afterwards."),
+    _p("planner.answer_reserve", 160, "Constrained: tokens of max_new_tokens kept for the "
+       "answer; thinking is closed (</think>) when it would use them.", range=(1, 131072)),
     _p("planner.max_new_tokens", 512, "Default bound on generated tokens.", range=(1, 131072)),
     _p("planner.max_task_chars", 2000, "Longest task text accepted.", range=(1, 1_000_000)),
     _p("planner.max_context_chars", 4000, "Longest context text accepted.",
@@ -197,7 +199,7 @@ def build_configs(values: dict[str, Any]):
         max_task_chars=v["planner.max_task_chars"],
         max_context_chars=v["planner.max_context_chars"],
         max_new_tokens=v["planner.max_new_tokens"], enable_thinking=v["planner.enable_thinking"],
-        constrain=v["planner.constrain"],
+        constrain=v["planner.constrain"], answer_reserve=v["planner.answer_reserve"],
         deadline_s=v["planner.deadline_s"] or None, speculative=v["speculative.enabled"],
         relaxed_thinking=v["speculative.relaxed_thinking"] or preset.relaxed_thinking,
         refusal_hint=preset.refusal_hint,

@@ -235,3 +235,25 @@ def test_thinking_is_free_but_cannot_end_the_output_and_the_answer_is_constraine
     c.reset(tok.encode("<think>\n\n</think>\n\n", add_special_tokens=False))
     first = unpack_bitmask(c.masks([]), 1024)[0]
     assert first[brace[0]] and not first[think_open]
+
+
+def test_a_spent_thinking_budget_forces_the_close_and_keeps_the_rest_free(demo_grammar):
+    tok, grammar = demo_grammar
+    think_open, think_close = think_token_ids(tok)
+    words = tok.encode(" the cup is on the kitchen table now", add_special_tokens=False)
+    assert len(words) > 5
+    c = grammar.constraint(think_budget=4)
+    c.reset(tok.encode("<|im_start|>assistant\n", add_special_tokens=False))
+    # positions 0..3: <think> and three words; from position 4 only </think>
+    block = c.block([think_open, *words], room=12)
+    assert block == [think_open, *words[:3], think_close]
+    allowed = unpack_bitmask(c.masks(block), 1024)
+    assert allowed[3].sum() == 1023                       # still thinking: all but EOS
+    assert allowed[4].sum() == 1 and allowed[4, think_close]
+    assert not allowed[5, think_open] and allowed[5].sum() < 1023   # the answer's grammar
+    c.commit([think_open, *words[:3], think_close], 5)
+    assert c.stats.think_closed and c.stats.forced == 1
+    with pytest.raises(GrammarViolation):             # a thought past the budget is refused
+        d = grammar.constraint(think_budget=2)
+        d.reset([])
+        d.commit([think_open, *words[:3]])

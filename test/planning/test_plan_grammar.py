@@ -17,9 +17,11 @@ from qwen3_tokenizer import DEMO, qwen3_shaped_tokenizer
 
 from flash_planner.engine.constraint import GrammarViolation, unpack_bitmask
 from flash_planner.engine.engine import Engine
+from flash_planner.engine.generate import GenerationSettings, generate
 from flash_planner.planning.parse import PlanRefused, parse_plan, split_answer
 from flash_planner.planning.plan_grammar import compile_plan_grammar
 from flash_planner.planning.presets import ModelPreset, default_skills_path
+from flash_planner.planning.prompt import build_messages
 from flash_planner.planning.request import PlanRequest
 from flash_planner.planning.service import PlannerConfig, PlannerService
 from flash_planner.planning.skills import Argument, CatalogError, Skill, SkillCatalog
@@ -210,3 +212,22 @@ def test_a_random_model_under_the_grammar_never_returns_an_invalid_plan(
         assert any(r.refusal for r in failures[True])
         assert all(json.loads(r.raw_text.strip())["refusal"] == r.refusal.strip()
                    for r in failures[True] if r.refusal)
+
+
+def test_thinking_that_would_eat_the_answers_tokens_is_closed_in_time(demo_engine, catalog):
+    task = "bring the red cup from the kitchen table to the sink"   # thinks for ~50 tokens
+    grammar = compile_plan_grammar(catalog, demo_engine)
+    out = generate(demo_engine, build_messages(catalog, task),
+                   GenerationSettings(200, enable_thinking=True),
+                   constraint=grammar.constraint(think_budget=40))
+    close = demo_engine.tokenizer.convert_tokens_to_ids("</think>")
+    assert out.token_ids.index(close) == 40 and out.stats.thinking_budget_hit
+    service = PlannerService(demo_engine, catalog, PlannerConfig(max_new_tokens=200,
+                                                                 answer_reserve=160))
+    service.start()
+    try:
+        result = service.plan(PlanRequest(task, enable_thinking=True), timeout=TIMEOUT)
+    finally:
+        service.stop()
+    assert result.raw_text == out.text and result.telemetry["thinking_budget_hit"] is True
+    assert result.success, result.error
