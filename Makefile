@@ -50,6 +50,8 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/decode.py --threads 1
 	$(VENV)/bin/python bench/spec.py
 	$(VENV)/bin/python bench/plan.py
+	$(VENV)/bin/python bench/plan.py --constrained
+	$(VENV)/bin/python bench/grammar.py
 
 # The ROS layer's cost: the same tasks through the planner service and the Plan action.
 bench-ros: ros-env
