@@ -52,6 +52,14 @@ def encode_chat(tokenizer, messages: list[dict[str, Any]],
                 enable_thinking: bool | None = None) -> list[int]:
     """The chat prompt's ids with a generation prompt: template markers as control tokens,
     every message's content as plain text."""
+    return encode_chat_parts(tokenizer, messages, enable_thinking)[0]
+
+
+def encode_chat_parts(tokenizer, messages: list[dict[str, Any]],
+                      enable_thinking: bool | None = None) -> tuple[list[int], list[int]]:
+    """`encode_chat`'s ids and where each message's content starts in them: a token
+    boundary by construction (template text and contents are encoded apart), so the ids
+    before a message are a prefix every prompt with the same messages before it shares."""
     contents = [m.get("content") for m in messages]
     for i, content in enumerate(contents):
         if not isinstance(content, str):
@@ -66,6 +74,7 @@ def encode_chat(tokenizer, messages: list[dict[str, Any]],
     rendered = tokenizer.apply_chat_template(masked, add_generation_prompt=True,
                                              tokenize=False, **kwargs)
     ids: list[int] = []
+    starts: list[int] = []
     rest = rendered
     for i, (mark, content) in enumerate(zip(marks, contents)):
         before, found, rest = rest.partition(mark)
@@ -73,8 +82,10 @@ def encode_chat(tokenizer, messages: list[dict[str, Any]],
             raise TemplateError(
                 f"the chat template does not place message {i}'s content verbatim exactly "
                 "once, so its text cannot be kept apart from the template's control tokens")
-        ids += _template_ids(tokenizer, before) + encode_text(tokenizer, content)
-    return ids + _template_ids(tokenizer, rest)
+        ids += _template_ids(tokenizer, before)
+        starts.append(len(ids))
+        ids += encode_text(tokenizer, content)
+    return ids + _template_ids(tokenizer, rest), starts
 
 
 def _template_ids(tokenizer, text: str) -> list[int]:

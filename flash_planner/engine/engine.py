@@ -19,6 +19,7 @@ from .cache import KV_DTYPES, ContextOverflowError, InferenceState
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import ConfigError
 from .methods import METHODS
+from .prefix import PrefixCache
 from .proposer import Proposer
 from .proposers import WHY_MISSING, ProposerBytes, build_proposers
 from .trt.backends import DENSE_BACKENDS, make_dense
@@ -45,6 +46,8 @@ class EngineConfig:
     mtp_steps: int = 3                # drafts per cycle of the MTP head (verify block k+1)
     dense_backend: str = "torch"      # torch | onnxruntime | tensorrt | auto
     segment_cache: str | None = None  # exported/built segments; None = ~/.cache/flash_planner
+    prefix_cache: bool = True         # keep the state of declared prompt prefixes
+    prefix_cache_entries: int = 2     # snapshots kept (least recently used dropped)
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -65,7 +68,8 @@ class EngineConfig:
         if isinstance(self.mtp_steps, int) and not 1 <= self.mtp_steps < self.max_block:
             raise ConfigError(f"mtp_steps must be within 1..max_block-1 ({self.max_block - 1}), "
                               f"got {self.mtp_steps!r}")
-        for name in ("max_context", "prefill_chunk", "max_block", "window", "mtp_steps"):
+        for name in ("max_context", "prefill_chunk", "max_block", "window", "mtp_steps",
+                     "prefix_cache_entries"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -135,6 +139,18 @@ class Engine:
         # plain decoding) when the method is auto
         self.proposers = proposers or {}
         self.extra_bytes = extra_bytes or ProposerBytes(0, 0)
+        self.prefix_cache = (PrefixCache(config.prefix_cache_entries) if config.prefix_cache
+                             else None)
+
+    @property
+    def seed_tap_ids(self) -> tuple[int, ...]:
+        """Every target layer a loaded proposer taps (what a prefix snapshot keeps)."""
+        return tuple(sorted({t for p in self.proposers.values() for t in p.tap_ids}))
+
+    @property
+    def seed_rows(self) -> int:
+        """The most prompt-tail rows a loaded proposer seeds from."""
+        return max((p.seed_rows for p in self.proposers.values()), default=0)
 
     @property
     def proposer(self) -> Proposer | None:

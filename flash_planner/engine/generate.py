@@ -12,6 +12,7 @@ that raised, the state is empty.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,10 +25,12 @@ from .chat import encode_chat
 from .constraint import Constraint, masked
 from .engine import Engine
 from .methods import METHODS
+from .prefix import restore, take
 from .proposer import Proposer
 from .speculative import NonFiniteLogits, commit_cycle, run_cycle
 from .telemetry import GenerationStats, PhaseTimer, now_ms
 
+log = logging.getLogger(__name__)
 FINISH_REASONS = ("eos", "length", "stop", "cancelled", "deadline")
 TokenCallback = Callable[[list[int], str], None]
 
@@ -125,6 +128,48 @@ def prefill(engine: Engine, ids: list[int], tap_ids: tuple[int, ...] = (), tail:
     return logits[0, -1], taps
 
 
+def _split_taps(taps: torch.Tensor | None, layers: Sequence[int]) -> dict[int, torch.Tensor]:
+    if taps is None or not layers:
+        return {}
+    return dict(zip(layers, taps.chunk(len(layers), dim=-1)))
+
+
+def prefill_prompt(engine: Engine, ids: list[int], prefix: Sequence[int] | None,
+                   tap_ids: tuple[int, ...], tail: int, stats: GenerationStats
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`prefill`, with a declared prefix first: restored from the engine's prefix cache when
+    it holds it, else prefilled (and kept). The suffix follows. A prompt that does not start
+    with the prefix's ids (its tokenization merged across the join) is prefilled whole."""
+    n = len(prefix) if prefix else 0
+    if n and (n >= len(ids) or list(ids[:n]) != list(prefix)):
+        log.info("the prompt does not start with the declared %d-token prefix at a token "
+                 "boundary: prefilling it whole", n)
+        n = 0
+    if not n:
+        return prefill(engine, ids, tap_ids, tail)
+    stats.prefix_tokens = n
+    cache = engine.prefix_cache
+    snap = cache.get(prefix) if cache is not None else None
+    stats.prefix_hit = snap is not None
+    if snap is not None:
+        t0 = now_ms()
+        restore(engine.state, snap)
+        stats.prefix_restore_ms = now_ms() - t0
+        prefix_taps = snap.taps
+    else:
+        layers = engine.seed_tap_ids
+        logits, taps = prefill(engine, list(prefix), layers, engine.seed_rows)
+        prefix_taps = _split_taps(taps, layers)
+        if cache is not None:
+            cache.put(take(engine.state, prefix, prefix_taps, logits))
+    logits, taps = prefill(engine, ids[n:], tap_ids, tail)
+    rows = min(tail, len(ids)) - (len(ids) - n)          # seed rows the prefix must give
+    if rows > 0 and tap_ids:
+        head = torch.cat([prefix_taps[t][:, -rows:] for t in tap_ids], dim=-1)
+        taps = head if taps is None else torch.cat((head, taps), dim=1)
+    return logits, taps
+
+
 def decode_text(tokenizer, ids: list[int]) -> str:
     return "" if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=True)
 
@@ -201,13 +246,15 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
              cancel: CancelToken | None = None,
              proposer: Proposer | None = None,
              policy: StrictAcceptance | RelaxedThinking | None = None,
-             constraint: Constraint | None = None) -> GenerationResult:
+             constraint: Constraint | None = None,
+             prefix: Sequence[int] | None = None) -> GenerationResult:
     """Greedy decoding of `prompt`, speculative when a proposer is available.
 
     `proposer` overrides the engine's own (tests and benchmarks pass a replay proposer);
     `policy` overrides the acceptance policy the settings describe; `constraint` (a fresh
     one per request, e.g. `JsonSchemaGrammar.constraint()`) restricts the answer to a
-    grammar.
+    grammar; `prefix`, ids the prompt starts with (a system prompt), is prefilled apart and
+    its state kept in the engine's prefix cache (`prefix.py`).
     """
     settings = settings or GenerationSettings()
     t0 = now_ms()
@@ -230,7 +277,7 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
         constraint.reset(ids)
     try:
         return _decode(engine, ids, settings, on_token, cancel, proposer, policy, t0, deadline,
-                       constraint)
+                       constraint, prefix)
     except BaseException:
         # An exception mid-cycle (a fault, non-finite logits, an interrupt) can leave
         # uncommitted rows: clear the state now (the proposer is re-seeded by `begin`).
@@ -241,13 +288,14 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
 def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,
             on_token: TokenCallback | None, cancel: CancelToken | None,
             proposer: Proposer | None, policy, t0: float, deadline: float | None,
-            constraint: Constraint | None) -> GenerationResult:
+            constraint: Constraint | None, prefix: Sequence[int] | None) -> GenerationResult:
     """Prefill and the decode loop of `generate` (arguments checked and resolved there)."""
     stats = GenerationStats(prompt_tokens=len(ids))
     timer = PhaseTimer(sync=settings.profile_phases)
     engine.state.reset()
     tap_ids = proposer.tap_ids if proposer is not None else ()
-    logits, taps = prefill(engine, ids, tap_ids, proposer.seed_rows if proposer else 0)
+    logits, taps = prefill_prompt(engine, ids, prefix, tap_ids,
+                                  proposer.seed_rows if proposer else 0, stats)
     if proposer is not None:
         proposer.begin(ids, taps)
     stats.prefill_ms = now_ms() - t0

@@ -55,6 +55,11 @@ class GenerationStats:
     # grammar-constrained requests: jump-forward tokens published, proposer drafts the
     # grammar cut from blocks, whether the thinking budget closed thinking (None:
     # unconstrained)
+    # a declared prompt prefix: its tokens, whether its state came from the prefix cache
+    # (None: no prefix), the restore time
+    prefix_tokens: int = 0
+    prefix_hit: bool | None = None
+    prefix_restore_ms: float = 0.0
     forced_tokens: int | None = None
     grammar_cut_drafts: int | None = None
     thinking_budget_hit: bool | None = None
@@ -92,6 +97,8 @@ class GenerationStats:
         return {
             "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
             "prefill_ms": round(self.prefill_ms, 3), "ttft_ms": round(self.ttft_ms, 3),
+            "prefix_tokens": self.prefix_tokens, "prefix_hit": self.prefix_hit,
+            "prefix_restore_ms": round(self.prefix_restore_ms, 3),
             "decode_ms": round(self.decode_ms, 3), "total_ms": round(self.total_ms, 3),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
             "cycles": self.cycles, "drafted": self.drafted, "accepted": self.accepted,
