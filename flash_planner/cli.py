@@ -54,6 +54,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "CUDA when installed)")
     p.add_argument("--segment-cache", metavar="DIR", help="exported/built segments "
                    "(default ~/.cache/flash_planner/segments)")
+    p.add_argument("--no-prefix-cache", action="store_true", help="prefill the system "
+                   "prompt for every request instead of restoring its kept state")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--drafter", metavar="DIR", help="DFlash drafter directory (turns "
@@ -138,7 +140,8 @@ def _load_engine(args: argparse.Namespace, model: str, progress=None):
         max_block=max(16, block or 0), window=getattr(args, "window", None),
         window_seed=False if getattr(args, "no_window_seed", False) else None,
         dense_backend=getattr(args, "dense_backend", None) or getattr(args, "backend", None),
-        segment_cache=args.segment_cache)
+        segment_cache=args.segment_cache,
+        prefix_cache=False if getattr(args, "no_prefix_cache", False) else None)
     return Engine.load(config, progress=progress), preset
 
 

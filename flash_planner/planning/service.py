@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..engine.cache import ContextOverflowError
+from ..engine.chat import encode_chat_parts
 from ..engine.engine import Engine
 from ..engine.generate import CancelToken, GenerationSettings, generate
 from ..engine.speculative import NonFiniteLogits
@@ -119,7 +120,7 @@ def _failed(request: PlanRequest, error: str, **extra) -> PlanResult:
     return PlanResult(request.id, str(request.task), success=False, error=error, **extra)
 
 
-WARM_UP_PROMPT = [{"role": "user", "content": "Say OK."}]
+WARM_UP_TASK = "say OK"
 
 
 class PlannerService:
@@ -144,11 +145,29 @@ class PlannerService:
         return cls(Engine.load(engine_config), catalog, config)
 
     def warm_up(self) -> float:
-        """One short generation so the first request pays no first-call costs; returns ms."""
+        """Prefill the fixed prefix (the system prompt with the catalog) into the engine's
+        prefix cache, through one short plan request, so the first request neither prefills
+        it nor pays first-call costs; returns ms."""
         t0 = time.perf_counter()
-        generate(self.engine, WARM_UP_PROMPT,
-                 GenerationSettings(max_new_tokens=4, enable_thinking=False))
+        ids, prefix = self.prompt(WARM_UP_TASK, "", self.config.enable_thinking)
+        generate(self.engine, ids, GenerationSettings(max_new_tokens=4), prefix=prefix)
         return (time.perf_counter() - t0) * 1000.0
+
+    def prompt(self, task: str, context: str, thinking: bool) -> tuple[list[int], list[int]]:
+        """The request's prompt ids and its fixed prefix: every id before the task's message
+        (the system prompt with the catalog), a token boundary by construction."""
+        messages = build_messages(self.catalog, task, context, self.config.refusal_hint)
+        ids, starts = encode_chat_parts(self.engine.tokenizer, messages, thinking)
+        return ids, ids[:starts[-1]]
+
+    def summary(self) -> str:
+        """What is loaded, for a log line: model, device, memory, proposers, grammar."""
+        engine = self.engine
+        return (f"{engine.config.model_path} on {engine.device} ({engine.dtype}): "
+                f"{engine.memory}; proposers: {', '.join(engine.proposers) or 'none'} "
+                f"(method {engine.config.method}); plan grammar "
+                f"{'on' if self.grammar is not None else 'off'}; prefix cache "
+                f"{'on' if engine.prefix_cache is not None else 'off'}")
 
     # ---- lifecycle
     def start(self) -> None:
@@ -309,17 +328,16 @@ class PlannerService:
         if deadline is not None and waited >= deadline:
             return _failed(request, f"deadline of {deadline} s passed while queued",
                            finish_reason="deadline", telemetry=telemetry)
-        messages = build_messages(self.catalog, request.task, request.context,
-                                  self.config.refusal_hint)
         listener = _Listener(ticket, StepStream(self.catalog))
         try:
             settings = self._settings(request, waited)
+            ids, prefix = self.prompt(request.task, request.context, settings.enable_thinking)
             constraint = None
             if self.grammar is not None:
                 budget = max(0, settings.max_new_tokens - self.config.answer_reserve)
                 constraint = self.grammar.constraint(think_budget=budget)
-            out = generate(self.engine, messages, settings, on_token=listener,
-                           cancel=ticket.cancel_token, constraint=constraint)
+            out = generate(self.engine, ids, settings, on_token=listener,
+                           cancel=ticket.cancel_token, constraint=constraint, prefix=prefix)
         except (ContextOverflowError, ValueError) as exc:
             return _failed(request, f"cannot plan this request: {exc}", telemetry=telemetry)
         except NonFiniteLogits as exc:

@@ -109,17 +109,12 @@ def planner_node_class():
             catalog = SkillCatalog.from_yaml(skills_path)  # before the model: fail fast
             self._planner = PlannerService.load(engine_config, catalog, planner_config)
             warm_ms = self._planner.warm_up()
-            engine = self._planner.engine
             self._planner.on_result = self._on_result
             self._window = LatencyWindow(values["diagnostics.window"])
             self._model = values["model.path"] or values["model.preset"]
             self._phase, self._load_error = "inactive", ""
-            self.get_logger().info(
-                f"loaded {engine_config.model_path} on {engine.device} "
-                f"({engine.dtype}): {engine.memory}; proposers: "
-                f"{', '.join(engine.proposers) or 'none'} (method {engine_config.method}); "
-                f"plan grammar {'on' if self._planner.grammar else 'off'}; "
-                f"warm-up {warm_ms:.0f} ms")
+            self.get_logger().info(f"loaded {self._planner.summary()}; warm-up (prefix "
+                                   f"prefill) {warm_ms:.0f} ms")
 
         def on_activate(self, state):
             self._planner.start()

@@ -51,6 +51,10 @@ PARAMS: tuple[Param, ...] = (
     _p("engine.prefill_chunk", 256, "Prompt tokens per prefill forward.", range=(1, 65536)),
     _p("engine.kv_dtype", "auto", "KV cache dtype; auto = the preset's, else the weight dtype.",
        choices=("auto", "fp32", "bf16", "fp16", "fp8")),
+    _p("engine.prefix_cache", True, "Keep the system prompt's prefilled state (KV, GDN, "
+       "proposer seeds) and restore it per request instead of prefilling it again."),
+    _p("engine.prefix_cache_entries", 2, "Prefix snapshots kept (least recently used dropped).",
+       range=(1, 64)),
     _p("engine.dense_backend", "torch", "Dense segments: torch, onnxruntime, tensorrt, or auto "
        "(TensorRT on CUDA when installed); an unavailable one falls back to torch (logged).",
        choices=("torch", "onnxruntime", "tensorrt", "auto")),
@@ -188,7 +192,8 @@ def build_configs(values: dict[str, Any]):
             max_block=max(MAX_BLOCK, block or preset.block_size or 0),
             window=v["speculative.window"] or None, window_seed=v["speculative.window_seed"],
             method=v["speculative.method"] or None, mtp_steps=v["speculative.mtp_steps"] or None,
-            dense_backend=v["engine.dense_backend"])
+            dense_backend=v["engine.dense_backend"], prefix_cache=v["engine.prefix_cache"],
+            prefix_cache_entries=v["engine.prefix_cache_entries"])
     except ValueError as exc:
         raise ValueError(f"model/engine parameters: {exc}") from None
     if v["planner.max_new_tokens"] >= engine.max_context:
