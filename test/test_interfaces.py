@@ -60,6 +60,8 @@ PLAN = {
         ("int32", "tokens_so_far"),
         ("float32", "tokens_per_s"),
         ("float32", "mean_accepted_length"),
+        ("int32[]", "step_indices"),
+        ("string[]", "steps_json"),
     ],
 }
 
@@ -81,7 +83,8 @@ def action_fields() -> dict[str, list[str]]:
 def _check_rosidl_names(fields: list[tuple[str, str]]) -> None:
     for type_, name in fields:
         assert FIELD_NAME.match(name), f"{name!r} is not a valid rosidl field name"
-        assert type_ in PRIMITIVES or TYPE_NAME.match(type_), f"{type_!r} is not a valid type"
+        base = type_.removesuffix("[]")
+        assert base in PRIMITIVES or TYPE_NAME.match(base), f"{type_!r} is not a valid type"
 
 
 def test_interfaces_dir_is_found_in_the_source_tree():

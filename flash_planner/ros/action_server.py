@@ -25,8 +25,9 @@ from . import convert
 class FeedbackThrottle:
     """At most one feedback message per `period_s` for one goal; the first goes out at once.
 
-    Feedback arriving in between is merged (texts joined, latest counters) and goes out with
-    the next message or at `flush`, so nothing is lost. Each rclpy publish costs the decoding
+    Feedback arriving in between is merged (texts and closed steps joined, latest counters)
+    and goes out with the next message or at `flush`, so nothing is lost; feedback that
+    closes a plan step goes out at once, so a robot can start the step without waiting. Each rclpy publish costs the decoding
     thread ~0.25 ms (bench/ros_overhead.py), which per speculative cycle is a visible share
     of a small model's plan. `put` runs on the planner's worker thread, `flush` after the
     request finished (so after the last `put`): no lock is needed.
@@ -41,9 +42,10 @@ class FeedbackThrottle:
     def put(self, feedback: PlanFeedback) -> None:
         if self._pending is not None:
             feedback = replace(feedback,
-                               delta_text=self._pending.delta_text + feedback.delta_text)
+                               delta_text=self._pending.delta_text + feedback.delta_text,
+                               steps=self._pending.steps + feedback.steps)
         now = self._clock()
-        if self._last is None or now - self._last >= self._period:
+        if self._last is None or now - self._last >= self._period or feedback.steps:
             self._pending, self._last = None, now
             self._publish(feedback)
         else:

@@ -90,6 +90,8 @@ def feedback_fields(feedback: PlanFeedback) -> dict[str, Any]:
         "tokens_so_far": int(feedback.tokens_so_far),
         "tokens_per_s": float(feedback.tokens_per_s),
         "mean_accepted_length": float(feedback.mean_accepted),
+        "step_indices": [int(i) for i, _ in feedback.steps],
+        "steps_json": [json.dumps(step) for _, step in feedback.steps],
     }
 
 

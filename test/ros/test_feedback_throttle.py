@@ -47,3 +47,17 @@ def test_zero_period_publishes_every_feedback():
         throttle.put(_fb(text, i + 1))
     throttle.flush()
     assert [f.delta_text for f in sent] == ["x", "y", "z"]
+
+
+def test_a_closed_step_goes_out_at_once_with_what_was_held_back():
+    clock, sent = Clock(), []
+    throttle = FeedbackThrottle(sent.append, 1.0, clock)
+    throttle.put(_fb("a", 1))
+    clock.now = 0.01
+    throttle.put(PlanFeedback("r1", "b", 3, 3.0, 1.5, steps=((0, {"skill": "x"}),)))
+    clock.now = 0.02
+    throttle.put(_fb("c", 5))
+    clock.now = 0.03
+    throttle.put(PlanFeedback("r1", "d", 7, 7.0, 1.5, steps=((1, {"skill": "y"}),)))
+    assert [(f.delta_text, f.steps) for f in sent] == [
+        ("a", ()), ("b", ((0, {"skill": "x"}),)), ("cd", ((1, {"skill": "y"}),))]

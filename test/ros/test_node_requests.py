@@ -86,12 +86,16 @@ def test_goal_streams_feedback_and_succeeds_with_the_plan(harness, period_ms):
     counts = [f.tokens_so_far for f in feedback]
     if period_ms == 0:   # one message per speculative cycle (plus the prefill token's)
         assert len(feedback) == result.telemetry.cycles + 1
-    else:                # merged: the first at once, then one a second, the rest at the end
-        seconds = int(result.telemetry.total_latency_ms // 1000)
-        assert 2 <= len(feedback) <= 2 + seconds < result.telemetry.cycles
+    else:   # merged: the first at once, one a second and one per closed step, the rest at
+        seconds = int(result.telemetry.total_latency_ms // 1000)   # the end
+        assert 2 <= len(feedback) <= 2 + seconds + len(steps) < result.telemetry.cycles
     assert counts == sorted(counts) and counts[0] >= 1
     assert "".join(f.delta_text for f in feedback) == result.raw_text
     assert feedback[-1].mean_accepted_length > 0
+    # every step arrived in feedback as it closed, before the result, in order
+    streamed = [(i, json.loads(s)) for f in feedback
+                for i, s in zip(f.step_indices, f.steps_json)]
+    assert streamed == list(enumerate(steps))
     request_id = bytes(handle.goal_id.uuid).hex()
     assert result.telemetry.request_id == request_id
     assert wait_for(lambda: any(p["id"] == request_id for p in h.plans))

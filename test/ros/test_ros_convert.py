@@ -17,7 +17,8 @@ from flash_planner.ros.interface_spec import read_action, read_fields
 IFACE = Path(__file__).resolve().parents[2] / "flash_planner_interfaces"
 ACTION = read_action(IFACE / "action" / "Plan.action")
 TELEMETRY = read_fields(IFACE / "msg" / "PlanTelemetry.msg")
-PY = {"bool": bool, "string": str, "float32": float, "float64": float, "int32": int}
+PY = {"bool": bool, "string": str, "float32": float, "float64": float, "int32": int,
+      "int32[]": list, "string[]": list}
 
 FULL_TELEMETRY = {
     "request_id": "r1", "queue_wait_ms": 1.5, "total_latency_ms": 120.0, "prompt_tokens": 500,
@@ -79,12 +80,14 @@ def test_result_fields_success_and_failure():
 
 
 def test_feedback_fields():
-    fb = PlanFeedback("r1", "pick", 12, 250, 2)
+    step = {"skill": "pick", "args": {"object": "cup"}}
+    fb = PlanFeedback("r1", "pick", 12, 250, 2, steps=((1, step),))
     fields = convert.feedback_fields(fb)
     _check_types(fields, ACTION["feedback"])
     assert list(fields) == [name for _, name in ACTION["feedback"]]
     assert fields == {"delta_text": "pick", "tokens_so_far": 12, "tokens_per_s": 250.0,
-                      "mean_accepted_length": 2.0}
+                      "mean_accepted_length": 2.0, "step_indices": [1],
+                      "steps_json": [json.dumps(step)]}
 
 
 def test_goal_to_request_reads_every_goal_field():
