@@ -29,8 +29,9 @@ class FeedbackThrottle:
     and goes out with the next message or at `flush`, so nothing is lost; feedback that
     closes a plan step goes out at once, so a robot can start the step without waiting. Each
     rclpy publish costs the decoding thread ~0.25 ms (bench/ros_overhead.py), which per
-    speculative cycle is a visible share of a small model's plan. `put` runs on the planner's worker thread, `flush` after the
-    request finished (so after the last `put`): no lock is needed.
+    speculative cycle is a visible share of a small model's plan. `put` runs on the planner's
+    worker thread, `flush` after the request finished (so after the last `put`): no lock is
+    needed.
     """
 
     def __init__(self, publish: Callable[[PlanFeedback], None], period_s: float,
