@@ -39,6 +39,10 @@ TELEMETRY = [
     ("float64", "tokens_per_cycle"),
     ("float64", "draft_ms_per_cycle"),
     ("float64", "verify_ms_per_cycle"),
+    ("float64", "first_step_ms"),
+    ("bool", "prefix_hit"),
+    ("int32", "prefix_tokens"),
+    ("float64", "prefix_restore_ms"),
     ("string", "finish_reason"),
 ]
 PLAN = {

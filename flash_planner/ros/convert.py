@@ -30,6 +30,10 @@ TELEMETRY_MAP: dict[str, tuple[str, type]] = {
     "cycles": ("cycles", int),
     "mean_accepted_length": ("mean_accepted", float),
     "tokens_per_cycle": ("tokens_per_cycle", float),
+    "first_step_ms": ("first_step_ms", float),
+    "prefix_hit": ("prefix_hit", bool),
+    "prefix_tokens": ("prefix_tokens", int),
+    "prefix_restore_ms": ("prefix_restore_ms", float),
 }
 PHASE_FIELDS = {"draft_ms_per_cycle": "draft", "verify_ms_per_cycle": "verify"}
 TERMINAL = ("succeed", "canceled", "abort")  # ServerGoalHandle method names

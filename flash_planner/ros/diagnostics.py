@@ -61,6 +61,9 @@ class Sample:
     mean_accepted: float
     tokens_per_cycle: float
     cycles: int
+    first_step_ms: float | None = None     # None: no plan step closed
+    prefix_hit: bool | None = None         # None: no prompt prefix
+    prefix_restore_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,12 @@ class Summary:
     tokens_per_s: float
     mean_accepted: float
     tokens_per_cycle: float
+    first_step_p50: float = 0.0
+    first_step_p95: float = 0.0
+    prefix_hits: int = 0            # samples whose prefix state was restored
+    prefix_requests: int = 0        # samples with a prompt prefix
+    restore_p50: float = 0.0
+    restore_p95: float = 0.0
 
     @property
     def requests(self) -> int:
@@ -112,10 +121,13 @@ class LatencyWindow:
                 self._failed += 1
                 self._last_error = result.error
             if "ttft_ms" in t:
+                step = t.get("first_step_ms")
                 self._samples.append(Sample(
                     float(t["ttft_ms"]), float(t.get("total_latency_ms", t.get("total_ms", 0))),
                     float(t.get("decode_tokens_per_s", 0.0)), float(t.get("mean_accepted", 0.0)),
-                    float(t.get("tokens_per_cycle", 0.0)), int(t.get("cycles", 0))))
+                    float(t.get("tokens_per_cycle", 0.0)), int(t.get("cycles", 0)),
+                    None if step is None else float(step), t.get("prefix_hit"),
+                    float(t.get("prefix_restore_ms", 0.0))))
 
     def summary(self) -> Summary:
         """Percentiles and means over the window's samples, and the counters."""
@@ -124,12 +136,17 @@ class LatencyWindow:
             counts = (self._ok, self._failed, self._cancelled, self._last_error)
         ttft = [s.ttft_ms for s in samples]
         latency = [s.latency_ms for s in samples]
+        steps = [s.first_step_ms for s in samples if s.first_step_ms is not None]
+        prefixed = [s for s in samples if s.prefix_hit is not None]
+        restores = [s.prefix_restore_ms for s in prefixed if s.prefix_hit]
         return Summary(
             len(samples), *counts, percentile(ttft, 50), percentile(ttft, 95),
             percentile(latency, 50), percentile(latency, 95),
             _mean([s.tokens_per_s for s in samples if s.tokens_per_s > 0]),
             _mean([s.mean_accepted for s in samples if s.cycles > 0]),
-            _mean([s.tokens_per_cycle for s in samples if s.cycles > 0]))
+            _mean([s.tokens_per_cycle for s in samples if s.cycles > 0]),
+            percentile(steps, 50), percentile(steps, 95), len(restores), len(prefixed),
+            percentile(restores, 50), percentile(restores, 95))
 
 
 def _grade(name: str, value: float, budget: float) -> tuple[int, str]:
@@ -149,6 +166,11 @@ def status(window: LatencyWindow | Summary, budgets: Budgets, queue_depth: int
         ("requests cancelled", str(s.cancelled)), ("window samples", str(s.samples)),
         ("ttft p50 ms", f"{s.ttft_p50:.1f}"), ("ttft p95 ms", f"{s.ttft_p95:.1f}"),
         ("latency p50 ms", f"{s.latency_p50:.1f}"), ("latency p95 ms", f"{s.latency_p95:.1f}"),
+        ("first step p50 ms", f"{s.first_step_p50:.1f}"),
+        ("first step p95 ms", f"{s.first_step_p95:.1f}"),
+        ("prefix cache hits", f"{s.prefix_hits}/{s.prefix_requests}"),
+        ("prefix restore p50 ms", f"{s.restore_p50:.2f}"),
+        ("prefix restore p95 ms", f"{s.restore_p95:.2f}"),
         ("tokens per s", f"{s.tokens_per_s:.1f}"),
         ("mean accepted length", f"{s.mean_accepted:.2f}"),
         ("tokens per cycle", f"{s.tokens_per_cycle:.2f}"),

@@ -96,6 +96,9 @@ def test_goal_streams_feedback_and_succeeds_with_the_plan(harness, period_ms):
     streamed = [(i, json.loads(s)) for f in feedback
                 for i, s in zip(f.step_indices, f.steps_json)]
     assert streamed == list(enumerate(steps))
+    t = result.telemetry       # the system prompt's state was prefilled at configure
+    assert t.prefix_hit and t.prefix_tokens > 0 and t.prefix_restore_ms > 0
+    assert 0 < t.first_step_ms < t.total_latency_ms
     request_id = bytes(handle.goal_id.uuid).hex()
     assert result.telemetry.request_id == request_id
     assert wait_for(lambda: any(p["id"] == request_id for p in h.plans))

@@ -27,6 +27,7 @@ FULL_TELEMETRY = {
     "mean_accepted": 2.9, "tokens_per_cycle": 3.9, "accept_hist": [1, 2, 3, 4],
     "phase_ms_per_cycle": {"draft": 1.25, "verify": 5.5, "accept": 0.1, "commit": 0.05,
                            "other": 0.4},
+    "first_step_ms": 52.5, "prefix_hit": True, "prefix_tokens": 450, "prefix_restore_ms": 0.8,
 }
 
 
@@ -55,6 +56,8 @@ def test_telemetry_fields_cover_the_message():
     assert fields["draft_ms_per_cycle"] == 1.25 and fields["verify_ms_per_cycle"] == 5.5
     assert fields["prompt_tokens"] == 500 and fields["finish_reason"] == "eos"
     assert fields["request_id"] == "r1" and fields["total_latency_ms"] == 120.0
+    assert fields["first_step_ms"] == 52.5 and fields["prefix_hit"] is True
+    assert fields["prefix_tokens"] == 450 and fields["prefix_restore_ms"] == 0.8
 
 
 def test_missing_telemetry_is_zero():
@@ -63,6 +66,7 @@ def test_missing_telemetry_is_zero():
     assert fields["total_latency_ms"] == 3.0 and fields["ttft_ms"] == 0.0
     assert fields["cycles"] == 0 and fields["finish_reason"] == ""
     assert fields["draft_ms_per_cycle"] == 0.0
+    assert fields["prefix_hit"] is False and fields["first_step_ms"] == 0.0
 
 
 def test_result_fields_success_and_failure():

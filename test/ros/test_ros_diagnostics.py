@@ -74,6 +74,24 @@ def test_summary_percentiles_means_and_last_error():
     assert s.mean_accepted == pytest.approx((2 + 4 + 2) / 3)       # no-cycle requests left out
 
 
+def test_first_step_and_prefix_cache_percentiles():
+    window = LatencyWindow(50)
+    extra = [{"first_step_ms": 40.0, "prefix_hit": False, "prefix_restore_ms": 0.0},
+             {"first_step_ms": 20.0, "prefix_hit": True, "prefix_restore_ms": 0.5},
+             {"prefix_hit": True, "prefix_restore_ms": 1.5},       # no step closed
+             {}]                                                  # no prefix
+    for fields in extra:
+        result = _result(100.0)
+        result.telemetry.update(fields)
+        window.add(result)
+    s = window.summary()
+    assert (s.first_step_p50, s.first_step_p95) == (30.0, pytest.approx(39.0))
+    assert (s.prefix_hits, s.prefix_requests) == (2, 3)
+    assert s.restore_p50 == 1.0 and s.restore_p95 == pytest.approx(1.45)
+    values = _values(status(window, Budgets(1000.0, 1000.0), 0)[2])
+    assert values["prefix cache hits"] == "2/3" and values["first step p95 ms"] == "39.0"
+
+
 def test_requests_refused_before_generation_add_no_sample():
     window = LatencyWindow(10)
     window.add(PlanResult("r", "t", False, error="queue full (4 requests waiting)",
