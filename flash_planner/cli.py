@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--max-new-tokens", type=int, default=512)
     plan.add_argument("--no-constrain", action="store_true", help="decode the answer without "
                       "the catalog's plan grammar (it is only validated afterwards)")
+    plan.add_argument("--stream", action="store_true", help="print each plan step the moment "
+                      "it closes, one JSON line {\"index\", \"skill\", \"args\"} each")
     _add_engine_args(plan)
 
     gen = sub.add_parser("generate", help="greedy generation from a model")
@@ -200,20 +202,26 @@ def _plan(args: argparse.Namespace) -> int:
         constrain=not args.no_constrain, refusal_hint=preset.refusal_hint,
         **_spec_settings(args, preset)))
     service.start()
+
+    def print_steps(feedback) -> None:
+        for index, step in feedback.steps:
+            print(json.dumps({"index": index, **step}), flush=True)
+
     try:
-        result = service.plan(request)
+        result = service.plan(request, on_feedback=print_steps if args.stream else None)
     finally:
         service.stop()
     if args.json:
         print(json.dumps(result.as_dict()))
-    elif result.success:  # valid JSON, one step per line
+    elif result.success and not args.stream:  # valid JSON, one step per line
         steps = ",\n".join(f"  {json.dumps(step)}" for step in result.plan)
         print(f'{{"plan": [\n{steps}\n]}}')
     if not args.json and not result.success:
         print(f"flash-planner: no valid plan: {result.error}", file=sys.stderr)
     if not args.json:
         t = result.telemetry
-        print(f"[{t.get('new_tokens', 0)} tokens, TTFT {t.get('ttft_ms', 0):.1f} ms, "
+        step = (f"first step {t['first_step_ms']:.1f} ms, " if "first_step_ms" in t else "")
+        print(f"[{t.get('new_tokens', 0)} tokens, TTFT {t.get('ttft_ms', 0):.1f} ms, {step}"
               f"{t.get('decode_tokens_per_s', 0):.1f} tok/s, "
               f"{t.get('tokens_per_cycle', 0):.2f} tokens/cycle, "
               + (f"{t['forced_tokens']} forced by the grammar, " if t.get("constrained") else "")

@@ -157,6 +157,17 @@ def test_plan_under_the_grammar_reports_its_jump_forward_tokens(hybrid_dir, caps
     assert "forced by the grammar" in capsys.readouterr().err
 
 
+def test_plan_stream_prints_each_step_as_a_json_line(capsys):
+    task = "bring the red cup from the kitchen table to the sink"
+    assert main(["plan", task, "--stream"]) == 0
+    out, err = capsys.readouterr()
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [line.pop("index") for line in lines] == list(range(len(lines)))
+    assert main(["plan", task, "--json"]) == 0
+    assert lines == json.loads(capsys.readouterr().out)["plan"]
+    assert "first step" in err
+
+
 def test_plan_plain_output_explains_the_failure(hybrid_dir, capsys):
     assert main(["plan", "open the fridge", "--model", str(hybrid_dir),
                  "--max-new-tokens", "8"]) == 1
