@@ -124,6 +124,10 @@ class AutoProposer(Proposer):
         for name, p in self.proposers.items():
             p.begin(prompt_ids, self._taps_for(name, taps, p.seed_rows) if p.seed_rows else None)
 
+    def use_prefix_state(self, states: dict[str, object]) -> None:
+        for p in self.proposers.values():
+            p.use_prefix_state(states)
+
     def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
         phase = self._phase()
         self._method = name = self.choose(phase)

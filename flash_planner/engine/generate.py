@@ -135,11 +135,13 @@ def _split_taps(taps: torch.Tensor | None, layers: Sequence[int]) -> dict[int, t
 
 
 def prefill_prompt(engine: Engine, ids: list[int], prefix: Sequence[int] | None,
-                   tap_ids: tuple[int, ...], tail: int, stats: GenerationStats
+                   proposer: Proposer | None, stats: GenerationStats
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`prefill`, with a declared prefix first: restored from the engine's prefix cache when
     it holds it, else prefilled (and kept). The suffix follows. A prompt that does not start
     with the prefix's ids (its tokenization merged across the join) is prefilled whole."""
+    tap_ids = proposer.tap_ids if proposer is not None else ()
+    tail = proposer.seed_rows if proposer is not None else 0
     n = len(prefix) if prefix else 0
     if n and (n >= len(ids) or list(ids[:n]) != list(prefix)):
         log.info("the prompt does not start with the declared %d-token prefix at a token "
@@ -155,13 +157,18 @@ def prefill_prompt(engine: Engine, ids: list[int], prefix: Sequence[int] | None,
         t0 = now_ms()
         restore(engine.state, snap)
         stats.prefix_restore_ms = now_ms() - t0
-        prefix_taps = snap.taps
+        prefix_taps, states = snap.taps, snap.proposer_states
     else:
         layers = engine.seed_tap_ids
         logits, taps = prefill(engine, list(prefix), layers, engine.seed_rows)
         prefix_taps = _split_taps(taps, layers)
+        states = {}
         if cache is not None:
-            cache.put(take(engine.state, prefix, prefix_taps, logits))
+            for p in engine.proposers.values():
+                states.update(p.prefix_state(prefix, prefix_taps))
+            cache.put(take(engine.state, prefix, prefix_taps, logits, states))
+    if proposer is not None:
+        proposer.use_prefix_state(states)
     logits, taps = prefill(engine, ids[n:], tap_ids, tail)
     rows = min(tail, len(ids)) - (len(ids) - n)          # seed rows the prefix must give
     if rows > 0 and tap_ids:
@@ -293,9 +300,7 @@ def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,
     stats = GenerationStats(prompt_tokens=len(ids))
     timer = PhaseTimer(sync=settings.profile_phases)
     engine.state.reset()
-    tap_ids = proposer.tap_ids if proposer is not None else ()
-    logits, taps = prefill_prompt(engine, ids, prefix, tap_ids,
-                                  proposer.seed_rows if proposer else 0, stats)
+    logits, taps = prefill_prompt(engine, ids, prefix, proposer, stats)
     if proposer is not None:
         proposer.begin(ids, taps)
     stats.prefill_ms = now_ms() - t0

@@ -10,12 +10,17 @@ chain the head on its own output and draft at the next positions; those entries 
 forgotten (`truncate`) before the verify, so after any partial accept the cache holds
 exactly the entries of committed positions: the ones upstream engines keep. No host sync:
 drafts stay on the device.
+
+A prefix snapshot (`prefix.py`) keeps the head's entries of the prefix's positions but its
+last (whose next token is the suffix's first): a prompt starting with that prefix begins
+with them restored and catches up only from there.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -23,6 +28,21 @@ from .cache import InferenceState
 from .models.mtp import MTPHead
 from .models.target import TargetModel
 from .proposer import Proposer
+
+
+@dataclass
+class HeadPrefix:
+    """The head cache's entries for positions 0 .. length-1 of a prompt prefix."""
+    ids: tuple[int, ...]           # the whole prefix (its last position has no entry)
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+    calibrated: list[bool]
+
+    @property
+    def length(self) -> int:
+        return len(self.ids) - 1
 
 
 class MTPProposer(Proposer):
@@ -44,14 +64,48 @@ class MTPProposer(Proposer):
         # last row a chunk of its own), and the token at each of those rows.
         self.pending_hidden: list[torch.Tensor] = []
         self.pending_tokens: list[int] = []
+        self._prefix: HeadPrefix | None = None     # set by use_prefix_state for one begin
+
+    @torch.inference_mode()
+    def prefix_state(self, prefix_ids: Sequence[int], taps: dict[int, torch.Tensor]
+                     ) -> dict[str, object]:
+        hidden = taps.get(self.tap_ids[0])
+        n = len(prefix_ids) - 1
+        if hidden is None or hidden.shape[1] != len(prefix_ids) or n < 1:
+            return {}
+        self.state.reset()
+        tokens = torch.tensor(list(prefix_ids[1:]), dtype=torch.long, device=hidden.device)
+        for at in range(0, n, self.chunk):
+            end = min(at + self.chunk, n)
+            self.head(self.embed(tokens[at:end])[None], hidden[:, at:end], self.state)
+            self.state.commit(end - at)
+        kv = self.state.kv
+        head = HeadPrefix(tuple(prefix_ids), kv.k[:, :, :n].clone(), kv.v[:, :, :n].clone(),
+                          kv.k_scale.clone(), kv.v_scale.clone(), list(kv.calibrated))
+        self.state.reset()
+        return {self.name: head}
+
+    def use_prefix_state(self, states: dict[str, object]) -> None:
+        self._prefix = states.get(self.name)
 
     def begin(self, prompt_ids: Sequence[int], taps: torch.Tensor | None) -> None:
         self.state.reset()
         if taps is None or taps.shape[1] != len(prompt_ids):
             raise ValueError("MTPProposer.begin needs the last layer's output of every "
                              "prompt row")
-        self.pending_hidden = [taps[:, :-1], taps[:, -1:]]
-        self.pending_tokens = list(prompt_ids)
+        head, self._prefix = self._prefix, None
+        start = 0
+        if head is not None and tuple(prompt_ids[:len(head.ids)]) == head.ids \
+                and len(prompt_ids) > len(head.ids):
+            kv, start = self.state.kv, head.length
+            kv.k[:, :, :start].copy_(head.k)
+            kv.v[:, :, :start].copy_(head.v)
+            kv.k_scale.copy_(head.k_scale)
+            kv.v_scale.copy_(head.v_scale)
+            kv.calibrated = list(head.calibrated)
+            self.state.length = start
+        self.pending_hidden = [taps[:, start:-1], taps[:, -1:]]
+        self.pending_tokens = list(prompt_ids[start:])
 
     @torch.inference_mode()
     def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:

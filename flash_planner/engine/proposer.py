@@ -44,6 +44,16 @@ class Proposer:
         """Tokens just published (the prefill's first one, then each cycle's, the bonus
         token included): what the next cycle's anchor is, before it is committed."""
 
+    def prefix_state(self, prefix_ids: Sequence[int], taps: dict[int, torch.Tensor]
+                     ) -> dict[str, object]:
+        """State worth keeping in a prefix snapshot, by method, from the prefix's ids and its
+        taps by layer (`prefix.py`); {} when there is none."""
+        return {}
+
+    def use_prefix_state(self, states: dict[str, object]) -> None:
+        """The prefix snapshot's states, before the `begin` of a prompt that starts with
+        that prefix."""
+
     @property
     def last_method(self) -> str:
         """The method that drafted the last proposal (differs from `name` for auto)."""

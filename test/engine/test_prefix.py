@@ -110,3 +110,34 @@ def test_the_cache_keeps_the_most_recently_used_prefixes(checkpoints, make_engin
     assert len(engine.prefix_cache) == 2 and engine.prefix_cache.nbytes > 0
     assert hit(prefixes[2]) and hit(prefixes[1]) and not hit(prefixes[0])   # 0 was dropped
     assert not hit(prefixes[2])             # and 0 pushed out the least recently used, 2
+
+
+def test_the_mtp_head_cache_of_the_prefix_is_restored_not_recomputed(catalog):
+    engines = {cache: Engine.load(ModelPreset.load("demo").engine_config(
+        device="cpu", dtype="fp32", prefix_cache=cache)) for cache in (True, False)}
+    heldout = make_corpus(0, n_train=0, n_heldout=3)[1]
+    settings = GenerationSettings(120, method="mtp", enable_thinking=False)
+    for i, example in enumerate(heldout):
+        ids, prefix = _prompt(engines[True], catalog, example, False)
+        heads = {c: e.proposers["mtp"].state for c, e in engines.items()}
+        n = len(prefix) - 1
+        at_first_token = {}
+
+        def first(c, seen=at_first_token, state=heads):
+            return lambda _ids, _text: seen.setdefault(c, state[c].length)
+
+        outs = {c: generate(e, ids, settings, on_token=first(c), prefix=prefix)
+                for c, e in engines.items()}
+        assert outs[True].token_ids == outs[False].token_ids
+        assert outs[True].stats.prefix_hit is (i > 0)
+        # after begin, before the first draft: with the cache the head holds the prefix's
+        # entries (a miss computes them with the snapshot), without it none yet
+        assert at_first_token == {True: n, False: 0}
+        assert all(heads[c].length > n for c in (True, False))
+        # the restored entries are the ones a catch-up computes (other chunks: fp32 close)
+        for name in ("k", "v"):
+            a, b = (getattr(heads[c].kv, name)[:, :, :n] for c in (True, False))
+            assert torch.allclose(a, b, atol=1e-5), name
+    snap = engines[True].prefix_cache.get(prefix)
+    assert snap.proposer_states["mtp"].length == len(prefix) - 1
+    assert snap.nbytes > snap.k.nbytes + snap.gdn_state.nbytes
