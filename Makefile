@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/plan.py
 	$(VENV)/bin/python bench/plan.py --constrained
 	$(VENV)/bin/python bench/grammar.py
+	$(VENV)/bin/python bench/latency.py
 
 # The ROS layer's cost: the same tasks through the planner service and the Plan action.
 bench-ros: ros-env

@@ -53,8 +53,8 @@ def snapshot_bytes_27b(prefix_tokens: int) -> int:
 
 
 def run(services: dict[str, PlannerService], tasks) -> dict[str, dict[str, list[float]]]:
-    got = {name: {"ttft": [], "first_step": [], "total": [], "restore": [], "hit": []}
-           for name in services}
+    got = {name: {"ttft": [], "first_step": [], "total": [], "restore": [], "hit": [],
+                  "thinking": []} for name in services}
     for ex in tasks:
         for name, service in services.items():
             r = service.plan(PlanRequest(ex.task, ex.context,
@@ -65,6 +65,7 @@ def run(services: dict[str, PlannerService], tasks) -> dict[str, dict[str, list[
             got[name]["first_step"].append(t.get("first_step_ms", t["total_ms"]))
             got[name]["restore"].append(t["prefix_restore_ms"])
             got[name]["hit"].append(bool(t["prefix_hit"]))
+            got[name]["thinking"].append(ex.thinking is not None)
     return got
 
 
@@ -99,11 +100,16 @@ def main(argv=None) -> int:
             service.stop()
     prefix = len(services["snapshot"].prompt("x", "", True)[1])
     snap_bytes = services["snapshot"].engine.prefix_cache.nbytes
-    rows = {name: {k: stats(v) for k, v in g.items() if k != "hit"} | {
+    rows = {name: {k: stats(v) for k, v in g.items() if k not in ("hit", "thinking")} | {
         "hits": sum(g["hit"])} for name, g in got.items()}
     on, off = rows["snapshot"], rows["no snapshot"]
     ratios = {"ttft": on["ttft"]["mean"] / off["ttft"]["mean"],
               "first_step_vs_plan": on["first_step"]["mean"] / on["total"]["mean"]}
+    g = got["snapshot"]
+    for think in (True, False):
+        picked = [i for i, t in enumerate(g["thinking"]) if t is think]
+        ratios[f"first_step_vs_plan_thinking_{'on' if think else 'off'}"] = (
+            sum(g["first_step"][i] for i in picked) / sum(g["total"][i] for i in picked))
     thor = []
     for tokens in (prefix, 1500):
         restore_ms = 2 * snapshot_bytes_27b(tokens) / (THOR_GBPS * 1e9) * 1000
@@ -126,7 +132,9 @@ def main(argv=None) -> int:
     print("(p50 / p95)")
     print(f"TTFT with the snapshot / without: {ratios['ttft']:.2f}x (means; restore p50 "
           f"{on['restore']['p50']:.3f} ms)")
-    print(f"first step streamed / whole plan: {ratios['first_step_vs_plan']:.2f}x (means)")
+    print(f"first step streamed / whole plan: {ratios['first_step_vs_plan']:.2f}x (means; "
+          f"thinking on {ratios['first_step_vs_plan_thinking_on']:.2f}x, off "
+          f"{ratios['first_step_vs_plan_thinking_off']:.2f}x)")
     print(f"\nQwen3.6-27B on Thor, analytic (prefill at {args.thor_prefill_tps:.0f} tokens/s "
           f"assumed; restore = snapshot read + write at {THOR_GBPS:.0f} GB/s):")
     for t in thor:

@@ -167,6 +167,7 @@ def prefill_prompt(engine: Engine, ids: list[int], prefix: Sequence[int] | None,
             for p in engine.proposers.values():
                 states.update(p.prefix_state(prefix, prefix_taps))
             cache.put(take(engine.state, prefix, prefix_taps, logits, states))
+    stats.prefix_cache_bytes = cache.nbytes if cache is not None else 0
     if proposer is not None:
         proposer.use_prefix_state(states)
     logits, taps = prefill(engine, ids[n:], tap_ids, tail)

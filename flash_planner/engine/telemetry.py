@@ -60,6 +60,7 @@ class GenerationStats:
     prefix_tokens: int = 0
     prefix_hit: bool | None = None
     prefix_restore_ms: float = 0.0
+    prefix_cache_bytes: int = 0     # what the engine's prefix cache holds after the request
     forced_tokens: int | None = None
     grammar_cut_drafts: int | None = None
     thinking_budget_hit: bool | None = None
@@ -99,6 +100,7 @@ class GenerationStats:
             "prefill_ms": round(self.prefill_ms, 3), "ttft_ms": round(self.ttft_ms, 3),
             "prefix_tokens": self.prefix_tokens, "prefix_hit": self.prefix_hit,
             "prefix_restore_ms": round(self.prefix_restore_ms, 3),
+            "prefix_cache_bytes": self.prefix_cache_bytes,
             "decode_ms": round(self.decode_ms, 3), "total_ms": round(self.total_ms, 3),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
             "cycles": self.cycles, "drafted": self.drafted, "accepted": self.accepted,

@@ -108,6 +108,8 @@ def test_the_cache_keeps_the_most_recently_used_prefixes(checkpoints, make_engin
 
     assert [hit(p) for p in prefixes] == [False, False, False]
     assert len(engine.prefix_cache) == 2 and engine.prefix_cache.nbytes > 0
+    out = generate(engine, prefixes[1] + task, settings, prefix=prefixes[1])
+    assert out.stats.as_dict()["prefix_cache_bytes"] == engine.prefix_cache.nbytes
     assert hit(prefixes[2]) and hit(prefixes[1]) and not hit(prefixes[0])   # 0 was dropped
     assert not hit(prefixes[2])             # and 0 pushed out the least recently used, 2
 
