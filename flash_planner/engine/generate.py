@@ -144,8 +144,8 @@ def prefill_prompt(engine: Engine, ids: list[int], prefix: Sequence[int] | None,
     tail = proposer.seed_rows if proposer is not None else 0
     n = len(prefix) if prefix else 0
     if n and (n >= len(ids) or list(ids[:n]) != list(prefix)):
-        log.info("the prompt does not start with the declared %d-token prefix at a token "
-                 "boundary: prefilling it whole", n)
+        log.info("the prompt is not longer than its declared %d-token prefix or does not "
+                 "start with it at a token boundary: prefilling it whole", n)
         n = 0
     if not n:
         return prefill(engine, ids, tap_ids, tail)
@@ -160,13 +160,13 @@ def prefill_prompt(engine: Engine, ids: list[int], prefix: Sequence[int] | None,
         prefix_taps, states = snap.taps, snap.proposer_states
     else:
         layers = engine.seed_tap_ids
-        logits, taps = prefill(engine, list(prefix), layers, engine.seed_rows)
+        _, taps = prefill(engine, list(prefix), layers, engine.seed_rows)
         prefix_taps = _split_taps(taps, layers)
         states = {}
         if cache is not None:
             for p in engine.proposers.values():
                 states.update(p.prefix_state(prefix, prefix_taps))
-            cache.put(take(engine.state, prefix, prefix_taps, logits, states))
+            cache.put(take(engine.state, prefix, prefix_taps, states))
     stats.prefix_cache_bytes = cache.nbytes if cache is not None else 0
     if proposer is not None:
         proposer.use_prefix_state(states)

@@ -3,8 +3,7 @@
 A snapshot holds everything the prefill of the prefix leaves behind: the KV rows of its
 positions (FP8 bytes with their per-head scales and calibration flags), every GDN recurrent
 state and conv window, the proposers' taps of the prefix rows they seed from (the DFlash
-window's seed), the MTP head's cache entries of the prefix (`Proposer.prefix_state`) and the
-last row's logits.
+window's seed) and the MTP head's cache entries of the prefix (`Proposer.prefix_state`).
 Restoring copies them back, in time proportional to their bytes, and the request prefills
 only its own suffix.
 
@@ -38,26 +37,19 @@ class PrefixSnapshot:
     gdn_state: torch.Tensor
     gdn_conv: torch.Tensor
     taps: dict[int, torch.Tensor]      # layer -> [1, m, hidden] taps of the last m rows
-    logits: torch.Tensor               # [V] of the last row
     proposer_states: dict[str, object]   # method -> its own prefix state (the MTP head's)
 
     @property
     def nbytes(self) -> int:
         tensors = [self.k, self.v, self.k_scale, self.v_scale, self.gdn_state, self.gdn_conv,
-                   self.logits, *self.taps.values()]
+                   *self.taps.values()]
         for state in self.proposer_states.values():
             tensors += [t for t in vars(state).values() if isinstance(t, torch.Tensor)]
         return sum(t.nbytes for t in tensors)
 
-    def taps_for(self, tap_ids: Sequence[int], rows: int) -> torch.Tensor | None:
-        """The last `rows` rows' taps of `tap_ids`, concatenated as a prefill returns them."""
-        if not tap_ids or rows <= 0:
-            return None
-        return torch.cat([self.taps[t][:, -rows:] for t in tap_ids], dim=-1)
-
 
 def take(state: InferenceState, ids: Sequence[int], taps: dict[int, torch.Tensor],
-         logits: torch.Tensor, proposer_states: dict[str, object]) -> PrefixSnapshot:
+         proposer_states: dict[str, object]) -> PrefixSnapshot:
     """Copy what the prefill of `ids` left in `state` (it holds exactly those rows)."""
     if state.length != len(ids) or state.pending:
         raise RuntimeError(f"snapshot of {len(ids)} prefix rows from a state holding "
@@ -66,8 +58,7 @@ def take(state: InferenceState, ids: Sequence[int], taps: dict[int, torch.Tensor
     return PrefixSnapshot(tuple(ids), kv.k[:, :, :n].clone(), kv.v[:, :, :n].clone(),
                           kv.k_scale.clone(), kv.v_scale.clone(), list(kv.calibrated),
                           gdn.state.clone(), gdn.conv.clone(),
-                          {t: x.clone() for t, x in taps.items()}, logits.clone(),
-                          dict(proposer_states))
+                          {t: x.clone() for t, x in taps.items()}, dict(proposer_states))
 
 
 def restore(state: InferenceState, snap: PrefixSnapshot) -> None:

@@ -311,13 +311,16 @@ class PlannerService:
         deadline = request.deadline_s if request.deadline_s is not None else cfg.deadline_s
         return GenerationSettings(
             max_new_tokens=request.max_new_tokens or cfg.max_new_tokens,
-            deadline_s=None if deadline is None else deadline - waited_s,
+            deadline_s=None if deadline is None else max(deadline - waited_s, 1e-3),
             speculative=cfg.speculative if request.speculative is None else request.speculative,
             method=request.method,
             relaxed_thinking=cfg.relaxed_thinking,
             relaxed_topk=cfg.relaxed_topk, relaxed_delta=cfg.relaxed_delta,
-            enable_thinking=(cfg.enable_thinking if request.enable_thinking is None
-                             else request.enable_thinking))
+            enable_thinking=self._thinking(request))
+
+    def _thinking(self, request: PlanRequest) -> bool:
+        return (self.config.enable_thinking if request.enable_thinking is None
+                else request.enable_thinking)
 
     def _run(self, ticket: PlanTicket) -> PlanResult:
         request = ticket.request
@@ -330,8 +333,9 @@ class PlannerService:
                            finish_reason="deadline", telemetry=telemetry)
         listener = _Listener(ticket, StepStream(self.catalog))
         try:
-            settings = self._settings(request, waited)
-            ids, prefix = self.prompt(request.task, request.context, settings.enable_thinking)
+            ids, prefix = self.prompt(request.task, request.context, self._thinking(request))
+            # the deadline counts from submission: what encoding took is not given back
+            settings = self._settings(request, time.monotonic() - ticket.submitted)
             constraint = None
             if self.grammar is not None:
                 budget = max(0, settings.max_new_tokens - self.config.answer_reserve)
