@@ -150,8 +150,12 @@ def prefill_prompt(engine: Engine, ids: list[int], prefix: Sequence[int] | None,
     if not n:
         return prefill(engine, ids, tap_ids, tail)
     stats.prefix_tokens = n
+    rows = min(tail, len(ids)) - (len(ids) - n)          # seed rows the prefix must give
     cache = engine.prefix_cache
     snap = cache.get(prefix) if cache is not None else None
+    if snap is not None and rows > 0 and any(
+            t not in snap.taps or snap.taps[t].shape[1] < rows for t in tap_ids):
+        snap = None        # a proposer the engine did not load taps other layers or rows
     stats.prefix_hit = snap is not None
     if snap is not None:
         t0 = now_ms()
@@ -159,8 +163,8 @@ def prefill_prompt(engine: Engine, ids: list[int], prefix: Sequence[int] | None,
         stats.prefix_restore_ms = now_ms() - t0
         prefix_taps, states = snap.taps, snap.proposer_states
     else:
-        layers = engine.seed_tap_ids
-        _, taps = prefill(engine, list(prefix), layers, engine.seed_rows)
+        layers = tuple(sorted({*engine.seed_tap_ids, *tap_ids}))
+        _, taps = prefill(engine, list(prefix), layers, max(engine.seed_rows, tail))
         prefix_taps = _split_taps(taps, layers)
         states = {}
         if cache is not None:
@@ -171,7 +175,6 @@ def prefill_prompt(engine: Engine, ids: list[int], prefix: Sequence[int] | None,
     if proposer is not None:
         proposer.use_prefix_state(states)
     logits, taps = prefill(engine, ids[n:], tap_ids, tail)
-    rows = min(tail, len(ids)) - (len(ids) - n)          # seed rows the prefix must give
     if rows > 0 and tap_ids:
         head = torch.cat([prefix_taps[t][:, -rows:] for t in tap_ids], dim=-1)
         taps = head if taps is None else torch.cat((head, taps), dim=1)

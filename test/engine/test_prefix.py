@@ -143,3 +143,29 @@ def test_the_mtp_head_cache_of_the_prefix_is_restored_not_recomputed(catalog):
     snap = engines[True].prefix_cache.get(prefix)
     assert snap.proposer_states["mtp"].length == len(prefix) - 1
     assert snap.nbytes > snap.k.nbytes + snap.gdn_state.nbytes
+
+
+def test_a_proposer_tapping_layers_the_snapshot_lacks_prefills_the_prefix_again(
+        checkpoints, make_engine, tmp_path):
+    from flash_planner.engine.models.dflash import load_drafter
+    from flash_planner.engine.proposer import DFlashProposer
+    from flash_planner.train.tiny import write_tiny_drafter
+
+    path = checkpoints("hybrid")
+    engine = make_engine(path)                       # no proposer loaded: no taps kept
+    drafter = load_drafter(write_tiny_drafter(tmp_path / "d", path, num_layers=2,
+                                              block_size=4), engine.model_config,
+                           torch.float32, engine.device)
+    tok = engine.tokenizer
+    prefix = tok.encode("plan with these skills: pick, place", add_special_tokens=False)
+    ids = prefix + tok.encode(" bring the cup", add_special_tokens=False)
+    settings = GenerationSettings(12, ignore_eos=True)
+
+    def proposer():
+        return DFlashProposer(drafter, engine.model.embed_tokens, engine.model.output_weight)
+
+    generate(engine, ids, settings, prefix=prefix)
+    assert len(engine.prefix_cache) == 1 and not engine.prefix_cache.get(prefix).taps
+    out = generate(engine, ids, settings, proposer=proposer(), prefix=prefix)
+    assert out.stats.prefix_hit is False
+    assert out.token_ids == generate(engine, ids, settings, proposer=proposer()).token_ids
