@@ -41,6 +41,26 @@ class StateBytes:
         return self.kv + self.gdn_state + self.checkpoints
 
 
+@dataclass(frozen=True)
+class StateCopy:
+    """The committed rows of an `InferenceState`: KV rows with their FP8 scales and
+    calibration flags, the GDN states and conv windows (what a prefix snapshot keeps)."""
+
+    length: int
+    k: torch.Tensor                    # [n_attn, B, length, Hkv, D] (uint8 for FP8)
+    v: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+    calibrated: tuple[bool, ...]
+    gdn_state: torch.Tensor
+    gdn_conv: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in (self.k, self.v, self.k_scale, self.v_scale,
+                                      self.gdn_state, self.gdn_conv))
+
+
 class KVCache:
     """Full-attention KV rows for every attention layer, optionally FP8 with per-head scales.
 
@@ -166,6 +186,28 @@ class InferenceState:
         self.pending = num_tokens
         self.recorded = record_steps
         return self.length
+
+    def save(self) -> StateCopy:
+        """A copy of the committed rows (none may be pending)."""
+        if self.pending:
+            raise RuntimeError(f"{self.pending} rows of the last forward are uncommitted")
+        kv, gdn, n = self.kv, self.gdn, self.length
+        return StateCopy(n, kv.k[:, :, :n].clone(), kv.v[:, :, :n].clone(),
+                         kv.k_scale.clone(), kv.v_scale.clone(), tuple(kv.calibrated),
+                         gdn.state.clone(), gdn.conv.clone())
+
+    def load(self, copy: StateCopy) -> None:
+        """Hold exactly the rows of `copy`, as when it was saved; a copy, O(its bytes)."""
+        self.reset()
+        kv, gdn, n = self.kv, self.gdn, copy.length
+        kv.k[:, :, :n].copy_(copy.k)
+        kv.v[:, :, :n].copy_(copy.v)
+        kv.k_scale.copy_(copy.k_scale)
+        kv.v_scale.copy_(copy.v_scale)
+        kv.calibrated = list(copy.calibrated)
+        gdn.state.copy_(copy.gdn_state)
+        gdn.conv.copy_(copy.gdn_conv)
+        self.length = n
 
     def truncate(self, length: int) -> None:
         """Forget committed rows from `length` on. Only an attention-only state (the MTP

@@ -25,7 +25,7 @@ from .chat import encode_chat
 from .constraint import Constraint, masked
 from .engine import Engine
 from .methods import METHODS
-from .prefix import restore, take
+from .prefix import take
 from .proposer import Proposer
 from .speculative import NonFiniteLogits, commit_cycle, run_cycle
 from .telemetry import GenerationStats, PhaseTimer, now_ms
@@ -159,7 +159,7 @@ def prefill_prompt(engine: Engine, ids: list[int], prefix: Sequence[int] | None,
     stats.prefix_hit = snap is not None
     if snap is not None:
         t0 = now_ms()
-        restore(engine.state, snap)
+        engine.state.load(snap.state)
         stats.prefix_restore_ms = now_ms() - t0
         prefix_taps, states = snap.taps, snap.proposer_states
     else:

@@ -24,25 +24,21 @@ from dataclasses import dataclass
 
 import torch
 
-from .cache import InferenceState
+from .cache import InferenceState, StateCopy
 from .models.mtp import MTPHead
 from .models.target import TargetModel
 from .proposer import Proposer
 
 
-@dataclass
+@dataclass(frozen=True)
 class HeadPrefix:
-    """The head cache's entries for positions 0 .. length-1 of a prompt prefix."""
-    ids: tuple[int, ...]           # the whole prefix (its last position has no entry)
-    k: torch.Tensor
-    v: torch.Tensor
-    k_scale: torch.Tensor
-    v_scale: torch.Tensor
-    calibrated: list[bool]
+    """The head cache after the entries of a prompt prefix's positions but its last."""
+    ids: tuple[int, ...]           # the whole prefix
+    state: StateCopy
 
     @property
-    def length(self) -> int:
-        return len(self.ids) - 1
+    def nbytes(self) -> int:
+        return self.state.nbytes
 
 
 class MTPProposer(Proposer):
@@ -75,13 +71,8 @@ class MTPProposer(Proposer):
             return {}
         self.state.reset()
         tokens = torch.tensor(list(prefix_ids[1:]), dtype=torch.long, device=hidden.device)
-        for at in range(0, n, self.chunk):
-            end = min(at + self.chunk, n)
-            self.head(self.embed(tokens[at:end])[None], hidden[:, at:end], self.state)
-            self.state.commit(end - at)
-        kv = self.state.kv
-        head = HeadPrefix(tuple(prefix_ids), kv.k[:, :, :n].clone(), kv.v[:, :, :n].clone(),
-                          kv.k_scale.clone(), kv.v_scale.clone(), list(kv.calibrated))
+        self._commit_rows(tokens, hidden[:, :n])
+        head = HeadPrefix(tuple(prefix_ids), self.state.save())
         self.state.reset()
         return {self.name: head}
 
@@ -97,13 +88,8 @@ class MTPProposer(Proposer):
         start = 0
         if head is not None and tuple(prompt_ids[:len(head.ids)]) == head.ids \
                 and len(prompt_ids) > len(head.ids):
-            kv, start = self.state.kv, head.length
-            kv.k[:, :, :start].copy_(head.k)
-            kv.v[:, :, :start].copy_(head.v)
-            kv.k_scale.copy_(head.k_scale)
-            kv.v_scale.copy_(head.v_scale)
-            kv.calibrated = list(head.calibrated)
-            self.state.length = start
+            self.state.load(head.state)
+            start = head.state.length
         self.pending_hidden = [taps[:, start:-1], taps[:, -1:]]
         self.pending_tokens = list(prompt_ids[start:])
 
@@ -120,10 +106,7 @@ class MTPProposer(Proposer):
         # catch-up; the last chunk's rows are this cycle's first head forward.
         split = hidden.shape[1] - self.pending_hidden[-1].shape[1]
         t0 = time.perf_counter()
-        for at in range(0, split, self.chunk):
-            end = min(at + self.chunk, split)
-            self.head(self.embed(tokens[at:end])[None], hidden[:, at:end], self.state)
-            self.state.commit(end - at)
+        self._commit_rows(tokens[:split], hidden[:, :split])
         self.catchup_ms = (time.perf_counter() - t0) * 1000.0
         out = self.head(self.embed(tokens[split:])[None], hidden[:, split:], self.state)
         self.state.commit(out.shape[1])
@@ -136,6 +119,14 @@ class MTPProposer(Proposer):
             drafts.append(self._draft(out))
         self.state.truncate(start)       # entries from drafts: dropped before the verify
         return torch.cat(drafts)
+
+    def _commit_rows(self, tokens: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Head entries for rows (next token, normed target h) at the cache's next
+        positions, in chunks."""
+        for at in range(0, tokens.shape[0], self.chunk):
+            end = min(at + self.chunk, tokens.shape[0])
+            self.head(self.embed(tokens[at:end])[None], hidden[:, at:end], self.state)
+            self.state.commit(end - at)
 
     def _draft(self, out: torch.Tensor) -> torch.Tensor:
         return (out[0] @ self.lm_head_weight.T).argmax(dim=-1)        # [1]

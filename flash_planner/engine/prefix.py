@@ -11,8 +11,9 @@ A prompt with a declared prefix is always prefilled in two parts, the prefix the
 with or without a snapshot: both paths run the same chunks, so restoring gives the very bits
 a fresh prefill gives (FP8 scales included, which are calibrated on the first chunk).
 
-`PrefixCache` keeps the most recently used `entries` snapshots (two catalogs, or thinking on
-and off when a template puts the flag before the task, both hit).
+Restoring is `InferenceState.load(snapshot.state)`. `PrefixCache` keeps the most recently
+used `entries` snapshots (two catalogs, or thinking on and off when a template puts the flag
+before the task, both hit).
 """
 
 from __future__ import annotations
@@ -23,56 +24,30 @@ from dataclasses import dataclass
 
 import torch
 
-from .cache import InferenceState
+from .cache import InferenceState, StateCopy
 
 
-@dataclass
+@dataclass(frozen=True)
 class PrefixSnapshot:
     ids: tuple[int, ...]
-    k: torch.Tensor                    # [n_attn, B, L, Hkv, D] (uint8 for FP8)
-    v: torch.Tensor
-    k_scale: torch.Tensor
-    v_scale: torch.Tensor
-    calibrated: list[bool]
-    gdn_state: torch.Tensor
-    gdn_conv: torch.Tensor
+    state: StateCopy                   # the target's state after the prefix
     taps: dict[int, torch.Tensor]      # layer -> [1, m, hidden] taps of the last m rows
-    proposer_states: dict[str, object]   # method -> its own prefix state (the MTP head's)
+    proposer_states: dict[str, object]   # method -> its own prefix state (has `nbytes`)
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.k, self.v, self.k_scale, self.v_scale, self.gdn_state, self.gdn_conv,
-                   *self.taps.values()]
-        for state in self.proposer_states.values():
-            tensors += [t for t in vars(state).values() if isinstance(t, torch.Tensor)]
-        return sum(t.nbytes for t in tensors)
+        return (self.state.nbytes + sum(t.nbytes for t in self.taps.values())
+                + sum(p.nbytes for p in self.proposer_states.values()))
 
 
 def take(state: InferenceState, ids: Sequence[int], taps: dict[int, torch.Tensor],
          proposer_states: dict[str, object]) -> PrefixSnapshot:
     """Copy what the prefill of `ids` left in `state` (it holds exactly those rows)."""
-    if state.length != len(ids) or state.pending:
+    if state.length != len(ids):
         raise RuntimeError(f"snapshot of {len(ids)} prefix rows from a state holding "
-                           f"{state.length} (+{state.pending} pending)")
-    kv, gdn, n = state.kv, state.gdn, len(ids)
-    return PrefixSnapshot(tuple(ids), kv.k[:, :, :n].clone(), kv.v[:, :, :n].clone(),
-                          kv.k_scale.clone(), kv.v_scale.clone(), list(kv.calibrated),
-                          gdn.state.clone(), gdn.conv.clone(),
-                          {t: x.clone() for t, x in taps.items()}, dict(proposer_states))
-
-
-def restore(state: InferenceState, snap: PrefixSnapshot) -> None:
-    """Make `state` hold the prefix, as if it had just been prefilled."""
-    state.reset()
-    kv, gdn, n = state.kv, state.gdn, len(snap.ids)
-    kv.k[:, :, :n].copy_(snap.k)
-    kv.v[:, :, :n].copy_(snap.v)
-    kv.k_scale.copy_(snap.k_scale)
-    kv.v_scale.copy_(snap.v_scale)
-    kv.calibrated = list(snap.calibrated)
-    gdn.state.copy_(snap.gdn_state)
-    gdn.conv.copy_(snap.gdn_conv)
-    state.length = n
+                           f"{state.length}")
+    return PrefixSnapshot(tuple(ids), state.save(), {t: x.clone() for t, x in taps.items()},
+                          dict(proposer_states))
 
 
 class PrefixCache:

@@ -141,8 +141,8 @@ def test_the_mtp_head_cache_of_the_prefix_is_restored_not_recomputed(catalog):
             a, b = (getattr(heads[c].kv, name)[:, :, :n] for c in (True, False))
             assert torch.allclose(a, b, atol=1e-5), name
     snap = engines[True].prefix_cache.get(prefix)
-    assert snap.proposer_states["mtp"].length == len(prefix) - 1
-    assert snap.nbytes > snap.k.nbytes + snap.gdn_state.nbytes
+    assert snap.proposer_states["mtp"].state.length == len(prefix) - 1
+    assert snap.nbytes > snap.state.k.nbytes + snap.state.gdn_state.nbytes
 
 
 def test_a_proposer_tapping_layers_the_snapshot_lacks_prefills_the_prefix_again(
