@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from flash_planner.engine.acceptance import think_token_ids
+from flash_planner.engine.grammar import JsonGrammarCompiler
 from flash_planner.planning.parse import split_answer
 from flash_planner.planning.plan_grammar import compile_plan_grammar
 from flash_planner.planning.presets import default_skills_path
@@ -34,18 +36,6 @@ from flash_planner.train.tokenizer import load_tokenizer, train_tokenizer
 
 DEMO = Path(__file__).resolve().parents[1] / "flash_planner/assets/demo/target"
 THOR_FORWARD_MS = 55.0
-
-
-class TokenizerOnly:
-    """What `compile_plan_grammar` reads from an engine."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.model_config = type("C", (), {"vocab_size": len(tokenizer)})
-        self.config = type("E", (), {"model_path": "bench"})
-
-    def eos_ids(self):
-        return (self.tokenizer.convert_tokens_to_ids("<|im_end|>"),)
 
 
 def python_sources(limit_bytes: int) -> list[str]:
@@ -64,7 +54,10 @@ def python_sources(limit_bytes: int) -> list[str]:
 
 def measure(tokenizer, catalog, answers: list[str], block: int) -> dict:
     t0 = time.perf_counter()
-    grammar = compile_plan_grammar(catalog, TokenizerOnly(tokenizer))
+    compiler = JsonGrammarCompiler(tokenizer, len(tokenizer),
+                                   [tokenizer.convert_tokens_to_ids("<|im_end|>")],
+                                   think_token_ids(tokenizer))
+    grammar = compile_plan_grammar(catalog, compiler)
     compile_ms = (time.perf_counter() - t0) * 1000
     close = tokenizer.convert_tokens_to_ids("</think>")
     walk_s = mask_s = 0.0

@@ -41,6 +41,7 @@ from decode import token_clock_class
 
 from flash_planner.engine.engine import Engine
 from flash_planner.engine.generate import GenerationSettings, encode_prompt, generate
+from flash_planner.engine.grammar import JsonGrammarCompiler
 from flash_planner.planning.parse import PlanError, parse_plan
 from flash_planner.planning.plan_grammar import compile_plan_grammar
 from flash_planner.planning.presets import ModelPreset, default_skills_path
@@ -148,7 +149,7 @@ def run_one(engine, prompt: Prompt, mode: str, tally: Tally, think_close: int, c
 
 def constrained_table(engine, plans, catalog, close: int, as_json: bool) -> int:
     """Table 3: each method without and with the plan grammar, in turn per prompt."""
-    grammar = compile_plan_grammar(catalog, engine)
+    grammar = compile_plan_grammar(catalog, JsonGrammarCompiler.for_engine(engine))
     modes = [m + g for m in KIND_MODES for g in ("", GRAMMAR)]
     tallies = {m: Tally(m) for m in modes}
     for p in plans:

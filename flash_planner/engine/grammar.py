@@ -16,7 +16,9 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
+from .acceptance import think_token_ids
 from .constraint import Constraint
+from .engine import Engine
 
 SEPARATORS = (", ", ": ")
 
@@ -72,22 +74,6 @@ class JsonSchemaGrammar:
         # special tokens other than the stop tokens are never part of an answer
         self.refused = frozenset(info.special_token_ids) - frozenset(info.stop_token_ids)
 
-    @classmethod
-    def compile(cls, schema: dict[str, Any], tokenizer, vocab_size: int,
-                stop_ids: Sequence[int], think_ids: tuple[int, int] | None = None,
-                leading_whitespace: int = 4) -> JsonSchemaGrammar:
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                  stop_token_ids=list(stop_ids))
-        try:
-            body = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False,
-                                                separators=SEPARATORS)
-            lead = xgr.Grammar.from_ebnf(f"root ::= [ \\n]{{0,{leading_whitespace}}}")
-            compiled = xgr.GrammarCompiler(info, max_threads=2).compile_grammar(
-                xgr.Grammar.concat(lead, body))
-        except RuntimeError as exc:
-            raise GrammarError(_reason(exc)) from None
-        return cls(compiled, tokenizer, vocab_size, think_ids)
-
     def matcher(self) -> XGrammarMatcher:
         return XGrammarMatcher(self.compiled, self.tokenizer, self.vocab_size, self.refused)
 
@@ -96,3 +82,34 @@ class JsonSchemaGrammar:
         thinking must close (None: no limit)."""
         return Constraint(self.matcher(), self.think_ids,
                           self.compiled.tokenizer_info.stop_token_ids, think_budget)
+
+
+class JsonGrammarCompiler:
+    """Compiles JSON-Schemas for one tokenizer. xgrammar's view of the vocabulary is built
+    once, here (about 0.7 s at 150k tokens), and serves every schema compiled after."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_ids: Sequence[int],
+                 think_ids: tuple[int, int] | None = None, leading_whitespace: int = 4):
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=list(stop_ids))
+        self._compiler = xgr.GrammarCompiler(info, max_threads=2)
+        self._lead = xgr.Grammar.from_ebnf(f"root ::= [ \\n]{{0,{leading_whitespace}}}")
+        self.tokenizer, self.vocab_size, self.think_ids = tokenizer, vocab_size, think_ids
+
+    @classmethod
+    def for_engine(cls, engine: Engine) -> JsonGrammarCompiler:
+        """A compiler for the engine's model: its tokenizer, vocabulary, EOS and think ids."""
+        tok = engine.tokenizer
+        if tok is None:
+            raise ValueError(f"{engine.config.model_path} has no tokenizer: grammars are "
+                             "compiled for the model's tokenizer")
+        return cls(tok, engine.model_config.vocab_size, engine.eos_ids(), think_token_ids(tok))
+
+    def compile(self, schema: dict[str, Any]) -> JsonSchemaGrammar:
+        try:
+            body = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False,
+                                                separators=SEPARATORS)
+            compiled = self._compiler.compile_grammar(xgr.Grammar.concat(self._lead, body))
+        except RuntimeError as exc:
+            raise GrammarError(_reason(exc)) from None
+        return JsonSchemaGrammar(compiled, self.tokenizer, self.vocab_size, self.think_ids)

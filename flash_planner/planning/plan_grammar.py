@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine.acceptance import think_token_ids
-from ..engine.engine import Engine
-from ..engine.grammar import GrammarError, JsonSchemaGrammar
+from ..engine.grammar import GrammarError, JsonGrammarCompiler, JsonSchemaGrammar
 from .skills import CatalogError, SkillCatalog
 
 # No minLength on the reason: xgrammar 0.2.8 turns a string with a length bound into a rule
@@ -27,22 +25,16 @@ def answer_schema(catalog: SkillCatalog) -> dict[str, Any]:
     return {"anyOf": [catalog.plan_schema(), REFUSAL_SCHEMA]}
 
 
-def compile_plan_grammar(catalog: SkillCatalog, engine: Engine) -> JsonSchemaGrammar:
-    tok = engine.tokenizer
-    if tok is None:
-        raise ValueError(f"{engine.config.model_path} has no tokenizer: a plan grammar is "
-                         "compiled for the model's tokenizer")
-
-    def compile(schema: dict[str, Any]) -> JsonSchemaGrammar:
-        return JsonSchemaGrammar.compile(schema, tok, engine.model_config.vocab_size,
-                                         engine.eos_ids(), think_token_ids(tok))
-
+def compile_plan_grammar(catalog: SkillCatalog, compiler: JsonGrammarCompiler
+                         ) -> JsonSchemaGrammar:
+    """The catalog's plan grammar (`JsonGrammarCompiler.for_engine(engine)` gives the
+    model's compiler)."""
     try:
-        return compile(answer_schema(catalog))
+        return compiler.compile(answer_schema(catalog))
     except GrammarError as exc:
         for skill in catalog.skills:   # name the skill that breaks it
             try:
-                compile(SkillCatalog((skill,)).plan_schema())
+                compiler.compile(SkillCatalog((skill,)).plan_schema())
             except GrammarError as one:
                 raise CatalogError(f"skill '{skill.name}' cannot be turned into a plan "
                                    f"grammar: {one}") from None

@@ -26,6 +26,7 @@ from ..engine.cache import ContextOverflowError
 from ..engine.chat import encode_chat_parts
 from ..engine.engine import Engine
 from ..engine.generate import CancelToken, GenerationSettings, generate
+from ..engine.grammar import JsonGrammarCompiler
 from ..engine.speculative import NonFiniteLogits
 from .parse import PlanError, PlanRefused, parse_plan
 from .plan_grammar import compile_plan_grammar
@@ -130,7 +131,8 @@ class PlannerService:
                              "and tokenizer_config.json): the planner needs one to read tasks")
         self.engine, self.catalog, self.config = engine, catalog, config
         # compiled once, at configure: a catalog it cannot express fails here (CatalogError)
-        self.grammar = compile_plan_grammar(catalog, engine) if config.constrain else None
+        self.grammar = (compile_plan_grammar(catalog, JsonGrammarCompiler.for_engine(engine))
+                        if config.constrain else None)
         self._lock = threading.Condition()
         self._queue: collections.deque[PlanTicket] = collections.deque()
         self._running: PlanTicket | None = None

@@ -17,7 +17,7 @@ from qwen3_tokenizer import DEMO
 from flash_planner.engine.acceptance import think_token_ids
 from flash_planner.engine.constraint import GrammarViolation, masked, unpack_bitmask
 from flash_planner.engine.generate import GenerationSettings, generate, prefill
-from flash_planner.engine.grammar import GrammarError, JsonSchemaGrammar
+from flash_planner.engine.grammar import GrammarError, JsonGrammarCompiler, JsonSchemaGrammar
 from flash_planner.engine.proposer import ReplayProposer
 from flash_planner.train.tiny import write_tiny_drafter
 from flash_planner.train.tokenizer import load_tokenizer
@@ -34,9 +34,7 @@ MAX_NEW = 96
 
 
 def _grammar(engine) -> JsonSchemaGrammar:
-    tok = engine.tokenizer
-    return JsonSchemaGrammar.compile(SCHEMA, tok, engine.model_config.vocab_size,
-                                     engine.eos_ids(), think_token_ids(tok))
+    return JsonGrammarCompiler.for_engine(engine).compile(SCHEMA)
 
 
 def reference(engine, grammar: JsonSchemaGrammar, prompt: list[int]) -> list[int]:
@@ -195,16 +193,15 @@ def test_a_schema_xgrammar_cannot_compile_is_a_clear_error(targets):
     bad = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5,
                                                   "maximum": 1}}}
     with pytest.raises(GrammarError, match="minimum greater than maximum") as info:
-        JsonSchemaGrammar.compile(bad, engine.tokenizer, engine.model_config.vocab_size,
-                                  engine.eos_ids())
+        JsonGrammarCompiler.for_engine(engine).compile(bad)
     assert ".cc:" not in str(info.value)       # xgrammar's source path is not the message
 
 
 @pytest.fixture(scope="module")
 def demo_grammar():
     tok = load_tokenizer(DEMO)
-    return tok, JsonSchemaGrammar.compile(SCHEMA, tok, 1024, [tok.eos_token_id],
-                                          think_token_ids(tok))
+    return tok, JsonGrammarCompiler(tok, 1024, [tok.eos_token_id],
+                                    think_token_ids(tok)).compile(SCHEMA)
 
 
 def test_thinking_is_free_but_cannot_end_the_output_and_the_answer_is_constrained(

@@ -15,9 +15,11 @@ import pytest
 import xgrammar as xgr
 from qwen3_tokenizer import DEMO, qwen3_shaped_tokenizer
 
+from flash_planner.engine.acceptance import think_token_ids
 from flash_planner.engine.constraint import GrammarViolation, unpack_bitmask
 from flash_planner.engine.engine import Engine
 from flash_planner.engine.generate import GenerationSettings, generate
+from flash_planner.engine.grammar import JsonGrammarCompiler
 from flash_planner.planning.parse import PlanRefused, parse_plan, split_answer
 from flash_planner.planning.plan_grammar import compile_plan_grammar
 from flash_planner.planning.presets import ModelPreset, default_skills_path
@@ -31,16 +33,10 @@ from flash_planner.train.tokenizer import load_tokenizer
 TIMEOUT = 300
 
 
-class TokenizerOnly:
-    """What `compile_plan_grammar` reads from an engine, for grammar-only checks."""
-
-    def __init__(self, tokenizer, vocab_size):
-        self.tokenizer = tokenizer
-        self.model_config = type("C", (), {"vocab_size": vocab_size})
-        self.config = type("E", (), {"model_path": "test"})
-
-    def eos_ids(self):
-        return (self.tokenizer.convert_tokens_to_ids("<|im_end|>"),)
+def compiler_for(tokenizer, vocab_size: int) -> JsonGrammarCompiler:
+    return JsonGrammarCompiler(tokenizer, vocab_size,
+                               [tokenizer.convert_tokens_to_ids("<|im_end|>")],
+                               think_token_ids(tokenizer))
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +51,7 @@ def demo_tok():
 
 @pytest.fixture(scope="module")
 def grammar(catalog, demo_tok):
-    return compile_plan_grammar(catalog, TokenizerOnly(demo_tok, 1024))
+    return compile_plan_grammar(catalog, compiler_for(demo_tok, 1024))
 
 
 def accepts(grammar, text: str, finish: bool = True) -> bool:
@@ -107,7 +103,7 @@ def test_an_enum_argument_allows_exactly_its_values(demo_tok):
     catalog = SkillCatalog.from_dict({"skills": [{"name": "gripper", "args": {
         "mode": {"type": "string", "enum": ["open", "closed"]},
         "force": {"type": "integer", "minimum": 1, "maximum": 40}}}]})
-    g = compile_plan_grammar(catalog, TokenizerOnly(demo_tok, 1024))
+    g = compile_plan_grammar(catalog, compiler_for(demo_tok, 1024))
     step = '{{"plan": [{{"skill": "gripper", "args": {{"mode": "{}", "force": {}}}}}]}}'
     assert accepts(g, step.format("open", 40)) and accepts(g, step.format("closed", 1))
     assert not accepts(g, step.format("half", 10)) and not accepts(g, step.format("open", 41))
@@ -120,14 +116,14 @@ def test_a_catalog_the_grammar_cannot_express_names_the_skill(catalog, demo_tok)
     bad = SkillCatalog((*catalog.skills, broken))
     with pytest.raises(CatalogError, match="skill 'grip' cannot be turned into a plan "
                                            "grammar: .*minimum greater than maximum"):
-        compile_plan_grammar(bad, TokenizerOnly(demo_tok, 1024))
+        compile_plan_grammar(bad, compiler_for(demo_tok, 1024))
 
 
 def test_a_qwen3_shaped_tokenizer_keeps_its_control_tokens_out_of_answers(
         catalog, demo_tok, tmp_path):
     tok = qwen3_shaped_tokenizer(demo_tok, tmp_path / "qwen3")
     vocab = 1024 + 64           # room past the added tokens, as real lm_heads pad
-    g = compile_plan_grammar(catalog, TokenizerOnly(tok, vocab))
+    g = compile_plan_grammar(catalog, compiler_for(tok, vocab))
     plan = '{"plan": [{"skill": "pick", "args": {"object": "cup"}}]}'
     assert accepts(g, "\n\n" + plan)
     c = g.constraint()
@@ -216,7 +212,7 @@ def test_a_random_model_under_the_grammar_never_returns_an_invalid_plan(
 
 def test_thinking_that_would_eat_the_answers_tokens_is_closed_in_time(demo_engine, catalog):
     task = "bring the red cup from the kitchen table to the sink"   # thinks for ~50 tokens
-    grammar = compile_plan_grammar(catalog, demo_engine)
+    grammar = compile_plan_grammar(catalog, JsonGrammarCompiler.for_engine(demo_engine))
     out = generate(demo_engine, build_messages(catalog, task),
                    GenerationSettings(200, enable_thinking=True),
                    constraint=grammar.constraint(think_budget=40))
