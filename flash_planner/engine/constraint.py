@@ -74,11 +74,15 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return ((bitmask.unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, :vocab_size]
 
 
-def _set_bit(bitmask: torch.Tensor, row: int, token: int, allowed: bool) -> None:
-    word, bit = divmod(token, 32)
-    value = int(bitmask[row, word]) & 0xFFFFFFFF
-    value = value | (1 << bit) if allowed else value & ~(1 << bit)
-    bitmask[row, word] = value - (1 << 32) if value >= 1 << 31 else value   # int32 wrap
+def _row(vocab_size: int, tokens: Sequence[int], allowed: bool) -> torch.Tensor:
+    """An int32 bitmask row [words]: only `tokens` allowed, or all but them."""
+    row = torch.full((mask_words(vocab_size),), 0 if allowed else -1, dtype=torch.int32)
+    for token in tokens:
+        word, bit = divmod(token, 32)
+        value = int(row[word]) & 0xFFFFFFFF
+        value = value | (1 << bit) if allowed else value & ~(1 << bit)
+        row[word] = value - (1 << 32) if value >= 1 << 31 else value   # int32 wrap
+    return row
 
 
 def masked(logits: torch.Tensor, bitmask: torch.Tensor | None) -> torch.Tensor:
@@ -108,6 +112,12 @@ class Constraint:
         self.think_open, self.think_close = think_ids if think_ids is not None else (-1, -1)
         # a think marker in the answer would make it read as thinking: never part of one
         self.markers = frozenset(think_ids or ())
+        # the mask rows that do not depend on the grammar's state, built once
+        v = self.vocab_size
+        self._thinking_row = _row(v, self.stop_ids, allowed=False)
+        self._closing_row = _row(v, [self.think_close] if think_ids else [], allowed=True)
+        self._no_markers = _row(v, self.markers, allowed=False)
+        self._open_row = _row(v, [self.think_open] if think_ids else [], allowed=True)
         self.phase = ANSWER
         self.position = 0        # tokens published in this request
         self.stats = ConstraintStats()
@@ -180,15 +190,14 @@ class Constraint:
         phase, fed = self.phase, 0
         for row in range(rows):
             if self._closing(phase, self.position + row):
-                bitmask[row] = 0
-                _set_bit(bitmask, row, self.think_close, True)
+                bitmask[row] = self._closing_row
             elif phase == THINK:
-                for tok in self.stop_ids:
-                    _set_bit(bitmask, row, tok, False)
+                bitmask[row] = self._thinking_row
             elif not self.matcher.terminated():   # after a stop token nothing is published
                 self.matcher.fill_mask(bitmask, row)
-                for tok in self.markers:
-                    _set_bit(bitmask, row, tok, phase == START and tok == self.think_open)
+                bitmask[row] &= self._no_markers
+                if phase == START:                 # or open a thinking block
+                    bitmask[row] |= self._open_row
             if row < len(block):
                 _, used, phase = self._step(phase, block[row], self.position + row)
                 fed += used
