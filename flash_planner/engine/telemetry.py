@@ -109,6 +109,7 @@ class GenerationStats:
             "accept_hist": list(self.accept_hist),
             "method_cycles": dict(self.method_cycles),
             "method_accepted": dict(self.method_accepted),
+            "constrained": self.forced_tokens is not None,
             **({} if self.forced_tokens is None else {
                 "forced_tokens": self.forced_tokens,
                 "grammar_cut_drafts": self.grammar_cut_drafts,

@@ -350,7 +350,6 @@ class PlannerService:
             log.error("request %s: %s", request.id, exc)
             return _failed(request, str(exc), finish_reason="error", telemetry=telemetry)
         telemetry.update(out.stats.as_dict())
-        telemetry["constrained"] = constraint is not None
         if listener.first_step_ms is not None:
             telemetry["first_step_ms"] = round(listener.first_step_ms, 3)
         base = dict(raw_text=out.text, finish_reason=out.finish_reason, telemetry=telemetry)
