@@ -29,6 +29,12 @@ ENVELOPE = {
 }
 _ENVELOPE = Draft202012Validator(ENVELOPE)
 _STEP = Draft202012Validator(ENVELOPE["properties"]["plan"]["items"])
+# The refusal shape, here and in the plan grammar. No minLength on the reason: xgrammar 0.2.8
+# turns a string with a length bound into a rule that lets raw control characters through
+# (invalid JSON); an empty reason is still a refusal.
+REFUSAL_SCHEMA = {"type": "object", "required": ["refusal"], "additionalProperties": False,
+                  "properties": {"refusal": {"type": "string"}}}
+_REFUSAL = Draft202012Validator(REFUSAL_SCHEMA)
 
 
 class PlanError(ValueError):
@@ -45,9 +51,7 @@ class PlanRefused(PlanError):
 
 def refusal_reason(obj: Any) -> str | None:
     """The reason of a refusal object ('' if empty), or None when `obj` is not one."""
-    if isinstance(obj, dict) and set(obj) == {"refusal"} and isinstance(obj["refusal"], str):
-        return obj["refusal"].strip()
-    return None
+    return obj["refusal"].strip() if _REFUSAL.is_valid(obj) else None
 
 
 def split_answer(text: str) -> tuple[str, str]:

@@ -12,12 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine.grammar import GrammarError, JsonGrammarCompiler, JsonSchemaGrammar
+from .parse import REFUSAL_SCHEMA
 from .skills import CatalogError, SkillCatalog
-
-# No minLength on the reason: xgrammar 0.2.8 turns a string with a length bound into a rule
-# that lets raw control characters through (invalid JSON); an empty reason is still a refusal.
-REFUSAL_SCHEMA = {"type": "object", "required": ["refusal"], "additionalProperties": False,
-                  "properties": {"refusal": {"type": "string"}}}
 
 
 def answer_schema(catalog: SkillCatalog) -> dict[str, Any]:
