@@ -39,7 +39,9 @@ setup(
         "xgrammar>=0.2.8",
         "numpy",
     ],
-    extras_require={"test": ["pytest", "onnx", "onnxruntime", "onnxscript", "ruff"],
+    # compressed-tensors writes the tests' compressed-tensors checkpoints (its own packing)
+    extras_require={"test": ["pytest", "onnx", "onnxruntime", "onnxscript", "ruff",
+                             "compressed-tensors>=0.20"],
                     "bench": ["matplotlib"]},
     zip_safe=False,
     entry_points={

@@ -23,7 +23,15 @@ plans, tokens/s, the ratio to the same method without the grammar, tokens per cy
 per plan that jump-forward published, and the grammar's share of decode time.
 
     python bench/plan.py [--n 500] [--kind-n 40] [--threads 1] [--png PATH] [--json]
+Table 4 (`--weights`, instead of the others): the demo pair quantized at load (target and
+drafter) in fp8, nvfp4 and int4 beside full precision (fp32 here: bf16 on CPU is emulated),
+plain and dflash in turn per prompt over one engine per format: valid and exact plans,
+DFlash tokens per cycle, decode tokens/s and its ratio to full precision (on CPU the
+quantized Linears run the torch reference, which dequantizes every weight per call: this
+measures that path's cost, not a GPU kernel), and the weight bytes one target forward reads.
+
     python bench/plan.py --constrained [--n 500] [--threads 1] [--json]
+    python bench/plan.py --weights [--n 500] [--threads 1] [--json]
 """
 
 from __future__ import annotations
@@ -175,6 +183,43 @@ def constrained_table(engine, plans, catalog, close: int, as_json: bool) -> int:
     return 0
 
 
+WEIGHTS = ("bf16", "fp8", "nvfp4", "int4")
+
+
+def weights_table(plans, catalog, as_json: bool) -> int:
+    """Table 4: the demo pair quantized at load, each format beside full precision."""
+    preset = ModelPreset.load("demo")
+    engines = {w: Engine.load(preset.engine_config(device="cpu", dtype="fp32", weights=w))
+               for w in WEIGHTS}
+    close = engines["bf16"].tokenizer.convert_tokens_to_ids("</think>")
+    tallies = {(w, m): Tally(f"{w} {m}") for w in WEIGHTS for m in ("plain", "dflash")}
+    for p in plans:
+        for (w, mode), tally in tallies.items():
+            run_one(engines[w], p, mode, tally, close, catalog)
+    rows = []
+    for (w, mode), tally in tallies.items():
+        base = tallies[("bf16", mode)]
+        row = tally.row(base.tokens / base.decode_s)
+        row.update(weights=w, method=mode,
+                   bytes_per_forward=engines[w].memory.weights_per_forward)
+        rows.append(row)
+    if as_json:
+        print(json.dumps({"n": len(plans), "weights": rows}))
+        return 0
+    print(f"demo planner quantized at load, {len(plans)} held-out tasks, "
+          f"{torch.get_num_threads()} thread(s), CPU (full precision = fp32); x = vs full "
+          "precision, same method")
+    head = (f"{'weights':<8}{'method':<8}{'valid %':>8}{'exact %':>8}{'tok/cyc':>8}"
+            f"{'tok/s':>8}{'x':>7}{'KiB/forward':>12}")
+    print(head + "\n" + "-" * len(head))
+    for r in rows:
+        name = "full" if r["weights"] == "bf16" else r["weights"]
+        print(f"{name:<8}{r['method']:<8}{r['valid_pct']:>8.1f}{r['exact_pct']:>8.1f}"
+              f"{r['tokens_per_cycle']:>8.2f}{r['tok_s']:>8.0f}{r['x_plain']:>6.2f}x"
+              f"{r['bytes_per_forward'] / 1024:>12.0f}")
+    return 0
+
+
 def run_transformers(model, engine, prompts, catalog, tally):
     from transformers import StoppingCriteriaList
 
@@ -260,6 +305,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--constrained", action="store_true",
                         help="table 3 only: each method without and with the plan grammar")
+    parser.add_argument("--weights", action="store_true",
+                        help="table 4 only: the demo quantized at load in fp8, nvfp4, int4")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
@@ -268,6 +315,13 @@ def main(argv=None) -> int:
     hf_logging.set_verbosity_error()
     catalog = SkillCatalog.from_yaml(default_skills_path())
     heldout = make_corpus(0, n_train=0)[1]
+    if args.weights:
+        t0 = time.perf_counter()
+        plans = [plan_prompt(ex, catalog) for ex in heldout[:args.n]]
+        code = weights_table(plans, catalog, args.json)
+        if not args.json:
+            print(f"wall time {time.perf_counter() - t0:.1f} s")
+        return code
     engine = Engine.load(ModelPreset.load("demo").engine_config(device="cpu", dtype="fp32"))
     close = engine.tokenizer.convert_tokens_to_ids("</think>")
     t0 = time.perf_counter()

@@ -47,6 +47,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"])
     p.add_argument("--kv-dtype", choices=["auto", "fp32", "bf16", "fp16", "fp8"])
     p.add_argument("--device", help="auto | cpu | cuda[:N]")
+    p.add_argument("--weights", choices=["auto", "bf16", "fp8", "nvfp4", "int4"],
+                   help="Linear weights: auto = as stored (fp8/nvfp4/int4 checkpoints load "
+                   "unmodified); bf16 = full precision; fp8/nvfp4/int4 = quantize at load")
     p.add_argument("--max-context", type=int)
     p.add_argument("--prefill-chunk", type=int)
     p.add_argument("--dense-backend", choices=["torch", "onnxruntime", "tensorrt", "auto"],
@@ -135,7 +138,7 @@ def _load_engine(args: argparse.Namespace, model: str, progress=None):
     block = getattr(args, "block_size", None)
     config = preset.engine_config(
         dtype=args.dtype, kv_dtype=getattr(args, "kv_dtype", None), device=args.device,
-        max_context=getattr(args, "max_context", None),
+        weights=getattr(args, "weights", None), max_context=getattr(args, "max_context", None),
         prefill_chunk=getattr(args, "prefill_chunk", None),
         drafter_path=getattr(args, "drafter", None), block_size=block,
         method=getattr(args, "method", None), mtp_steps=getattr(args, "mtp_steps", None),

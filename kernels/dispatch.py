@@ -15,10 +15,16 @@ import torch
 
 from .accept.reference import accept_rows as _accept_rows_ref
 from .checkpoint_select.reference import checkpoint_select as _checkpoint_select_ref
+from .fp8_gemm.reference import dequantize_fp8
+from .fp8_gemm.reference import fp8_gemm as _fp8_gemm_ref
 from .gdn_steps.chunked import gdn_steps as _gdn_steps_chunked
 from .gdn_steps.reference import gdn_steps as _gdn_steps_ref
+from .int4_gemm.reference import dequantize_int4
+from .int4_gemm.reference import int4_gemm as _int4_gemm_ref
 from .kv_append.reference import kv_append as _kv_append_ref
 from .kv_append.reference import kv_read
+from .nvfp4_gemm.reference import dequantize_nvfp4
+from .nvfp4_gemm.reference import nvfp4_gemm as _nvfp4_gemm_ref
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +37,16 @@ def _triton_ops() -> tuple[dict[str, object], str]:
     try:
         from .accept.kernel import accept_rows
         from .checkpoint_select.kernel import checkpoint_select
+        from .fp8_gemm.kernel import fp8_gemm
         from .gdn_steps.kernel import gdn_steps
+        from .int4_gemm.kernel import int4_gemm
         from .kv_append.kernel import kv_append
+        from .nvfp4_gemm.kernel import nvfp4_gemm
     except ImportError as exc:  # triton is optional at run time (CPU-only installs)
         return {}, f"Triton is not importable ({exc})"
     return {"accept_rows": accept_rows, "checkpoint_select": checkpoint_select,
-            "gdn_steps": gdn_steps, "kv_append": kv_append}, ""
+            "fp8_gemm": fp8_gemm, "gdn_steps": gdn_steps, "int4_gemm": int4_gemm,
+            "kv_append": kv_append, "nvfp4_gemm": nvfp4_gemm}, ""
 
 
 TRITON_OPS, TRITON_MISSING = _triton_ops()
@@ -91,5 +101,21 @@ def accept_rows(drafts, logits, relaxed, topk, delta):
     return _pick("accept_rows", _accept_rows_ref, logits)(drafts, logits, relaxed, topk, delta)
 
 
-__all__ = ["accept_rows", "backend", "checkpoint_select", "gdn_steps", "kv_append", "kv_read",
-           "set_backend"]
+# Weight-only GEMMs (W8A16, W4A16): y [..., N] = x [..., K] @ W.T in x's dtype, fp32 sums.
+# The dequantize_* helpers (the references', exported above) give the float32 W [N, K].
+
+def fp8_gemm(x, weight, scale, block_n, block_k):
+    return _pick("fp8_gemm", _fp8_gemm_ref, x)(x, weight, scale, block_n, block_k)
+
+
+def nvfp4_gemm(x, packed, scale, global_scale):
+    return _pick("nvfp4_gemm", _nvfp4_gemm_ref, x)(x, packed, scale, global_scale)
+
+
+def int4_gemm(x, packed, scale, zero, group):
+    return _pick("int4_gemm", _int4_gemm_ref, x)(x, packed, scale, zero, group)
+
+
+__all__ = ["accept_rows", "backend", "checkpoint_select", "dequantize_fp8", "dequantize_int4",
+           "dequantize_nvfp4", "fp8_gemm", "gdn_steps", "int4_gemm", "kv_append", "kv_read",
+           "nvfp4_gemm", "set_backend"]

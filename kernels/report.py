@@ -29,7 +29,8 @@ from pathlib import Path
 
 from .specs import Spec
 
-MODULES = ("accept", "checkpoint_select", "gdn_steps", "kv_append")
+MODULES = ("accept", "checkpoint_select", "fp8_gemm", "gdn_steps", "int4_gemm", "kv_append",
+           "nvfp4_gemm")
 TARGETS = {"sm_90": 90, "sm_110": 110}
 SHARED_LIMIT = 227 * 1024  # bytes per block, sm_90; taken for sm_110 too (see the docstring)
 MAX_REGS = 255
@@ -45,8 +46,21 @@ def all_specs() -> list[Spec]:
 
 
 def uses_dot(spec: Spec) -> bool:
-    """Whether the kernel is a matmul kernel (its source calls tl.dot)."""
-    return "tl.dot(" in inspect.getsource(getattr(spec.kernel, "fn", spec.kernel))
+    """Whether the kernel is a matmul kernel: its source, or that of a @triton.jit helper it
+    calls (at any depth; the weight-only GEMMs share one dot helper), calls tl.dot."""
+    from triton.runtime.jit import JITFunction
+
+    todo, seen = [getattr(spec.kernel, "fn", spec.kernel)], set()
+    while todo:
+        fn = todo.pop()
+        seen.add(fn)
+        source = inspect.getsource(fn)
+        if "tl.dot(" in source:
+            return True
+        todo += [obj.fn for name, obj in fn.__globals__.items()
+                 if isinstance(obj, JITFunction) and f"{name}(" in source
+                 and obj.fn not in seen]
+    return False
 
 
 def cannot_compile() -> str | None:

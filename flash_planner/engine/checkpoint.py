@@ -15,17 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from .config import ConfigError, ModelConfig
 from .models.mtp import MTPHead
 from .models.target import TargetModel
+from .weights.bytes import bytes_per_forward, module_bytes
+from .weights.linear import QuantLinear
+from .weights.load import load_module, open_shard
+from .weights.scheme import UNQUANTIZED, WEIGHTS, Scheme, WeightFormatError, read_scheme
 
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-LOADABLE_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 IGNORED_PREFIXES = ("model.visual.", "visual.")
 MTP_PREFIX = "mtp."
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
@@ -42,10 +44,17 @@ class Checkpoint:
     model: TargetModel
     tokenizer: object | None
     mtp_weights: dict[str, Path] = field(default_factory=dict)  # tensor name -> shard
+    scheme: Scheme = UNQUANTIZED          # how the checkpoint stores its Linears
+    weights: str = "auto"                 # the `weights` setting it was loaded with
+    quantized: dict[str, int] = field(default_factory=dict)  # layout label -> Linears
 
     @property
     def weight_bytes(self) -> int:
-        return sum(p.nbytes for p in self.model.parameters())
+        return module_bytes(self.model)
+
+    @property
+    def bytes_per_forward(self) -> int:
+        return bytes_per_forward(self.model)
 
 
 def read_config(path: Path) -> ModelConfig:
@@ -83,81 +92,42 @@ def weight_map(path: Path) -> dict[str, Path]:
         raise CheckpointError(f"{path}: no weights ({SINGLE_FILE} or {INDEX_FILE} expected)")
     files: dict[str, Path] = {}
     for shard in shards:
-        with _open(shard) as f:
+        with open_shard(shard, CheckpointError) as f:
             files.update({name: shard for name in f.keys()})
     return files
-
-
-def _open(shard: Path):
-    try:
-        return safe_open(str(shard), framework="pt", device="cpu")
-    except Exception as exc:  # safetensors raises its own error types for corrupt headers
-        raise CheckpointError(f"{shard}: not a readable safetensors file ({exc})") from exc
 
 
 def _checkpoint_name(ours: str, cfg: ModelConfig) -> str:
     return ours if ours.startswith("lm_head.") else cfg.weight_prefix + ours
 
 
-def _validate(module: torch.nn.Module, names: dict[str, str], files: dict[str, Path]) -> None:
-    """Check every tensor `module` expects (ours -> checkpoint name) exists with the right
-    shape and a loadable dtype, from the safetensors headers alone."""
-    expected = {name: tuple(p.shape) for name, p in module.state_dict().items()}
-    missing = [theirs for theirs in names.values() if theirs not in files]
-    if missing:
-        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
-        raise CheckpointError(f"checkpoint is missing tensor(s) {', '.join(missing[:3])}{more}")
-    for shard, ours_list in _by_shard(names, files).items():
-        with _open(shard) as f:
-            for ours in ours_list:
-                theirs = names[ours]
-                sl = f.get_slice(theirs)
-                shape, dtype = tuple(sl.get_shape()), sl.get_dtype()
-                if shape != expected[ours]:
-                    raise CheckpointError(f"{shard.name}: tensor {theirs} has shape "
-                                          f"{list(shape)}, expected {list(expected[ours])}")
-                if dtype not in LOADABLE_DTYPES:
-                    raise CheckpointError(
-                        f"{shard.name}: tensor {theirs} has dtype {dtype}; only "
-                        f"{'/'.join(LOADABLE_DTYPES)} weights load (no quantized checkpoints)")
-
-
-def _by_shard(names: dict[str, str], files: dict[str, Path]) -> dict[Path, list[str]]:
-    by_shard: dict[Path, list[str]] = {}
-    for ours, theirs in names.items():
-        by_shard.setdefault(files[theirs], []).append(ours)
-    return by_shard
-
-
 def _load(module_cls, cfg: ModelConfig, names_of, files: dict[str, Path],
-          dtype: torch.dtype, device: str | torch.device):
-    """Build `module_cls(cfg)` without allocating, validate its tensors (`names_of(ours)`
-    -> checkpoint name), then allocate on `device` and read each tensor once."""
+          dtype: torch.dtype, device: str | torch.device, scheme: Scheme, weights: str):
+    """Build `module_cls(cfg)` without allocating, check its tensors (`names_of(ours)` ->
+    checkpoint name) from the headers, then allocate on `device` and read each once."""
     with torch.device("meta"):
         module = module_cls(cfg)
-    names = {ours: names_of(ours) for ours in module.state_dict()}
-    _validate(module, names, files)
-    module = module.to_empty(device=device).to(dtype)
-    params = dict(module.state_dict())
-    with torch.no_grad():
-        for shard, ours_list in _by_shard(names, files).items():
-            with _open(shard) as f:
-                for ours in ours_list:
-                    params[ours].copy_(f.get_tensor(names[ours]))
-    return module.eval(), names
+    return load_module(module, names_of, files, dtype, device, scheme, weights,
+                       CheckpointError)
 
 
 def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
-                    device: str | torch.device = "cpu", with_tokenizer: bool = True
-                    ) -> Checkpoint:
+                    device: str | torch.device = "cpu", with_tokenizer: bool = True,
+                    weights: str = "auto") -> Checkpoint:
+    """`weights`: auto (as stored) | bf16 (full precision in `dtype`; a quantized checkpoint
+    is dequantized) | fp8 | nvfp4 | int4 (a full-precision checkpoint quantized at load)."""
     path = Path(path).expanduser()
     if not path.is_dir():
         raise CheckpointError(f"model directory {path} does not exist")
+    if weights not in WEIGHTS:
+        raise CheckpointError(f"weights must be one of {WEIGHTS}, got {weights!r}")
     cfg = read_config(path)
+    scheme = read_weight_scheme(path)
     files = weight_map(path)
-    model, names = _load(TargetModel, cfg, lambda ours: _checkpoint_name(ours, cfg), files,
-                         dtype, device)
-    known = set(names.values())
+    model, names, counts = _load(TargetModel, cfg, lambda ours: _checkpoint_name(ours, cfg),
+                                 files, dtype, device, scheme, weights)
+    known = set(names.values()) | {n for n in files if n.rsplit(".", 1)[0] in {
+        _checkpoint_name(m, cfg) for m in _quantized_modules(model)}}
     mtp = {n: s for n, s in files.items() if n.startswith(MTP_PREFIX)}
     ignored = [n for n in files if n not in known and n not in mtp
                and not n.startswith(IGNORED_PREFIXES) and n != "lm_head.weight"]
@@ -165,7 +135,21 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
         log.warning("%s: %d tensors not used by the text model, e.g. %s", path, len(ignored),
                     ignored[0])
     tokenizer = load_tokenizer(path) if with_tokenizer else None
-    return Checkpoint(path, cfg, model, tokenizer, mtp)
+    return Checkpoint(path, cfg, model, tokenizer, mtp, scheme, weights, dict(counts))
+
+
+def _quantized_modules(model: torch.nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules() if isinstance(m, QuantLinear)]
+
+
+def read_weight_scheme(path: Path) -> Scheme:
+    """The storage scheme of the model directory's weights (config.json's
+    quantization_config or ModelOpt's hf_quant_config.json)."""
+    try:
+        raw = json.loads((path / "config.json").read_text())
+        return read_scheme(path, raw)
+    except WeightFormatError as exc:
+        raise CheckpointError(str(exc)) from exc
 
 
 def load_mtp_head(checkpoint: Checkpoint, dtype: torch.dtype,
@@ -182,8 +166,9 @@ def load_mtp_head(checkpoint: Checkpoint, dtype: torch.dtype,
         raise CheckpointError(f"{where}: {MTP_PREFIX}* tensors are present but config.json "
                               "has no mtp_num_hidden_layers")
     try:
-        head, _ = _load(MTPHead, cfg, lambda ours: MTP_PREFIX + ours, checkpoint.mtp_weights,
-                        dtype, device)
+        head, _, _ = _load(MTPHead, cfg, lambda ours: MTP_PREFIX + ours,
+                           checkpoint.mtp_weights, dtype, device, checkpoint.scheme,
+                           checkpoint.weights)
     except ConfigError as exc:
         raise CheckpointError(f"{where}: {exc}") from exc
     return head

@@ -23,6 +23,7 @@ from .prefix import PrefixCache
 from .proposer import Proposer
 from .proposers import WHY_MISSING, ProposerBytes, build_proposers
 from .trt.backends import DENSE_BACKENDS, make_dense
+from .weights.scheme import WEIGHTS
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class EngineConfig:
     segment_cache: str | None = None  # exported/built segments; None = ~/.cache/flash_planner
     prefix_cache: bool = True         # keep the state of declared prompt prefixes
     prefix_cache_entries: int = 2     # snapshots kept (least recently used dropped)
+    weights: str = "auto"             # auto | bf16 | fp8 | nvfp4 | int4 (quantized at load)
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -57,6 +59,8 @@ class EngineConfig:
                 f"kv_dtype must be auto or one of {sorted(KV_DTYPES)}, got {self.kv_dtype!r}")
         if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
             raise ConfigError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        if self.weights not in WEIGHTS:
+            raise ConfigError(f"weights must be one of {WEIGHTS}, got {self.weights!r}")
         if self.method not in METHODS:
             raise ConfigError(f"method must be one of {METHODS}, got {self.method!r}")
         if self.dense_backend not in DENSE_BACKENDS:
@@ -105,6 +109,7 @@ class MemoryReport:
     kv_cache: int
     gdn_state: int
     checkpoints: int
+    weights_per_forward: int = 0   # what one target forward reads (decode is bound by it)
 
     @property
     def total(self) -> int:
@@ -113,13 +118,14 @@ class MemoryReport:
     def as_dict(self) -> dict[str, int]:
         return {"weights": self.weights, "kv_cache": self.kv_cache,
                 "gdn_state": self.gdn_state, "checkpoints": self.checkpoints,
-                "total": self.total}
+                "total": self.total, "weights_per_forward": self.weights_per_forward}
 
     def __str__(self) -> str:
         mib = 1 << 20
         return (f"weights {self.weights / mib:.1f} MiB, KV {self.kv_cache / mib:.1f} MiB, "
                 f"GDN state {self.gdn_state / mib:.1f} MiB, step checkpoints "
-                f"{self.checkpoints / mib:.1f} MiB, total {self.total / mib:.1f} MiB")
+                f"{self.checkpoints / mib:.1f} MiB, total {self.total / mib:.1f} MiB; one "
+                f"target forward reads {self.weights_per_forward / mib:.1f} MiB of weights")
 
 
 class Engine:
@@ -182,7 +188,8 @@ class Engine:
         `progress` receives one line per exported/built segment."""
         device = config.resolve_device()
         dtype = config.resolve_dtype(device)
-        checkpoint = load_checkpoint(Path(config.model_path), dtype=dtype, device=device)
+        checkpoint = load_checkpoint(Path(config.model_path), dtype=dtype, device=device,
+                                     weights=config.weights)
         if config.dense_backend != "torch":
             checkpoint.model.set_dense(make_dense(
                 checkpoint.model, config.dense_backend, config.segment_cache,
@@ -194,17 +201,23 @@ class Engine:
                                device=device)
         proposers, extra = build_proposers(config, checkpoint, state, dtype, device)
         engine = cls(config, checkpoint, state, device, dtype, proposers, extra)
-        log.info("loaded %s on %s (%s, dense segments: %s, proposers: %s): %s",
-                 config.model_path, device, dtype, checkpoint.model.dense.name,
-                 ", ".join(proposers) or "none", engine.memory)
+        log.info("loaded %s on %s (%s, weights %s, dense segments: %s, proposers: %s): %s",
+                 config.model_path, device, dtype, engine.weights_label,
+                 checkpoint.model.dense.name, ", ".join(proposers) or "none", engine.memory)
         return engine
+
+    @property
+    def weights_label(self) -> str:
+        """How the target's Linears are held, e.g. "fp8 block 128x128 (Qwen)" or "fp32"."""
+        return ", ".join(sorted(self.checkpoint.quantized)) or str(self.dtype).split(".")[-1]
 
     @property
     def memory(self) -> MemoryReport:
         held, extra = self.state.nbytes, self.extra_bytes
         return MemoryReport(weights=self.checkpoint.weight_bytes + extra.weights,
                             kv_cache=held.kv + extra.kv, gdn_state=held.gdn_state,
-                            checkpoints=held.checkpoints)
+                            checkpoints=held.checkpoints,
+                            weights_per_forward=self.checkpoint.bytes_per_forward)
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Refuse, before any work, a request the preallocated context cannot hold."""

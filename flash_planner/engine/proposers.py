@@ -21,6 +21,7 @@ from .config import ConfigError
 from .models.dflash import load_drafter
 from .mtp_proposer import MTPProposer
 from .proposer import DFlashProposer, Proposer
+from .weights.bytes import module_bytes
 
 if TYPE_CHECKING:
     from .engine import EngineConfig
@@ -50,7 +51,8 @@ def build_proposers(config: EngineConfig, checkpoint: Checkpoint, state: Inferen
     if config.method == "dflash" and not config.drafter_path:
         raise ConfigError(f"method 'dflash': {WHY_MISSING['dflash']}")
     if config.method in ("auto", "dflash") and config.drafter_path:
-        drafter = load_drafter(config.drafter_path, checkpoint.config, dtype, device)
+        drafter = load_drafter(config.drafter_path, checkpoint.config, dtype, device,
+                               config.weights)
         dflash = DFlashProposer(drafter, model.embed_tokens, model.output_weight,
                                 window=config.window,
                                 seed_window=config.window_seed, block_size=config.block_size)
@@ -58,7 +60,7 @@ def build_proposers(config: EngineConfig, checkpoint: Checkpoint, state: Inferen
             raise ConfigError(f"the drafter's block size {dflash.block_size} exceeds "
                               f"max_block {config.max_block}")
         proposers["dflash"] = dflash
-        weights += sum(p.nbytes for p in drafter.parameters())
+        weights += module_bytes(drafter)
     want_mtp = config.method == "mtp" or (config.method == "auto" and checkpoint.mtp_weights
                                           and checkpoint.config.is_hybrid)
     if want_mtp:
@@ -68,7 +70,7 @@ def build_proposers(config: EngineConfig, checkpoint: Checkpoint, state: Inferen
                                     device=device)
         proposers["mtp"] = MTPProposer(head, model, head_state, steps=config.mtp_steps,
                                        chunk=config.prefill_chunk)
-        weights += sum(p.nbytes for p in head.parameters())
+        weights += module_bytes(head)
         kv += head_state.nbytes.kv
     if config.method == "auto" and proposers:
         proposers["auto"] = AutoProposer(dict(proposers), think_token_ids(checkpoint.tokenizer))

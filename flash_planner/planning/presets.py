@@ -67,6 +67,7 @@ class ModelPreset:
     drafter_path: str | None = None
     dtype: str = "auto"
     kv_dtype: str = "auto"
+    weights: str = "auto"          # auto | bf16 | fp8 | nvfp4 | int4 (EngineConfig.weights)
     max_context: int = 4096
     block_size: int | None = None
     window: int = 128
@@ -94,7 +95,8 @@ class ModelPreset:
     def engine_config(self, **overrides: Any) -> EngineConfig:
         values = dict(model_path=asset_path(self.target_path),
                       drafter_path=asset_path(self.drafter_path),
-                      dtype=self.dtype, kv_dtype=self.kv_dtype, max_context=self.max_context,
+                      dtype=self.dtype, kv_dtype=self.kv_dtype, weights=self.weights,
+                      max_context=self.max_context,
                       block_size=self.block_size, window=self.window, method=self.method,
                       mtp_steps=self.mtp_steps)
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -45,6 +45,10 @@ PARAMS: tuple[Param, ...] = (
     _p("model.dtype", "auto", "Weight dtype; auto = the preset's, else bf16 on CUDA, fp32 on CPU.",
        choices=("auto", "fp32", "bf16", "fp16")),
     _p("model.device", "auto", "auto, cpu, cuda or cuda:N."),
+    _p("model.weights", "auto", "Linear weights: auto = the preset's, else as stored (fp8, "
+       "nvfp4, int4 checkpoints load unmodified); bf16 = full precision (a quantized "
+       "checkpoint is dequantized); fp8 / nvfp4 / int4 = quantize a full-precision checkpoint "
+       "while it loads.", choices=("auto", "bf16", "fp8", "nvfp4", "int4")),
     # engine
     _p("engine.max_context", 0, "Prompt + generated tokens (sizes the KV cache); 0 = preset's.",
        range=(0, 1 << 20)),
@@ -188,6 +192,7 @@ def build_configs(values: dict[str, Any]):
             dtype=None if v["model.dtype"] == "auto" else v["model.dtype"],
             kv_dtype=None if v["engine.kv_dtype"] == "auto" else v["engine.kv_dtype"],
             device=v["model.device"], max_context=v["engine.max_context"] or None,
+            weights=None if v["model.weights"] == "auto" else v["model.weights"],
             prefill_chunk=v["engine.prefill_chunk"], block_size=block,
             max_block=max(MAX_BLOCK, block or preset.block_size or 0),
             window=v["speculative.window"] or None, window_seed=v["speculative.window_seed"],

@@ -46,3 +46,20 @@ def test_speculative_decoding_on_kernels_matches_the_references(hybrid_dir, make
     assert kernels.token_ids == reference.token_ids == ref
     assert kernels.stats.accept_hist == reference.stats.accept_hist
     assert kernels.stats.cycles == reference.stats.cycles
+
+
+@pytest.mark.parametrize("weights", ["fp8", "nvfp4", "int4"])
+def test_quantized_weights_on_the_gemm_kernels_match_the_references(hybrid_dir, make_engine,
+                                                                   weights, request):
+    """The same speculative request with every Linear on its weight-only GEMM kernel."""
+    engine = make_engine(hybrid_dir, weights=weights)
+    prompt = engine.tokenizer.encode("put the apple in the fridge", add_special_tokens=False)
+    ref = generate(engine, prompt, GenerationSettings(12, ignore_eos=True,
+                                                      speculative=False)).token_ids
+    reference = _run(engine, prompt, ref)
+    request.getfixturevalue("triton_backend")
+    op = f"{weights}_gemm"
+    assert dispatch._pick(op, None, torch.zeros(1)) is dispatch.TRITON_OPS[op]
+    kernels = _run(engine, prompt, ref)
+    assert kernels.token_ids == reference.token_ids == ref
+    assert kernels.stats.accept_hist == reference.stats.accept_hist

@@ -45,6 +45,9 @@ def test_every_jit_kernel_declares_specs_and_every_helper_is_used(name):
 
 
 CONFIGS = [("fp32", "fp32"), ("fp32", "fp8"), ("bf16", "bf16"), ("bf16", "fp8")]
+# The weight-only GEMMs run only for quantized checkpoints, which this run does not load;
+# test_weight_gemm.py checks that their launches are declared specs.
+QUANTIZED_ONLY = {"_fp8_gemm_kernel", "_int4_gemm_kernel", "_nvfp4_gemm_kernel"}
 
 
 def test_engine_launches_only_declared_specs_and_every_spec_is_launched(hybrid_dir,
@@ -69,7 +72,8 @@ def test_engine_launches_only_declared_specs_and_every_spec_is_launched(hybrid_d
             assert matching, (f"{dtype}/{kv}: undeclared launch of {launch.name}: "
                               f"{launch.types} {launch.constexprs}")
             used.update(spec.label for spec in matching)
-    assert {spec.label for spec in specs} == used, "declared but never launched"
+    expected = {spec.label for spec in specs if spec.name not in QUANTIZED_ONLY}
+    assert expected <= used, f"declared but never launched: {sorted(expected - used)}"
 
 
 def test_admits_rejects_another_dtype_or_flag():

@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from torch import nn
 
 from ..config import ConfigError, ModelConfig, RopeConfig
+from ..weights.load import load_module, open_shard
+from ..weights.scheme import WeightFormatError, read_scheme
 from .layers import MLP, RMSNorm, apply_rope, rope_cos_sin
 
 SUPPORTED_ARCHITECTURES = ("DFlashDraftModel",)
@@ -286,8 +287,9 @@ class DFlashDrafter(nn.Module):
 
 
 def load_drafter(path: str | Path, target: ModelConfig, dtype: torch.dtype,
-                 device: str | torch.device) -> DFlashDrafter:
-    """Load and check a drafter directory; fails before any request if it does not fit."""
+                 device: str | torch.device, weights: str = "auto") -> DFlashDrafter:
+    """Load and check a drafter directory; fails before any request if it does not fit.
+    `weights` as for the target (a quantized drafter loads as stored, or is dequantized)."""
     path = Path(path).expanduser()
     if not path.is_dir():
         raise DrafterError(f"drafter directory {path} does not exist")
@@ -298,32 +300,19 @@ def load_drafter(path: str | Path, target: ModelConfig, dtype: torch.dtype,
         raise DrafterError(f"{cfg_file}: not readable ({exc})") from exc
     cfg = DraftConfig.from_hf_dict(raw, str(cfg_file), target_layers=target.num_layers)
     cfg.check_target(target, str(path))
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
+    try:
+        scheme = read_scheme(path, raw)
+    except WeightFormatError as exc:
+        raise DrafterError(str(exc)) from exc
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
         raise DrafterError(f"{path}: no *.safetensors weights")
+    files: dict[str, Path] = {}
+    for shard in shards:
+        with open_shard(shard, DrafterError) as f:
+            files.update(dict.fromkeys(f.keys(), shard))
     with torch.device("meta"):
         model = DFlashDrafter(cfg)
-    expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
-    found: dict[str, tuple[Path, tuple[int, ...]]] = {}
-    for shard in files:
-        try:
-            with safe_open(str(shard), framework="pt", device="cpu") as f:
-                for name in f.keys():
-                    found[name] = (shard, tuple(f.get_slice(name).get_shape()))
-        except Exception as exc:  # safetensors raises its own types for corrupt headers
-            raise DrafterError(f"{shard}: not a readable safetensors file ({exc})") from exc
-    for name, shape in expected.items():
-        if name not in found:
-            raise DrafterError(f"{path}: drafter tensor {name} is missing")
-        if found[name][1] != shape:
-            raise DrafterError(f"{found[name][0].name}: tensor {name} has shape "
-                               f"{list(found[name][1])}, expected {list(shape)}")
-    model = model.to_empty(device=device).to(dtype)
-    params = dict(model.state_dict())
-    with torch.no_grad():
-        for shard in files:
-            with safe_open(str(shard), framework="pt", device="cpu") as f:
-                for name in f.keys():
-                    if name in params:
-                        params[name].copy_(f.get_tensor(name))
-    return model.eval()
+    model, _, _ = load_module(model, lambda ours: ours, files, dtype, device, scheme, weights,
+                              DrafterError)
+    return model

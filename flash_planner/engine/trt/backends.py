@@ -3,6 +3,7 @@
 `auto` is TensorRT when it is importable and the model is on CUDA, else torch. A backend
 that cannot serve (missing package, no GPU, failed export or build) falls back to torch with
 one log line saying why; the eager torch path runs the same segment plan either way.
+Quantized weights are refused by onnxruntime/tensorrt with a clear error (`auto` picks torch).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from ..models.target import TargetModel, TorchDense
+from ..weights.linear import QuantLinear
 
 log = logging.getLogger(__name__)
 DENSE_BACKENDS = ("torch", "onnxruntime", "tensorrt", "auto")
@@ -31,8 +33,17 @@ def make_dense(model: TargetModel, backend: str, cache_dir: str | Path | None = 
     if backend not in DENSE_BACKENDS:
         raise ValueError(f"dense_backend must be one of {DENSE_BACKENDS}, got {backend!r}")
     device = model.embed_tokens.weight.device
+    quantized = sorted({m.family for m in model.modules() if isinstance(m, QuantLinear)})
     if backend == "auto":
-        backend = ("tensorrt" if device.type == "cuda" and find_spec("tensorrt") else "torch")
+        backend = ("tensorrt" if device.type == "cuda" and find_spec("tensorrt")
+                   and not quantized else "torch")
+    if quantized and backend != "torch":
+        # Exporting would bake dequantized full-precision weights into the graph: the memory
+        # and bandwidth the format saves would be lost, so refuse rather than do that.
+        raise ValueError(
+            f"dense_backend {backend!r} cannot run quantized weights ({', '.join(quantized)}): "
+            "ONNX/TensorRT segments are exported with full-precision weights only; use "
+            "dense_backend torch (the Triton weight-only GEMMs) or weights bf16")
     if backend == "torch":
         return TorchDense(model.segments)
     cache = Path(cache_dir) if cache_dir else default_cache_dir()

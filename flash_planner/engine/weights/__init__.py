@@ -1,0 +1,1 @@
+"""Quantized weights: the packed formats, their checkpoint layouts and quantize-at-load."""

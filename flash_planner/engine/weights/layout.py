@@ -1,0 +1,91 @@
+"""How one Linear's weight is stored in a checkpoint, and how it becomes the engine's module.
+
+A `Layout` names the tensors one module has on disk (suffix -> shape and safetensors dtypes,
+checked from the headers before any data is read) and turns them, once read, into the
+engine's module: a `QuantLinear` of its family, or a plain `nn.Linear`. The checkpoint's own
+formats (fp8.py, nvfp4.py, int4.py), quantize-at-load (`Quantize`: a float weight on disk
+becomes a packed module) and dequantize-at-load (`Dequantize`) are all layouts, so the loader
+has one path for all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .linear import QuantLinear
+
+FLOAT_DTYPES = ("F32", "BF16", "F16")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    required: bool = True
+
+
+class Layout:
+    family = ""   # the engine module's family: "fp8" | "nvfp4" | "int4" | "" (plain Linear)
+    label = ""    # the checkpoint format, for messages and reports
+
+    def tensors(self, n: int, k: int) -> dict[str, TensorSpec]:
+        """Tensor suffix (after the module name and a dot) -> what it must be."""
+        raise NotImplementedError
+
+    def module(self, n: int, k: int) -> nn.Module:
+        """The engine's module for an [n, k] weight (built on the meta device)."""
+        raise NotImplementedError
+
+    def convert(self, tensors: dict[str, torch.Tensor], n: int, k: int
+                ) -> dict[str, torch.Tensor]:
+        """The read tensors -> the module's tensors (buffer or parameter name -> value)."""
+        raise NotImplementedError
+
+    def check(self, tensors: dict[str, torch.Tensor], n: int, k: int) -> str | None:
+        """A data check after reading (e.g. GPTQ's g_idx); why it cannot load, or None."""
+        return None
+
+
+class Quantize(Layout):
+    """A float weight on disk, quantized while it loads by `quantize(w) -> packed tensors`."""
+
+    def __init__(self, family: str, make, quantize, label: str):
+        self.family, self.label = family, label
+        self._make, self._quantize = make, quantize
+
+    def tensors(self, n, k):
+        return {"weight": TensorSpec((n, k), FLOAT_DTYPES)}
+
+    def module(self, n, k):
+        return self._make(k, n)
+
+    def convert(self, tensors, n, k):
+        return self._quantize(tensors["weight"])
+
+
+class Dequantize(Layout):
+    """A quantized weight on disk, loaded as a plain Linear (`weights: bf16`)."""
+
+    def __init__(self, stored: Layout):
+        self.stored = stored
+        self.label = f"{stored.label} dequantized"
+
+    def tensors(self, n, k):
+        return self.stored.tensors(n, k)
+
+    def module(self, n, k):
+        return nn.Linear(k, n, bias=False)
+
+    def convert(self, tensors, n, k):
+        with torch.device("meta"):
+            packed = self.stored.module(n, k)
+        assert isinstance(packed, QuantLinear)
+        packed = packed.to_empty(device=tensors[next(iter(tensors))].device)
+        packed.set_packed(self.stored.convert(tensors, n, k))
+        return {"weight": packed.dequantized()}
+
+    def check(self, tensors, n, k):
+        return self.stored.check(tensors, n, k)

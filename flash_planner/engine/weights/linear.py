@@ -1,0 +1,53 @@
+"""The quantized Linear the loader swaps in for `nn.Linear`: weight-only, y = x @ W.T.
+
+Each format family (fp8.py, nvfp4.py, int4.py) subclasses `QuantLinear` with its packed
+buffers in the engine's layout (the one its kernel in kernels/<family>_gemm reads) and its
+GEMM. Buffers, not parameters: nothing here trains, and `module.to(dtype)` in the loader
+must leave packed bytes and float32 scales alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class QuantLinear(nn.Module):
+    """Weight-only quantized Linear without bias (no Linear in our models has one)."""
+
+    family = ""          # "fp8" | "nvfp4" | "int4"
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+
+    def packed_specs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Buffer name -> (shape, dtype) in the engine's layout."""
+        raise NotImplementedError
+
+    def gemm(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight [N, K] (ONNX export, `weights: bf16` of a quantized checkpoint)."""
+        raise NotImplementedError
+
+    def _register(self) -> None:
+        for name, (shape, dtype) in self.packed_specs().items():
+            self.register_buffer(name, torch.empty(shape, dtype=dtype))
+
+    def set_packed(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy the engine-layout tensors in, checking them against `packed_specs()`."""
+        for name, (shape, dtype) in self.packed_specs().items():
+            t = tensors[name]
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{self.family} {name}: shape {list(t.shape)}, expected "
+                                 f"{list(shape)}")
+            getattr(self, name).copy_(t.to(dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gemm(x)
+
+    def extra_repr(self) -> str:
+        return f"{self.family}, in_features={self.in_features}, out_features={self.out_features}"

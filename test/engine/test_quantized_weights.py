@@ -1,0 +1,134 @@
+"""Quantized checkpoints load unmodified and decode exactly as their dequantized fp32 twins.
+
+Every format (test/quantized_checkpoints.py) in a tiny hybrid Qwen3.5 and a tiny dense Qwen3:
+the engine's greedy tokens equal transformers' on the same weights dequantized to fp32, and
+the logits agree. Also: the ignore lists across the multimodal/text-only prefixes, the MTP
+head and the DFlash drafter through the same path, quantize-at-load, and the clear errors.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from quantized_checkpoints import FORMATS, write_quantized
+from transformers import AutoModelForCausalLM, Qwen3_5ForConditionalGeneration
+
+from flash_planner.engine.checkpoint import CheckpointError, load_checkpoint
+from flash_planner.engine.generate import GenerationSettings, generate
+from flash_planner.engine.weights.linear import QuantLinear
+
+FAMILY = {"qwen-fp8": {"fp8"}, "ct-fp8-block": {"fp8"}, "ct-fp8-channel": {"fp8"},
+          "modelopt-nvfp4": {"nvfp4"}, "ct-nvfp4": {"nvfp4"}, "modelopt-mixed": {"fp8", "nvfp4"},
+          "ct-w4a16": {"int4"}, "ct-w4a16-asym": {"int4"}, "awq": {"int4"}, "gptq": {"int4"}}
+PROMPT = "pick up the red cup"
+
+
+@pytest.fixture(scope="module")
+def quantized(checkpoints, tmp_path_factory):
+    """(fmt, kind, ignore_prefix, mtp) -> (quantized dir, reference dir), written once."""
+    made: dict = {}
+
+    def get(fmt: str, kind: str, ignore_prefix: str | None = None, mtp: bool = False):
+        key = (fmt, kind, ignore_prefix, mtp)
+        if key not in made:
+            src = checkpoints(kind, mtp=True, init=0.25) if mtp else checkpoints(kind)
+            made[key] = write_quantized(src, tmp_path_factory.mktemp(fmt), fmt, kind,
+                                        ignore_prefix)
+        return made[key]
+
+    return get
+
+
+def _families(model) -> set[str]:
+    return {m.family for m in model.modules() if isinstance(m, QuantLinear)}
+
+
+def _transformers(path, kind):
+    cls = Qwen3_5ForConditionalGeneration if kind == "hybrid_vl" else AutoModelForCausalLM
+    return cls.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def _assert_same_as_reference(engine, ref_dir, kind, new_tokens=24):
+    prompt = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
+    result = generate(engine, prompt, GenerationSettings(max_new_tokens=new_tokens))
+    hf = _transformers(ref_dir, kind)
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False,
+                          pad_token_id=0)
+        ref_logits = hf(input_ids=torch.tensor([prompt])).logits[0, -1]
+    assert result.token_ids == ref[0, len(prompt):].tolist()
+    from flash_planner.engine.cache import InferenceState
+
+    ckpt = engine.checkpoint
+    state = InferenceState(ckpt.config, 64, 1, torch.float32, torch.float32,
+                           torch.device("cpu"))
+    ours = ckpt.model(torch.tensor([prompt]), state).logits[0, -1]
+    assert (ours - ref_logits).abs().max().item() <= 1e-3
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "dense"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_format_decodes_like_its_dequantized_twin(quantized, make_engine, fmt, kind):
+    quant_dir, ref_dir = quantized(fmt, kind)
+    engine = make_engine(quant_dir, method="none")
+    assert _families(engine.model) == FAMILY[fmt]
+    assert engine.checkpoint.quantized, "nothing was loaded quantized"
+    _assert_same_as_reference(engine, ref_dir, kind)
+
+
+def test_bf16_setting_dequantizes_a_quantized_checkpoint(quantized, make_engine):
+    quant_dir, ref_dir = quantized("awq", "hybrid")
+    engine = make_engine(quant_dir, method="none", weights="bf16")
+    assert _families(engine.model) == set()
+    _assert_same_as_reference(engine, ref_dir, "hybrid")
+
+
+def test_multimodal_checkpoint_with_prefixed_ignore_list(quantized, make_engine):
+    quant_dir, ref_dir = quantized("qwen-fp8", "hybrid_vl")
+    cfg = json.loads((quant_dir / "config.json").read_text())["quantization_config"]
+    assert all(m.startswith("model.language_model.") for m in
+               cfg["modules_to_not_convert"] if m not in ("lm_head", "mtp.fc"))
+    _assert_same_as_reference(make_engine(quant_dir, method="none"), ref_dir, "hybrid_vl")
+
+
+def test_text_only_checkpoint_with_a_multimodal_ignore_list(quantized, make_engine):
+    """transformers #48349: a list spelled `model.language_model.*` must still keep the
+    text-only checkpoint's bf16 in_proj_a/b out of fp8."""
+    quant_dir, ref_dir = quantized("qwen-fp8", "hybrid", "model.language_model.")
+    engine = make_engine(quant_dir, method="none")
+    gdn = engine.model.layers[0].linear_attn
+    assert not isinstance(gdn.in_proj_a, QuantLinear)
+    assert isinstance(gdn.in_proj_qkv, QuantLinear)
+    _assert_same_as_reference(engine, ref_dir, "hybrid")
+
+
+def test_an_ignore_list_that_misses_a_full_precision_module_is_a_clear_error(
+        quantized, tmp_path):
+    import shutil
+
+    quant_dir, _ = quantized("qwen-fp8", "hybrid")
+    broken = tmp_path / "broken"
+    shutil.copytree(quant_dir, broken)
+    cfg = json.loads((broken / "config.json").read_text())
+    cfg["quantization_config"]["modules_to_not_convert"] = ["lm_head"]
+    (broken / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"missing tensor\(s\) model.layers.0.linear_attn"
+                       r".in_proj_a.weight_scale_inv.*fp8 block 32x32 \(Qwen\)"):
+        load_checkpoint(broken)
+
+
+@pytest.mark.parametrize("fmt", ["qwen-fp8", "modelopt-nvfp4"])
+def test_mtp_head_loads_quantized_and_stays_lossless(quantized, make_engine, fmt):
+    quant_dir, _ = quantized(fmt, "hybrid", mtp=True)
+    engine = make_engine(quant_dir, method="mtp", mtp_steps=3)
+    head = engine.proposers["mtp"].head
+    assert _families(head) == FAMILY[fmt]
+    assert not isinstance(head.fc, QuantLinear)
+    prompt = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
+    plain = generate(make_engine(quant_dir, method="none"), prompt,
+                     GenerationSettings(max_new_tokens=40))
+    spec = generate(engine, prompt, GenerationSettings(max_new_tokens=40))
+    assert spec.stats.cycles < len(spec.token_ids), "MTP accepted nothing: a weak test"
+    assert spec.token_ids == plain.token_ids

@@ -1,0 +1,209 @@
+"""Quantize-at-load, the weight-format errors, the ONNX refusal and the bytes per forward."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from quantized_checkpoints import write_quantized
+from safetensors.torch import load_file, save_file
+from weight_bytes import FORMATS, MODELS, analytic_bytes, meta_model
+
+from flash_planner.engine.checkpoint import CheckpointError, load_checkpoint
+from flash_planner.engine.engine import Engine
+from flash_planner.engine.generate import GenerationSettings, generate
+from flash_planner.engine.weights.bytes import bytes_per_forward
+from flash_planner.engine.weights.linear import QuantLinear
+from flash_planner.engine.weights.scheme import matches
+from flash_planner.planning.presets import ModelPreset
+
+# the largest |W - dequantized W| each data-free recipe may leave, relative to the group's
+# (fp8: block's) absolute maximum: half an e4m3 step at the top of the range (2^-4); int4:
+# half a step of 15 over the group's range, i.e. (max - min) / 30 <= amax / 15; nvfp4: the
+# E2M1 grid near 6 is 2 apart (1 / 6) plus the e4m3 rounding of the group scale (2^-4)
+BOUND = {"fp8": 2 ** -4, "int4": 1 / 15, "nvfp4": 1 / 6 + 2 ** -4}
+GROUP = {"fp8": (128, 128), "int4": (1, 128), "nvfp4": (1, 16)}
+
+
+def _group_amax(w: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    n, k = w.shape
+    pad = torch.zeros(-(-n // rows) * rows, -(-k // cols) * cols)
+    pad[:n, :k] = w.abs()
+    amax = pad.view(pad.shape[0] // rows, rows, pad.shape[1] // cols, cols).amax((1, 3))
+    return amax.repeat_interleave(rows, 0).repeat_interleave(cols, 1)[:n, :k]
+
+
+@pytest.mark.parametrize("weights", ["fp8", "nvfp4", "int4"])
+def test_quantize_at_load_error_is_within_the_format_step(checkpoints, weights):
+    path = checkpoints("hybrid")
+    plain = load_checkpoint(path, with_tokenizer=False)
+    quant = load_checkpoint(path, with_tokenizer=False, weights=weights)
+    swapped = {n: m for n, m in quant.model.named_modules() if isinstance(m, QuantLinear)}
+    assert swapped and {m.family for m in swapped.values()} == {weights}
+    assert not any(n.endswith(("in_proj_a", "in_proj_b", "lm_head")) for n in swapped)
+    for name, module in swapped.items():
+        w = plain.model.get_submodule(name).weight.detach()
+        err = (module.dequantized() - w).abs()
+        assert (err <= BOUND[weights] * _group_amax(w, *GROUP[weights]) + 1e-7).all(), name
+    assert quant.bytes_per_forward < plain.bytes_per_forward
+
+
+@pytest.mark.parametrize("weights", ["fp8", "nvfp4", "int4"])
+def test_quantized_at_load_decodes_like_its_dequantized_weights(checkpoints, make_engine,
+                                                                tmp_path, weights):
+    """The GEMM path (packed weights) equals a float model holding the dequantized weights:
+    the reference is this engine's own weights written back as fp32 and run in bf16 mode."""
+    path = checkpoints("dense")
+    engine = make_engine(path, method="none", weights=weights)
+    twin = tmp_path / "twin"
+    shutil.copytree(path, twin)
+    tensors = load_file(str(twin / "model.safetensors"))
+    for name, module in engine.model.named_modules():
+        if isinstance(module, QuantLinear):
+            tensors[f"model.{name}.weight"] = module.dequantized().contiguous()
+    save_file(tensors, str(twin / "model.safetensors"))
+    prompt = engine.tokenizer.encode("pick up the red cup", add_special_tokens=False)
+    settings = GenerationSettings(max_new_tokens=24)
+    ours = generate(engine, prompt, settings)
+    ref = generate(make_engine(twin, method="none"), prompt, settings)
+    assert ours.token_ids == ref.token_ids
+
+
+def test_demo_drafter_quantized_at_load_is_lossless():
+    preset = ModelPreset.load("demo")
+    engine = Engine.load(preset.engine_config(device="cpu", dtype="fp32", method="dflash",
+                                              weights="int4"))
+    drafter = engine.proposers["dflash"].drafter
+    assert {m.family for m in drafter.modules() if isinstance(m, QuantLinear)} == {"int4"}
+    prompt = engine.tokenizer.encode("pick up the red cup and put it on the table",
+                                     add_special_tokens=False)
+    settings = GenerationSettings(max_new_tokens=48)
+    spec = generate(engine, prompt, settings)
+    plain = generate(Engine.load(preset.engine_config(device="cpu", dtype="fp32",
+                                                      method="none", weights="int4")),
+                     prompt, settings)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.accepted > 0
+
+
+# ---- errors -----------------------------------------------------------------------------
+
+def _with_config(src, dst, edit):
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    edit(cfg)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def fp8_dir(checkpoints, tmp_path_factory):
+    return write_quantized(checkpoints("hybrid"), tmp_path_factory.mktemp("fp8"), "qwen-fp8")[0]
+
+
+@pytest.fixture(scope="module")
+def awq_dir(checkpoints, tmp_path_factory):
+    return write_quantized(checkpoints("dense"), tmp_path_factory.mktemp("awq"), "awq")[0]
+
+
+def test_unknown_quant_method(fp8_dir, tmp_path):
+    def edit(cfg):
+        cfg["quantization_config"]["quant_method"] = "bitsandbytes"
+    with pytest.raises(CheckpointError, match="quant_method 'bitsandbytes' is not supported"):
+        load_checkpoint(_with_config(fp8_dir, tmp_path / "x", edit))
+
+
+def test_unknown_compressed_tensors_format(fp8_dir, tmp_path):
+    def edit(cfg):
+        cfg["quantization_config"] = {
+            "quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {
+                "group_0": {"targets": ["Linear"], "weights": {
+                    "num_bits": 8, "type": "int", "strategy": "channel"}}}}
+    with pytest.raises(CheckpointError, match="format 'int-quantized' with 8-bit int"):
+        load_checkpoint(_with_config(fp8_dir, tmp_path / "x", edit))
+
+
+def test_scale_of_the_wrong_shape(fp8_dir, tmp_path):
+    broken = _with_config(fp8_dir, tmp_path / "x", lambda cfg: None)
+    tensors = load_file(str(broken / "model.safetensors"))
+    name = "model.layers.1.mlp.down_proj.weight_scale_inv"
+    tensors[name] = torch.ones(3, 3, dtype=torch.bfloat16)
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=rf"{name} has shape \[3, 3\], expected \[2, 4\] "
+                       r"\(fp8 block 32x32 \(Qwen\)\)"):
+        load_checkpoint(broken)
+
+
+def test_missing_scale(fp8_dir, tmp_path):
+    broken = _with_config(fp8_dir, tmp_path / "x", lambda cfg: None)
+    tensors = load_file(str(broken / "model.safetensors"))
+    tensors.pop("model.layers.2.self_attn.q_proj.weight_scale_inv", None)
+    tensors.pop("model.layers.3.self_attn.q_proj.weight_scale_inv")
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="missing tensor.*q_proj.weight_scale_inv"):
+        load_checkpoint(broken)
+
+
+def test_quantized_tensors_without_a_quantization_config(fp8_dir, tmp_path):
+    broken = _with_config(fp8_dir, tmp_path / "x", lambda cfg: cfg.pop("quantization_config"))
+    with pytest.raises(CheckpointError, match="is stored quantized .*weight_scale_inv"):
+        load_checkpoint(broken)
+
+
+def test_requantizing_a_quantized_checkpoint_is_refused(fp8_dir):
+    with pytest.raises(CheckpointError, match="already quantized .*quantize it twice"):
+        load_checkpoint(fp8_dir, weights="int4")
+
+
+def test_act_order_gptq_is_refused(checkpoints, tmp_path):
+    quant, _ = write_quantized(checkpoints("dense"), tmp_path / "g", "gptq")
+    tensors = load_file(str(quant / "model.safetensors"))
+    name = "model.layers.0.mlp.up_proj.g_idx"
+    tensors[name] = tensors[name].flip(0).contiguous()
+    save_file(tensors, str(quant / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="up_proj .*g_idx is not the identity order"):
+        load_checkpoint(quant)
+
+
+def test_awq_gemv_is_refused(awq_dir, tmp_path):
+    def edit(cfg):
+        cfg["quantization_config"]["version"] = "gemv"
+    with pytest.raises(CheckpointError, match="AutoAWQ version 'gemv' is not supported"):
+        load_checkpoint(_with_config(awq_dir, tmp_path / "x", edit))
+
+
+def test_onnx_segments_refuse_quantized_weights(awq_dir, make_engine):
+    with pytest.raises(ValueError, match="dense_backend 'onnxruntime' cannot run quantized "
+                       "weights \\(int4\\)"):
+        make_engine(awq_dir, dense_backend="onnxruntime")
+
+
+def test_ignore_entries_match_across_prefixes():
+    name = "model.layers.3.linear_attn.in_proj_a"
+    assert matches("model.language_model.layers.3.linear_attn.in_proj_a", name)
+    assert matches("model.language_model.layers.3", name)
+    assert not matches("model.language_model.layers.30", name)
+    assert matches("in_proj_a", name)
+    assert matches("re:.*in_proj_a$", name)
+    assert matches("*.linear_attn.in_proj_*", name)
+    assert not matches("in_proj", name)
+    assert matches("model.layers.3.linear_attn", "model.language_model.layers.3.linear_attn.x")
+
+
+# ---- bytes per forward -----------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_meta_bytes_per_forward_match_the_analytic_count(model, fmt):
+    raw = MODELS[model]
+    counted = bytes_per_forward(meta_model(raw, fmt))
+    assert abs(counted / analytic_bytes(raw, fmt) - 1) <= 0.01
+
+
+def test_27b_bytes_are_what_thor_users_expect():
+    gb = {fmt: bytes_per_forward(meta_model(MODELS["Qwen3.6-27B"], fmt)) / 1e9
+          for fmt in FORMATS}
+    assert 50 < gb["bf16"] < 56 and 26 < gb["fp8"] < 30 and 13 < gb["nvfp4"] < 18
+    assert gb["int4"] < gb["fp8"]

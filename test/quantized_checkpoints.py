@@ -1,0 +1,274 @@
+"""Quantized copies of a tiny fp32 checkpoint, each with its dequantized fp32 twin.
+
+`write_quantized(src, dst, fmt)` writes `dst/quantized` (the format exactly as its upstream
+tool lays it out) and `dst/reference` (the same model with every quantized Linear replaced by
+its dequantized fp32 weight, no quantization_config: what transformers runs as the
+reference). compressed-tensors checkpoints are made by compressed-tensors itself (its
+compressors pack, its `fake_quantize` dequantizes); Qwen FP8, ModelOpt NVFP4/FP8, AutoAWQ and
+GPTQ are written here from the format descriptions (FACTS.md section 11), by code that shares
+nothing with the engine's loaders.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+AWQ_POSITION = [0, 4, 1, 5, 2, 6, 3, 7]
+# the unquantized projections of the published recipes (and transformers' lm_head rule)
+KEEP = ("in_proj_a", "in_proj_b", "lm_head", "mtp.fc")
+FORMATS = ("qwen-fp8", "modelopt-nvfp4", "modelopt-mixed", "ct-fp8-block", "ct-fp8-channel",
+           "ct-nvfp4", "ct-w4a16", "ct-w4a16-asym", "awq", "gptq")
+
+
+def _projections(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Module names of every text Linear but the output head (all are named *proj*)."""
+    return [n.removesuffix(".weight") for n, t in tensors.items() if n.endswith(".weight")
+            and t.dim() == 2 and "proj" in n.rsplit(".", 2)[-2] and "visual" not in n]
+
+
+def _linears(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Module names of the Linears a recipe quantizes."""
+    return [n for n in _projections(tensors) if not any(k in n for k in KEEP)]
+
+
+def _copy_dir(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name != (
+                "model.safetensors.index.json"):
+            shutil.copy(f, dst / f.name)
+
+
+def _load_all(src: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(str(shard)))
+    return tensors
+
+
+def _edit_config(path: Path, **updates) -> None:
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(updates)
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+# ---- formats written here --------------------------------------------------------------
+
+def _fp8_blocks(w: torch.Tensor, bn: int, bk: int):
+    n, k = w.shape
+    scale = torch.zeros(-(-n // bn), -(-k // bk))
+    for i in range(scale.shape[0]):
+        for j in range(scale.shape[1]):
+            scale[i, j] = w[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk].abs().max() / 448
+    scale = scale.to(torch.bfloat16)                      # Qwen ships bf16 scales
+    full = scale.float().repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
+    q = (w / full).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return q, scale, q.float() * full
+
+
+def _nvfp4(w: torch.Tensor):
+    n, k = w.shape
+    table = torch.tensor(E2M1)
+    scale_2 = w.abs().max() / (6 * 448)
+    groups = w.reshape(n, k // 16, 16)
+    scale = (groups.abs().amax(-1) / 6 / scale_2).to(torch.float8_e4m3fn)
+    step = (scale.float() * scale_2)[..., None]
+    codes = (groups[..., None] / step[..., None] - table).abs().argmin(-1)  # [n, k/16, 16]
+    codes = codes.reshape(n, k).to(torch.uint8)
+    packed = torch.zeros(n, k // 2, dtype=torch.uint8)
+    for j in range(k // 2):
+        packed[:, j] = codes[:, 2 * j] + 16 * codes[:, 2 * j + 1]
+    deq = table[codes.long()].reshape(n, k // 16, 16) * step
+    return packed, scale, scale_2.reshape(()), deq.reshape(n, k)
+
+
+def _int4_groups(w: torch.Tensor, group: int):
+    """Asymmetric min/max per group along K: q, zero [N, K / G], fp16 scale [N, K / G]."""
+    n, k = w.shape
+    g = w.reshape(n, k // group, group)
+    lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
+    scale = ((hi - lo) / 15).clamp(min=1e-8).to(torch.float16)
+    zero = torch.round(-lo / scale.float()).clamp(0, 15)
+    q = torch.round(g / scale.float()[..., None] + zero[..., None]).clamp(0, 15)
+    deq = ((q - zero[..., None]) * scale.float()[..., None]).reshape(n, k)
+    return q.reshape(n, k).int(), zero.int(), scale, deq
+
+
+def _pack_words(values: torch.Tensor, positions=range(8)) -> torch.Tensor:
+    """int [R, 8 W] -> int32 [R, W]: element e of each 8 at nibble positions[e]."""
+    r, c = values.shape
+    words = torch.zeros(r, c // 8, dtype=torch.int64)
+    for e, pos in enumerate(positions):
+        words |= values[:, e::8].long() << (4 * pos)
+    return (words - ((words >> 31) << 32)).to(torch.int32)   # two's complement int32
+
+
+def _write_here(fmt: str, tensors: dict, linears: list[str], own_prefix: str,
+                ignore_prefix: str):
+    out, deq = dict(tensors), dict(tensors)
+    layers: dict[str, dict] = {}
+    for name in linears:
+        w = tensors[f"{name}.weight"].float()
+        del out[f"{name}.weight"]
+        mixed_fp8 = fmt == "modelopt-mixed" and ".mlp." not in name
+        if fmt == "qwen-fp8":
+            q, s, d = _fp8_blocks(w, 32, 32)
+            out[f"{name}.weight"], out[f"{name}.weight_scale_inv"] = q, s
+        elif mixed_fp8:
+            s = w.abs().max() / 448
+            q = (w / s).to(torch.float8_e4m3fn)
+            d = q.float() * s
+            out[f"{name}.weight"], out[f"{name}.weight_scale"] = q, s.reshape(())
+            out[f"{name}.input_scale"] = torch.tensor(1.0)
+            layers[name] = {"quant_algo": "FP8"}
+        elif fmt in ("modelopt-nvfp4", "modelopt-mixed"):
+            packed, s, s2, d = _nvfp4(w)
+            out[f"{name}.weight"], out[f"{name}.weight_scale"] = packed, s
+            out[f"{name}.weight_scale_2"], out[f"{name}.input_scale"] = s2, torch.tensor(1.0)
+            layers[name] = {"quant_algo": "NVFP4", "group_size": 16}
+        elif fmt == "awq":
+            q, z, s, d = _int4_groups(w, 32)
+            out[f"{name}.qweight"] = _pack_words(q.T.contiguous(), AWQ_POSITION)
+            out[f"{name}.qzeros"] = _pack_words(z.T.contiguous(), AWQ_POSITION)
+            out[f"{name}.scales"] = s.T.contiguous()
+        elif fmt == "gptq":
+            q, z, s, d = _int4_groups(w, 32)
+            out[f"{name}.qweight"] = _gptq_qweight(q)
+            out[f"{name}.qzeros"] = _pack_words(((z - 1) & 15).T.contiguous())
+            out[f"{name}.scales"] = s.T.contiguous()
+            out[f"{name}.g_idx"] = (torch.arange(w.shape[1]) // 32).int()
+        deq[f"{name}.weight"] = d
+    kept = sorted(n.removeprefix(own_prefix) for n in _projections(tensors)
+                  if n not in linears and not n.startswith("mtp."))
+    not_converted = [ignore_prefix + n for n in kept] + ["lm_head", "mtp.fc"]
+    ignore = ["*in_proj_a*", "*in_proj_b*", "lm_head", "mtp.fc"]
+    config = {
+        "qwen-fp8": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                     "weight_block_size": [32, 32],
+                     "modules_to_not_convert": not_converted},
+        "awq": {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True,
+                "version": "gemm", "modules_to_not_convert": not_converted},
+        # GPTQModel names the modules it skipped with negative `dynamic` rules
+        "gptq": {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False,
+                 "sym": False, "checkpoint_format": "gptq",
+                 "dynamic": {"-:.*in_proj_[ab]$": {}}},
+    }.get(fmt)
+    hf_quant = None
+    if fmt == "modelopt-nvfp4":
+        hf_quant = {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ignore,
+                    "kv_cache_quant_algo": None}
+    elif fmt == "modelopt-mixed":
+        hf_quant = {"quant_algo": "MIXED_PRECISION", "quantized_layers": layers,
+                    "exclude_modules": ignore, "kv_cache_quant_algo": None}
+    return out, deq, config, hf_quant
+
+
+def _gptq_qweight(q: torch.Tensor) -> torch.Tensor:
+    """q [N, K] -> GPTQ qweight int32 [K / 8, N]: element 8i + j of column n in nibble j."""
+    return _pack_words(q.contiguous()).T.contiguous()
+
+
+# ---- compressed-tensors, made by compressed-tensors --------------------------------------
+
+def _ct_scheme(fmt: str):
+    """llm-compressor's preset scheme for the format, with groups/blocks small enough for the
+    tiny models (the presets' 128 does not divide their 64-wide layers)."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    preset, override = {
+        "ct-fp8-block": ("FP8_BLOCK", {"block_structure": [32, 32]}),
+        "ct-fp8-channel": ("FP8_DYNAMIC", {}),
+        "ct-nvfp4": ("NVFP4A16", {}),
+        "ct-w4a16": ("W4A16", {"group_size": 32}),
+        "ct-w4a16-asym": ("W4A16_ASYM", {"group_size": 32}),
+    }[fmt]
+    scheme = preset_name_to_scheme(preset, ["Linear"])
+    scheme.weights = scheme.weights.model_copy(update=override)
+    return scheme
+
+
+def _observe(w: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor]:
+    """min/max over each scale's elements (what llm-compressor's min-max observer does)."""
+    n, k = w.shape
+    strategy = str(getattr(args.strategy, "value", args.strategy))
+    if strategy == "channel":
+        return w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+    if strategy in ("group", "tensor_group"):
+        g = w.reshape(n, k // args.group_size, args.group_size)
+        return g.amin(-1), g.amax(-1)
+    bn, bk = args.block_structure
+    b = w.reshape(n // bn, bn, k // bk, bk)
+    return b.amin((1, 3)), b.amax((1, 3))
+
+
+def _write_ct(fmt: str, src: Path, dst: Path, ignore: list[str], kind: str) -> None:
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam
+    from transformers import AutoModelForCausalLM, Qwen3_5ForConditionalGeneration
+
+    cls = Qwen3_5ForConditionalGeneration if kind == "hybrid_vl" else AutoModelForCausalLM
+    model = cls.from_pretrained(str(src), dtype=torch.float32).eval()
+    config = QuantizationConfig(config_groups={"group_0": _ct_scheme(fmt)}, ignore=ignore)
+    apply_quantization_config(model, config)
+    reference: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            scheme = getattr(module, "quantization_scheme", None)
+            if scheme is None or scheme.weights is None:
+                continue
+            args, w = scheme.weights, module.weight
+            gs = None
+            if hasattr(module, "weight_global_scale"):
+                gs = generate_gparam(w.amin().reshape(1), w.amax().reshape(1))
+                module.weight_global_scale.copy_(gs)
+            scale, zp = calculate_qparams(*_observe(w, args), args, global_scale=gs)
+            module.weight_scale.copy_(scale.reshape(module.weight_scale.shape))
+            if hasattr(module, "weight_zero_point"):
+                module.weight_zero_point.copy_(zp.reshape(module.weight_zero_point.shape))
+            reference[f"{name}.weight"] = fake_quantize(
+                w, module.weight_scale, getattr(module, "weight_zero_point", None), args,
+                global_scale=gs).float()
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    model.save_pretrained(str(dst / "quantized"))
+    compressor.update_config(str(dst / "quantized"))
+    ref_tensors = _load_all(src)
+    for name, w in reference.items():
+        assert name in ref_tensors, name
+        ref_tensors[name] = w
+    save_file(ref_tensors, str(dst / "reference" / "model.safetensors"))
+
+
+def write_quantized(src: Path, dst: Path, fmt: str, kind: str = "hybrid",
+                    ignore_prefix: str | None = None) -> tuple[Path, Path]:
+    """(quantized dir, dequantized fp32 reference dir) of the fp32 checkpoint `src`.
+    ignore_prefix: how Qwen FP8's modules_to_not_convert spells module names (default: as
+    the checkpoint does)."""
+    quant, ref = dst / "quantized", dst / "reference"
+    _copy_dir(src, quant)
+    _copy_dir(src, ref)
+    prefix = "model.language_model." if kind == "hybrid_vl" else "model."
+    ignore_prefix = prefix if ignore_prefix is None else ignore_prefix
+    if fmt.startswith("ct-"):
+        ignore = ["lm_head", "re:.*in_proj_a$", "re:.*in_proj_b$"]
+        _write_ct(fmt, src, dst, ignore, kind)
+        return quant, ref
+    tensors = _load_all(src)
+    out, deq, config, hf_quant = _write_here(fmt, tensors, _linears(tensors), prefix,
+                                             ignore_prefix)
+    save_file(out, str(quant / "model.safetensors"))
+    save_file(deq, str(ref / "model.safetensors"))
+    if config is not None:
+        _edit_config(quant, quantization_config=config)
+    if hf_quant is not None:
+        (quant / "hf_quant_config.json").write_text(json.dumps(
+            {"producer": {"name": "modelopt", "version": "0.47.0"}, "quantization": hf_quant}))
+    return quant, ref
