@@ -167,6 +167,31 @@ def test_act_order_gptq_is_refused(checkpoints, tmp_path):
         load_checkpoint(quant)
 
 
+def test_group_the_kernels_cannot_tile_is_refused_at_load(awq_dir, tmp_path):
+    def edit(cfg):
+        cfg["quantization_config"]["group_size"] = 16
+    with pytest.raises(CheckpointError, match="group_size 16 along K is not supported"):
+        load_checkpoint(_with_config(awq_dir, tmp_path / "x", edit))
+
+
+def test_modelopt_config_in_config_json(checkpoints, make_engine, tmp_path):
+    """Newer ModelOpt exports put the same config in config.json (quant_method modelopt)."""
+    quant, _ = write_quantized(checkpoints("dense"), tmp_path / "m", "modelopt-nvfp4")
+    hf = json.loads((quant / "hf_quant_config.json").read_text())["quantization"]
+
+    def edit(cfg):
+        cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4",
+                                      "ignore": hf["exclude_modules"], "group_size": 16}
+    moved = _with_config(quant, tmp_path / "c", edit)
+    (moved / "hf_quant_config.json").unlink()
+    prompt = [5, 6, 7, 8]
+    settings = GenerationSettings(max_new_tokens=16)
+    engine = make_engine(moved, method="none")
+    assert {m.family for m in engine.model.modules() if isinstance(m, QuantLinear)} == {"nvfp4"}
+    assert (generate(engine, prompt, settings).token_ids
+            == generate(make_engine(quant, method="none"), prompt, settings).token_ids)
+
+
 def test_awq_gemv_is_refused(awq_dir, tmp_path):
     def edit(cfg):
         cfg["quantization_config"]["version"] = "gemv"

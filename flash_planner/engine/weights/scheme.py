@@ -30,6 +30,9 @@ KEEP_FULL = ("lm_head", "in_proj_a", "in_proj_b", "fc")
 HF_QUANT_CONFIG = "hf_quant_config.json"
 _PREFIXES = ("model.language_model.", "language_model.", "model.")
 SUPPORTED = "fp8 (Qwen), compressed-tensors, modelopt (NVFP4/FP8/MIXED_PRECISION), awq, gptq"
+# The GEMM kernels step through K in tiles of 32: fp8 blocks and int4 groups along K must be
+# whole tiles (every published checkpoint uses 32, 64 or 128)
+K_TILE = 32
 
 
 class WeightFormatError(ValueError):
@@ -115,6 +118,13 @@ def read_scheme(path: Path, raw: dict[str, Any]) -> Scheme:
     return readers[method](qc, where)
 
 
+def _check_k(size: int, what: str, where: str) -> int:
+    if not isinstance(size, int) or size <= 0 or size % K_TILE:
+        raise WeightFormatError(f"{where}: {what} {size!r} along K is not supported (a "
+                                f"positive multiple of {K_TILE} is)")
+    return size
+
+
 def _need(qc: dict, key: str, want, where: str):
     value = qc.get(key)
     if value not in want:
@@ -136,6 +146,7 @@ def _qwen_fp8(qc: dict, where: str) -> Scheme:
             and all(isinstance(b, int) and b > 0 for b in block)):
         raise WeightFormatError(f"{where}: weight_block_size {block!r}: expected two positive "
                                 "integers such as [128, 128] (per-tensor fp8 is not supported)")
+    _check_k(block[1], "weight_block_size", where)
     skip = _ignored(list(qc.get("modules_to_not_convert") or []) + ["lm_head"])
     only = qc.get("modules_to_convert")
     convert = _ignored(only) if only else (lambda name: True)
@@ -156,6 +167,7 @@ def _ct_layout(group: dict, fmt: str | None, where: str) -> Layout | None:
             block = w.get("block_structure")
             if not (isinstance(block, list) and len(block) == 2):
                 raise WeightFormatError(f"{where}: block strategy without block_structure")
+            _check_k(block[1], "block_structure", where)
             return fp8.ct_fp8("block", tuple(block))
         if strategy in ("channel", "tensor"):
             return fp8.ct_fp8(strategy, None)
@@ -165,6 +177,8 @@ def _ct_layout(group: dict, fmt: str | None, where: str) -> Layout | None:
     if fmt == "pack-quantized" and (bits, kind) == (4, "int") and strategy in ("group",
                                                                                "channel"):
         group_size = w.get("group_size") if strategy == "group" else None
+        if group_size is not None:
+            _check_k(group_size, "group_size", where)
         return int4.CtPacked(group_size, bool(w.get("symmetric", True)))
     raise WeightFormatError(
         f"{where}: compressed-tensors format {fmt!r} with {bits}-bit {kind} weights "
@@ -232,18 +246,15 @@ def _awq(qc: dict, where: str) -> Scheme:
                                 "supported (gemm only)")
     if not qc.get("zero_point", True):
         raise WeightFormatError(f"{where}: AutoAWQ without zero_point is not supported")
-    group = qc.get("group_size", 128)
+    group = _check_k(qc.get("group_size", 128), "group_size", where)
     skip = _ignored(list(qc.get("modules_to_not_convert") or []) + ["lm_head"])
-    layout = int4.AutoAWQ(int(group))
+    layout = int4.AutoAWQ(group)
     return Scheme(layout.label, lambda name: None if skip(name) else layout)
 
 
 def _gptq(qc: dict, where: str) -> Scheme:
     _need(qc, "bits", (4,), where)
-    group = qc.get("group_size", 128)
-    if not isinstance(group, int) or group <= 0:
-        raise WeightFormatError(f"{where}: GPTQ group_size {group!r}: only positive groups "
-                                "are supported")
+    group = _check_k(qc.get("group_size", 128), "group_size", where)
     fmt = str(qc.get("checkpoint_format", "gptq")).lower()
     if fmt not in ("gptq", "gptq_v2"):
         raise WeightFormatError(f"{where}: GPTQ checkpoint_format {fmt!r} is not supported")
