@@ -139,7 +139,8 @@ class AutoProposer(Proposer):
         if self._drafting is not None:
             phase, name, t0 = self._drafting
             ms = (self.clock() - t0) * 1000.0
-            ms -= self.proposers[name].catchup_ms
+            # the catch-up is another candidate's debt; never let it make a cycle free
+            ms = max(ms - self.proposers[name].catchup_ms, 0.05 * ms)
             self._record(phase, name, len(tokens), ms)
             self._drafting = None
         for name, p in self.proposers.items():
