@@ -116,15 +116,20 @@ def test_a_deadline_mid_generation_ends_the_request_within_one_cycle(engine):
                              PlannerConfig())
     service.start()
     try:
+        # half of the same request's own duration: mid-generation however fast the machine
+        # (a fixed 0.15 s was longer than the whole plan on a quiet machine)
         t0 = time.monotonic()
-        result = service.plan(PlanRequest(TASK, deadline_s=0.15),
+        service.plan(PlanRequest(TASK), timeout=TIMEOUT)
+        deadline = round((time.monotonic() - t0) / 2, 3)
+        t0 = time.monotonic()
+        result = service.plan(PlanRequest(TASK, deadline_s=deadline),
                               on_feedback=lambda f: times.append((time.monotonic(),
                                                                   f.tokens_so_far)),
                               timeout=TIMEOUT)
     finally:
         service.stop()
     assert result.finish_reason == "deadline" and not result.success
-    assert result.error == "deadline of 0.15 s reached during generation"
+    assert result.error == f"deadline of {deadline} s reached during generation"
     assert result.raw_text and result.plan is None
     # at most one cycle's tokens after the deadline (a last call may flush held-back text)
-    assert len({tokens for t, tokens in times if t > t0 + 0.15}) <= 1, times
+    assert len({tokens for t, tokens in times if t > t0 + deadline}) <= 1, times
