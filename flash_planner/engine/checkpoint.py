@@ -20,7 +20,6 @@ from .config import ConfigError, ModelConfig
 from .models.mtp import MTPHead
 from .models.target import TargetModel
 from .weights.bytes import bytes_per_forward, module_bytes
-from .weights.linear import QuantLinear
 from .weights.load import load_module, open_shard
 from .weights.scheme import UNQUANTIZED, WEIGHTS, Scheme, WeightFormatError, read_scheme
 
@@ -58,6 +57,10 @@ class Checkpoint:
 
 
 def read_config(path: Path) -> ModelConfig:
+    return _parse_config(path, _raw_config(path))
+
+
+def _raw_config(path: Path) -> dict:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise CheckpointError(f"{path}: no config.json (is this a Hugging Face model directory?)")
@@ -67,8 +70,12 @@ def read_config(path: Path) -> ModelConfig:
         raise CheckpointError(f"{cfg_file}: not readable JSON ({exc})") from exc
     if not isinstance(raw, dict):
         raise CheckpointError(f"{cfg_file}: expected a JSON object")
+    return raw
+
+
+def _parse_config(path: Path, raw: dict) -> ModelConfig:
     try:
-        return ModelConfig.from_hf_dict(raw, where=str(cfg_file))
+        return ModelConfig.from_hf_dict(raw, where=str(path / "config.json"))
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from exc
 
@@ -121,13 +128,15 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
         raise CheckpointError(f"model directory {path} does not exist")
     if weights not in WEIGHTS:
         raise CheckpointError(f"weights must be one of {WEIGHTS}, got {weights!r}")
-    cfg = read_config(path)
-    scheme = read_weight_scheme(path)
+    raw = _raw_config(path)
+    cfg = _parse_config(path, raw)
+    try:
+        scheme = read_scheme(path, raw)
+    except WeightFormatError as exc:
+        raise CheckpointError(str(exc)) from exc
     files = weight_map(path)
-    model, names, counts = _load(TargetModel, cfg, lambda ours: _checkpoint_name(ours, cfg),
+    model, known, counts = _load(TargetModel, cfg, lambda ours: _checkpoint_name(ours, cfg),
                                  files, dtype, device, scheme, weights)
-    known = set(names.values()) | {n for n in files if n.rsplit(".", 1)[0] in {
-        _checkpoint_name(m, cfg) for m in _quantized_modules(model)}}
     mtp = {n: s for n, s in files.items() if n.startswith(MTP_PREFIX)}
     ignored = [n for n in files if n not in known and n not in mtp
                and not n.startswith(IGNORED_PREFIXES) and n != "lm_head.weight"]
@@ -136,20 +145,6 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
                     ignored[0])
     tokenizer = load_tokenizer(path) if with_tokenizer else None
     return Checkpoint(path, cfg, model, tokenizer, mtp, scheme, weights, dict(counts))
-
-
-def _quantized_modules(model: torch.nn.Module) -> list[str]:
-    return [name for name, m in model.named_modules() if isinstance(m, QuantLinear)]
-
-
-def read_weight_scheme(path: Path) -> Scheme:
-    """The storage scheme of the model directory's weights (config.json's
-    quantization_config or ModelOpt's hf_quant_config.json)."""
-    try:
-        raw = json.loads((path / "config.json").read_text())
-        return read_scheme(path, raw)
-    except WeightFormatError as exc:
-        raise CheckpointError(str(exc)) from exc
 
 
 def load_mtp_head(checkpoint: Checkpoint, dtype: torch.dtype,

@@ -14,14 +14,11 @@ import torch
 from ...kernels.dispatch import dequantize_fp8, fp8_gemm
 from .layout import FLOAT_DTYPES, Layout, Quantize, TensorSpec
 from .linear import QuantLinear
+from .packing import cdiv as _cdiv
 
 FP8_MAX = 448.0
 BLOCK = 128
 FP8 = ("F8_E4M3",)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class Fp8Linear(QuantLinear):
@@ -87,10 +84,8 @@ class Fp8Blocks(Layout):
 
     def convert(self, tensors, n, k):
         scale = tensors[self.scale_name].float().reshape(self.scale_shape(n, k))
-        if self.block_k >= k:  # one scale per row (or per tensor): spread over 128-wide blocks
+        if self.block_k >= k:  # one scale per row: spread over the module's 128-wide blocks
             scale = scale.expand(-1, _cdiv(k, BLOCK))
-        if self.block_n >= n:
-            scale = scale.expand(_cdiv(n, BLOCK), -1)
         return {"weight": tensors["weight"].view(torch.uint8), "scale": scale.contiguous()}
 
 

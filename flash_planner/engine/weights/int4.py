@@ -17,16 +17,14 @@ import torch
 from ...kernels.dispatch import dequantize_int4, int4_gemm
 from .layout import FLOAT_DTYPES, Layout, Quantize, TensorSpec
 from .linear import QuantLinear
+from .packing import cdiv as _cdiv
+from .packing import pack_nibbles, word_nibbles
 
 GROUP = 128
 # AutoAWQ packs element e of each 8 into nibble AWQ_POSITION[e] of its int32 word
 AWQ_POSITION = (0, 4, 1, 5, 2, 6, 3, 7)
 INT = ("I32",)
 assert sys.byteorder == "little", "int4 checkpoints are read as little-endian words"
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class Int4Linear(QuantLinear):
@@ -50,19 +48,6 @@ class Int4Linear(QuantLinear):
 
     def extra_repr(self):
         return f"{super().extra_repr()}, group={self.group}"
-
-
-def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
-    """uint8 values 0..15 [N, K] -> [N, ceil(K / 2)], element 2j in the low nibble."""
-    if q.shape[1] % 2:
-        q = torch.cat((q, q.new_zeros(q.shape[0], 1)), dim=1)
-    return q[:, 0::2] | (q[:, 1::2] << 4)
-
-
-def word_nibbles(words: torch.Tensor) -> torch.Tensor:
-    """int32 [R, W] -> uint8 [R, 8 W]: nibble p of word w at column 8 w + p."""
-    shifts = torch.arange(0, 32, 4, device=words.device, dtype=torch.int32)
-    return ((words[..., None] >> shifts) & 0xF).to(torch.uint8).flatten(-2)
 
 
 def quantize_int4(w: torch.Tensor, group: int = GROUP) -> dict[str, torch.Tensor]:

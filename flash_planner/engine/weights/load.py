@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from .layout import Layout
+from .layout import Layout, TensorSpec
 from .linear import QuantLinear
 from .scheme import Scheme, WeightFormatError
 
@@ -68,18 +68,6 @@ def plan_linears(module: nn.Module, names_of: Callable[[str], str], scheme: Sche
     return planned
 
 
-def _check(headers: dict[str, tuple[Path, tuple[int, ...], str]], name: str,
-           shape: tuple[int, ...], dtypes: tuple[str, ...], what: str,
-           error: type[Exception]) -> None:
-    shard, got_shape, got_dtype = headers[name]
-    if got_shape != shape:
-        raise error(f"{shard.name}: tensor {name} has shape {list(got_shape)}, expected "
-                    f"{list(shape)} ({what})")
-    if got_dtype not in dtypes:
-        raise error(f"{shard.name}: tensor {name} has dtype {got_dtype}, expected "
-                    f"{'/'.join(dtypes)} ({what})")
-
-
 def read_headers(names: set[str], files: dict[str, Path], error: type[Exception]
                  ) -> dict[str, tuple[Path, tuple[int, ...], str]]:
     """name -> (shard, shape, safetensors dtype) for the names present in `files`."""
@@ -99,44 +87,49 @@ def read_headers(names: set[str], files: dict[str, Path], error: type[Exception]
 def validate(module: nn.Module, plain: dict[str, str], planned: dict[str, Planned],
              files: dict[str, Path], scheme: Scheme, error: type[Exception]) -> None:
     """Every tensor the module needs exists with the right shape and dtype (headers only)."""
-    wanted = set(plain.values())
+    shapes = {name: tuple(t.shape) for name, t in module.state_dict().items()}
+    plain_what = ("full precision" if scheme.quantized else
+                  "full precision; quantized checkpoints need a quantization_config")
+    # checkpoint name -> (spec, what it is for, the planned module it belongs to)
+    wanted: dict[str, tuple[TensorSpec, str, Planned | None]] = {
+        theirs: (TensorSpec(shapes[ours], tuple(LOADABLE_DTYPES)), plain_what, None)
+        for ours, theirs in plain.items()}
     for p in planned.values():
-        wanted.update(f"{p.prefix}.{s}" for s in p.layout.tensors(p.n, p.k))
-    missing = [name for name in sorted(wanted) if name not in files and not any(
-        name == f"{p.prefix}.{s}" and not spec.required for p in planned.values()
-        for s, spec in p.layout.tensors(p.n, p.k).items())]
+        wanted.update({f"{p.prefix}.{suffix}": (spec, p.layout.label, p)
+                       for suffix, spec in p.layout.tensors(p.n, p.k).items()})
+    missing = sorted(name for name, (spec, _, _) in wanted.items()
+                     if spec.required and name not in files)
     if missing:
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
-        owner = next((p for p in planned.values() if missing[0].startswith(p.prefix + ".")),
-                     None)
+        owner = wanted[missing[0]][2]
         why = f"; {owner.prefix} is {owner.layout.label}" if owner else ""
         where = next(iter(files.values())).parent if files else "checkpoint"
         raise error(f"{where}: missing tensor(s) {', '.join(missing[:3])}{more}{why}")
     markers = {f"{theirs.removesuffix('.weight')}.{m}": theirs for theirs in plain.values()
                if theirs.endswith(".weight") for m in QUANT_MARKERS}
-    headers = read_headers(wanted | set(markers), files, error)
+    headers = read_headers(set(wanted) | set(markers), files, error)
     for marker, theirs in markers.items():
         if marker in headers:
             raise error(f"{theirs.removesuffix('.weight')} is stored quantized (it has "
                         f"{marker}) but the quantization config ({scheme.label}) leaves it in "
                         "full precision: check modules_to_not_convert / ignore")
-    expected = {name: tuple(t.shape) for name, t in module.state_dict().items()}
-    for ours, theirs in plain.items():
-        _check(headers, theirs, expected[ours], tuple(LOADABLE_DTYPES),
-               "full precision" if scheme.quantized else "full precision; "
-               "quantized checkpoints need a quantization_config", error)
-    for p in planned.values():
-        for suffix, spec in p.layout.tensors(p.n, p.k).items():
-            name = f"{p.prefix}.{suffix}"
-            if name in headers:
-                _check(headers, name, spec.shape, spec.dtypes, p.layout.label, error)
+    for name, (spec, what, _) in wanted.items():
+        if name not in headers:
+            continue    # an optional tensor the checkpoint does not have
+        shard, shape, dtype = headers[name]
+        if shape != spec.shape:
+            raise error(f"{shard.name}: tensor {name} has shape {list(shape)}, expected "
+                        f"{list(spec.shape)} ({what})")
+        if dtype not in spec.dtypes:
+            raise error(f"{shard.name}: tensor {name} has dtype {dtype}, expected "
+                        f"{'/'.join(spec.dtypes)} ({what})")
 
 
 def load_module(module: nn.Module, names_of: Callable[[str], str], files: dict[str, Path],
                 dtype: torch.dtype, device: str | torch.device, scheme: Scheme, weights: str,
-                error: type[Exception]) -> tuple[nn.Module, dict[str, str], Counter]:
-    """Fill `module` (built on the meta device) from `files`; returns it, the plain tensor
-    names (ours -> theirs) and a count of modules per layout label."""
+                error: type[Exception]) -> tuple[nn.Module, set[str], Counter]:
+    """Fill `module` (built on the meta device) from `files`; returns it, the names of the
+    checkpoint tensors it read and a count of modules per layout label."""
     planned = plan_linears(module, names_of, scheme, weights, error)
     quant_prefixes = tuple(f"{name}." for name in planned)
     plain = {ours: names_of(ours) for ours in module.state_dict()
@@ -146,10 +139,12 @@ def load_module(module: nn.Module, names_of: Callable[[str], str], files: dict[s
     for param in module.parameters():
         param.data = param.data.to(dtype)
     params = dict(module.state_dict())
+    used: set[str] = set()
     with contextlib.ExitStack() as stack, torch.no_grad():
         handles: dict[Path, object] = {}
 
         def read(name: str) -> torch.Tensor:
+            used.add(name)
             shard = files[name]
             if shard not in handles:
                 handles[shard] = stack.enter_context(open_shard(shard, error))
@@ -175,4 +170,4 @@ def load_module(module: nn.Module, names_of: Callable[[str], str], files: dict[s
     if counts:
         log.info("quantized Linears: %s", ", ".join(f"{n} {label}" for label, n in
                                                      sorted(counts.items())))
-    return module.eval(), plain, counts
+    return module.eval(), used, counts

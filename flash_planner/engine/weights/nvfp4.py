@@ -16,6 +16,7 @@ from ...kernels.dispatch import dequantize_nvfp4, nvfp4_gemm
 from .fp8 import FP8, FP8_MAX, e4m3_bits
 from .layout import Layout, Quantize, TensorSpec
 from .linear import QuantLinear
+from .packing import pack_nibbles
 
 GROUP = 16
 E2M1_MAX = 6.0
@@ -60,7 +61,7 @@ def quantize_nvfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
     bounds = torch.tensor(_BOUNDS, device=w.device)
     code = torch.bucketize(scaled.abs(), bounds).to(torch.uint8)           # 0..7
     code = (code | torch.where(scaled < 0, 8, 0).to(torch.uint8)).view(n, k)
-    return {"packed": code[:, 0::2] | (code[:, 1::2] << 4), "scale": bits,
+    return {"packed": pack_nibbles(code), "scale": bits,
             "global_scale": global_scale.reshape(1)}
 
 

@@ -51,7 +51,7 @@ def matches(entry: str, name: str) -> bool:
     or a parent of it (prefix-insensitive), or a suffix of whole name components."""
     if entry.startswith("re:"):
         pattern = re.compile(entry[3:])
-        return any(pattern.fullmatch(n) or pattern.match(n) for n in (name, _strip(name)))
+        return any(pattern.match(n) for n in (name, _strip(name)))
     if any(c in entry for c in "*?["):
         return any(fnmatch.fnmatchcase(n, entry) for n in (name, _strip(name)))
     short, whole = _strip(entry), _strip(name)
