@@ -150,10 +150,15 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n
     return out.reshape(*x.shape[:-1], n)
 
 
-def meta(m: int) -> dict:
-    """Constexprs and launch options: fixed N and K tiles; 16 rows up to M = 16, else 64."""
-    return {"BLOCK_M": 16 if m <= 16 else 64, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K,
+def gemm_meta(m: int, block_k: int) -> dict:
+    """Constexprs and launch options of the three GEMMs: fixed N and K tiles; 16 rows up to
+    M = 16, else 64."""
+    return {"BLOCK_M": 16 if m <= 16 else 64, "BLOCK_N": BLOCK_N, "BLOCK_K": block_k,
             "num_warps": NUM_WARPS, "num_stages": 3}
+
+
+def meta(m: int) -> dict:
+    return gemm_meta(m, BLOCK_K)
 
 
 def _spec(model: str, act: str, m: int) -> Spec:

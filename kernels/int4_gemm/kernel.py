@@ -18,10 +18,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ..fp8_gemm.kernel import NUM_WARPS, check_operand, dot_xwt, flatten_rows, int32_sizes
+from ..fp8_gemm.kernel import (
+    BLOCK_N,
+    check_operand,
+    dot_xwt,
+    flatten_rows,
+    gemm_meta,
+    int32_sizes,
+)
 from ..specs import Spec, launch
 
-BLOCK_N = 64
 BLOCK_K = 32      # K elements per step: 16 bytes of each packed row; groups of 32 and up
 
 
@@ -87,9 +93,7 @@ def int4_gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: 
 
 
 def meta(m: int) -> dict:
-    """Constexprs and launch options: fixed N and K tiles; 16 rows up to M = 16, else 64."""
-    return {"BLOCK_M": 16 if m <= 16 else 64, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K,
-            "num_warps": NUM_WARPS, "num_stages": 3}
+    return gemm_meta(m, BLOCK_K)
 
 
 def _spec(model: str, act: str, m: int) -> Spec:

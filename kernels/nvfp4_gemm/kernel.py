@@ -20,17 +20,17 @@ import triton
 import triton.language as tl
 
 from ..fp8_gemm.kernel import (
-    NUM_WARPS,
+    BLOCK_N,
     check_operand,
     dot_xwt,
     e4m3_to_float,
     flatten_rows,
+    gemm_meta,
     int32_sizes,
 )
 from ..specs import Spec, launch
 
 GROUP = 16        # K elements per e4m3 scale (the format's)
-BLOCK_N = 64
 BLOCK_K = 64      # K elements per step: 32 bytes of each packed row, 4 scales
 
 
@@ -109,9 +109,7 @@ def nvfp4_gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
 
 
 def meta(m: int) -> dict:
-    """Constexprs and launch options: fixed N and K tiles; 16 rows up to M = 16, else 64."""
-    return {"BLOCK_M": 16 if m <= 16 else 64, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K,
-            "num_warps": NUM_WARPS, "num_stages": 3}
+    return gemm_meta(m, BLOCK_K)
 
 
 def _spec(model: str, act: str, m: int) -> Spec:

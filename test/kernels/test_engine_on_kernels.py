@@ -33,16 +33,22 @@ def _run(engine, prompt, ref, relaxed=False):
                     proposer=replay)
 
 
+def _references_then_kernels(engine, request, new_tokens):
+    """Plain greedy tokens, then the replayed speculative request on the references and on
+    the kernels (the backend stays Triton for the rest of the test)."""
+    prompt = engine.tokenizer.encode("put the apple in the fridge", add_special_tokens=False)
+    ref = generate(engine, prompt, GenerationSettings(new_tokens, ignore_eos=True,
+                                                      speculative=False)).token_ids
+    reference = _run(engine, prompt, ref)
+    request.getfixturevalue("triton_backend")
+    return ref, reference, _run(engine, prompt, ref)
+
+
 @pytest.mark.parametrize("kv", ["fp32", "fp8"])
 def test_speculative_decoding_on_kernels_matches_the_references(hybrid_dir, make_engine, kv,
                                                                 request):
     engine = make_engine(hybrid_dir, kv_dtype=kv)
-    prompt = engine.tokenizer.encode("put the apple in the fridge", add_special_tokens=False)
-    ref = generate(engine, prompt, GenerationSettings(24, ignore_eos=True,
-                                                      speculative=False)).token_ids
-    reference = _run(engine, prompt, ref)
-    request.getfixturevalue("triton_backend")
-    kernels = _run(engine, prompt, ref)
+    ref, reference, kernels = _references_then_kernels(engine, request, 24)
     assert kernels.token_ids == reference.token_ids == ref
     assert kernels.stats.accept_hist == reference.stats.accept_hist
     assert kernels.stats.cycles == reference.stats.cycles
@@ -53,13 +59,8 @@ def test_quantized_weights_on_the_gemm_kernels_match_the_references(hybrid_dir, 
                                                                    weights, request):
     """The same speculative request with every Linear on its weight-only GEMM kernel."""
     engine = make_engine(hybrid_dir, weights=weights)
-    prompt = engine.tokenizer.encode("put the apple in the fridge", add_special_tokens=False)
-    ref = generate(engine, prompt, GenerationSettings(12, ignore_eos=True,
-                                                      speculative=False)).token_ids
-    reference = _run(engine, prompt, ref)
-    request.getfixturevalue("triton_backend")
+    ref, reference, kernels = _references_then_kernels(engine, request, 12)
     op = f"{weights}_gemm"
     assert dispatch._pick(op, None, torch.zeros(1)) is dispatch.TRITON_OPS[op]
-    kernels = _run(engine, prompt, ref)
     assert kernels.token_ids == reference.token_ids == ref
     assert kernels.stats.accept_hist == reference.stats.accept_hist
