@@ -22,9 +22,6 @@ from ..kernels import dispatch
 from ..kernels.kv_append.reference import FP8_MAX
 from .config import ModelConfig
 
-KV_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-             "fp8": torch.uint8}
-
 
 class ContextOverflowError(ValueError):
     """A request that does not fit the preallocated context."""

@@ -1,24 +1,43 @@
 """Model and engine configuration as frozen dataclasses.
 
-`ModelConfig.from_hf_dict` reads a Hugging Face `config.json` of a Qwen3 dense model or a
+`EngineConfig` says what an engine loads and how much state it preallocates; it sits here,
+below both `engine.py` and the proposers that read it, so neither imports the other.
+
+`ModelConfig.from_hf_dict` reads a Hugging Face `config.json` of a Qwen3 dense model, a
 Qwen3.5/3.6 hybrid (text-only `qwen3_5_text`, or the multimodal `qwen3_5` wrapper whose text
-part sits under `text_config`). Anything we cannot run raises `ConfigError` naming the field.
+part sits under `text_config`), or either family's mixture-of-experts variant (`qwen3_moe`,
+`qwen3_5_moe[_text]`: `MoeConfig`). Anything we cannot run raises `ConfigError` naming the
+field.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+import torch
+
+from .methods import METHODS
+from .weights.scheme import WEIGHTS
 
 FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
 
 # model_type -> family. The hybrid family has GDN layers, gated attention and (1 + w) norms.
+# The *_moe types have a sparse mixture-of-experts MLP (models/moe.py) in place of the dense one.
 SUPPORTED_MODEL_TYPES = {
     "qwen3": "dense",
     "qwen3_5": "hybrid",
     "qwen3_5_text": "hybrid",
 }
+# Multimodal wrappers whose text part sits under text_config
+WRAPPERS = ("qwen3_5", "qwen3_5_moe")
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# KV cache storage: fp8 rows are e4m3 bytes (uint8) with a scale per row and head
+KV_DTYPES = {**DTYPES, "fp8": torch.uint8}
+DENSE_BACKENDS = ("torch", "onnxruntime", "tensorrt", "auto")
 
 
 class ConfigError(ValueError):
@@ -66,6 +85,51 @@ class RopeConfig:
 
 
 @dataclass(frozen=True)
+class MoeConfig:
+    """The sparse MLP: a router over `num_experts` SwiGLU experts, `top_k` chosen per token,
+    and (Qwen3.5/3.6 MoE) a shared expert scaled by a sigmoid gate."""
+
+    num_experts: int
+    top_k: int
+    expert_intermediate: int       # moe_intermediate_size
+    shared_intermediate: int = 0   # shared_expert_intermediate_size; 0: no shared expert
+    norm_topk: bool = True         # divide the k chosen probabilities by their sum
+    dense_layers: tuple[int, ...] = ()   # mlp_only_layers and those decoder_sparse_step skips
+
+    def is_sparse(self, i: int) -> bool:
+        return i not in self.dense_layers
+
+    @classmethod
+    def from_hf_dict(cls, cfg: dict[str, Any], model_type: str, num_layers: int,
+                     where: str) -> MoeConfig | None:
+        if not model_type.startswith(("qwen3_moe", "qwen3_5_moe")):
+            return None
+        # transformers' Qwen3MoeConfig saves num_experts as num_local_experts
+        experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+        if experts is None:
+            raise ConfigError(f"{where}: required field 'num_experts' is missing")
+        experts = _positive(experts, "num_experts", where)
+        top_k = _positive(_require(cfg, "num_experts_per_tok", where), "num_experts_per_tok",
+                          where)
+        if top_k > experts:
+            raise ConfigError(f"{where}: num_experts_per_tok {top_k} exceeds num_experts "
+                              f"{experts}")
+        inter = _positive(_require(cfg, "moe_intermediate_size", where),
+                          "moe_intermediate_size", where)
+        if model_type.startswith("qwen3_5_moe"):
+            # every layer sparse, a shared expert, always renormalised (transformers 5.23)
+            shared = _positive(_require(cfg, "shared_expert_intermediate_size", where),
+                               "shared_expert_intermediate_size", where)
+            return cls(experts, top_k, inter, shared)
+        step = _positive(cfg.get("decoder_sparse_step", 1), "decoder_sparse_step", where)
+        only = cfg.get("mlp_only_layers") or []
+        if not isinstance(only, list) or any(not isinstance(i, int) for i in only):
+            raise ConfigError(f"{where}: mlp_only_layers must be a list of layer indices")
+        dense = tuple(i for i in range(num_layers) if i in only or (i + 1) % step)
+        return cls(experts, top_k, inter, 0, bool(cfg.get("norm_topk_prob", False)), dense)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """The target model's architecture. `layer_types[i]` is full_attention or linear_attention."""
 
@@ -94,11 +158,20 @@ class ModelConfig:
     weight_prefix: str = "model."
     mtp_layers: int = 0            # mtp_num_hidden_layers: decoder layers of the MTP head
     mtp_dedicated_embeddings: bool = False
+    moe: MoeConfig | None = None   # the sparse MLP of *_moe models; None: every MLP is dense
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_hybrid(self) -> bool:
         return self.family == "hybrid"
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    def is_sparse_layer(self, i: int) -> bool:
+        """Whether decoder layer i's MLP is the mixture of experts."""
+        return self.moe is not None and self.moe.is_sparse(i)
 
     @property
     def zero_centred_norm(self) -> bool:
@@ -134,7 +207,7 @@ class ModelConfig:
         family = SUPPORTED_MODEL_TYPES[model_type]
         cfg = raw
         prefix = "model."
-        if model_type == "qwen3_5":  # multimodal wrapper: text part under text_config
+        if model_type in WRAPPERS:  # multimodal wrapper: text part under text_config
             cfg = dict(_require(raw, "text_config", where))
             cfg.setdefault("tie_word_embeddings", raw.get("tie_word_embeddings", False))
             prefix = "model.language_model."
@@ -169,13 +242,18 @@ class ModelConfig:
                 raise ConfigError(f"{where}: linear_num_value_heads must be a multiple of "
                                   "linear_num_key_heads")
 
+        moe = MoeConfig.from_hf_dict(cfg, model_type, num_layers, where)
+        # Qwen3.5/3.6 MoE configs have no dense MLP and so no intermediate_size
+        dense_mlp = moe is None or any(not moe.is_sparse(i) for i in range(num_layers))
+        intermediate = (_positive(_require(cfg, "intermediate_size", where),
+                                  "intermediate_size", where) if dense_mlp
+                        else int(cfg.get("intermediate_size") or 0))
         return cls(
             model_type=model_type,
             family=family,
             vocab_size=_positive(_require(cfg, "vocab_size", where), "vocab_size", where),
             hidden_size=hidden,
-            intermediate_size=_positive(
-                _require(cfg, "intermediate_size", where), "intermediate_size", where),
+            intermediate_size=intermediate,
             num_layers=num_layers,
             layer_types=layer_types,
             num_heads=num_heads,
@@ -189,6 +267,7 @@ class ModelConfig:
             weight_prefix=prefix,
             mtp_layers=int(cfg.get("mtp_num_hidden_layers") or 0),
             mtp_dedicated_embeddings=bool(cfg.get("mtp_use_dedicated_embeddings", False)),
+            moe=moe,
             extra=raw,
             **gdn,
         )
@@ -215,3 +294,76 @@ def _layer_types(cfg: dict[str, Any], family: str, n: int, where: str) -> tuple[
     if unknown:
         raise ConfigError(f"{where}: unknown layer_types {unknown}")
     return tuple(types)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: str
+    dtype: str = "auto"          # auto | fp32 | bf16 | fp16  (auto: bf16 on CUDA, fp32 on CPU)
+    kv_dtype: str = "auto"       # auto | fp32 | bf16 | fp16 | fp8  (auto: the compute dtype)
+    device: str = "auto"         # auto | cpu | cuda[:N]
+    max_context: int = 4096      # prompt + generated tokens
+    prefill_chunk: int = 256
+    max_block: int = 16          # the largest verify block (speculative) the state must hold
+    drafter_path: str | None = None   # a DFlash drafter directory; None = plain decoding
+    block_size: int | None = None     # verify block (anchor + drafts); None = the drafter's
+    window: int = 128                 # drafter context window, committed tokens
+    window_seed: bool = True          # seed the window from the prompt's tail at prefill
+    method: str = "auto"              # auto | dflash | mtp | none: the default proposer
+    mtp_steps: int = 3                # drafts per cycle of the MTP head (verify block k+1)
+    dense_backend: str = "torch"      # torch | onnxruntime | tensorrt | auto
+    segment_cache: str | None = None  # exported/built segments; None = ~/.cache/flash_planner
+    prefix_cache: bool = True         # keep the state of declared prompt prefixes
+    prefix_cache_entries: int = 2     # snapshots kept (least recently used dropped)
+    weights: str = "auto"             # auto | bf16 | fp8 | nvfp4 | int4 (quantized at load)
+
+    def __post_init__(self) -> None:
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.kv_dtype != "auto" and self.kv_dtype not in KV_DTYPES:
+            raise ConfigError(
+                f"kv_dtype must be auto or one of {sorted(KV_DTYPES)}, got {self.kv_dtype!r}")
+        if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
+            raise ConfigError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        if self.weights not in WEIGHTS:
+            raise ConfigError(f"weights must be one of {WEIGHTS}, got {self.weights!r}")
+        if self.method not in METHODS:
+            raise ConfigError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.dense_backend not in DENSE_BACKENDS:
+            raise ConfigError(f"dense_backend must be one of {DENSE_BACKENDS}, "
+                              f"got {self.dense_backend!r}")
+        if self.block_size is not None and not 2 <= self.block_size <= self.max_block:
+            raise ConfigError(f"block_size must be within 2..max_block ({self.max_block}), "
+                              f"got {self.block_size!r}")
+        if isinstance(self.mtp_steps, int) and not 1 <= self.mtp_steps < self.max_block:
+            raise ConfigError(f"mtp_steps must be within 1..max_block-1 ({self.max_block - 1}), "
+                              f"got {self.mtp_steps!r}")
+        for name in ("max_context", "prefill_chunk", "max_block", "window", "mtp_steps",
+                     "prefix_cache_entries"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown engine setting(s) {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = torch.device(self.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device 'cuda' requested but no CUDA GPU is available")
+        return device
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return DTYPES[self.dtype]
+
+    def resolve_kv_dtype(self, compute: torch.dtype) -> torch.dtype:
+        return compute if self.kv_dtype == "auto" else KV_DTYPES[self.kv_dtype]

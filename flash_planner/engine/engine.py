@@ -1,107 +1,29 @@
 """The engine: one loaded target model, its tokenizer and its preallocated inference state.
 
-`EngineConfig` says what to load and how much to preallocate; `Engine.load` does all the
-heavy work up front (weights, KV cache, GDN state, step checkpoints) and reports the bytes
-it holds. Requests that cannot fit are refused before prefill by `check_fits`.
+`EngineConfig` (config.py) says what to load and how much to preallocate; `Engine.load`
+does all the heavy work up front (weights, KV cache, GDN state, step checkpoints) and
+reports the bytes it holds. Requests that cannot fit are refused before prefill by `check_fits`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from .cache import KV_DTYPES, ContextOverflowError, InferenceState
+from .cache import ContextOverflowError, InferenceState
 from .checkpoint import Checkpoint, load_checkpoint
-from .config import ConfigError
+from .config import EngineConfig
 from .methods import METHODS
 from .prefix import PrefixCache
 from .proposer import Proposer
 from .proposers import WHY_MISSING, ProposerBytes, build_proposers
-from .trt.backends import DENSE_BACKENDS, make_dense
-from .weights.scheme import WEIGHTS
+from .trt.backends import make_dense
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    model_path: str
-    dtype: str = "auto"          # auto | fp32 | bf16 | fp16  (auto: bf16 on CUDA, fp32 on CPU)
-    kv_dtype: str = "auto"       # auto | fp32 | bf16 | fp16 | fp8  (auto: the compute dtype)
-    device: str = "auto"         # auto | cpu | cuda[:N]
-    max_context: int = 4096      # prompt + generated tokens
-    prefill_chunk: int = 256
-    max_block: int = 16          # the largest verify block (speculative) the state must hold
-    drafter_path: str | None = None   # a DFlash drafter directory; None = plain decoding
-    block_size: int | None = None     # verify block (anchor + drafts); None = the drafter's
-    window: int = 128                 # drafter context window, committed tokens
-    window_seed: bool = True          # seed the window from the prompt's tail at prefill
-    method: str = "auto"              # auto | dflash | mtp | none: the default proposer
-    mtp_steps: int = 3                # drafts per cycle of the MTP head (verify block k+1)
-    dense_backend: str = "torch"      # torch | onnxruntime | tensorrt | auto
-    segment_cache: str | None = None  # exported/built segments; None = ~/.cache/flash_planner
-    prefix_cache: bool = True         # keep the state of declared prompt prefixes
-    prefix_cache_entries: int = 2     # snapshots kept (least recently used dropped)
-    weights: str = "auto"             # auto | bf16 | fp8 | nvfp4 | int4 (quantized at load)
-
-    def __post_init__(self) -> None:
-        if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ConfigError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
-        if self.kv_dtype != "auto" and self.kv_dtype not in KV_DTYPES:
-            raise ConfigError(
-                f"kv_dtype must be auto or one of {sorted(KV_DTYPES)}, got {self.kv_dtype!r}")
-        if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
-            raise ConfigError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
-        if self.weights not in WEIGHTS:
-            raise ConfigError(f"weights must be one of {WEIGHTS}, got {self.weights!r}")
-        if self.method not in METHODS:
-            raise ConfigError(f"method must be one of {METHODS}, got {self.method!r}")
-        if self.dense_backend not in DENSE_BACKENDS:
-            raise ConfigError(f"dense_backend must be one of {DENSE_BACKENDS}, "
-                              f"got {self.dense_backend!r}")
-        if self.block_size is not None and not 2 <= self.block_size <= self.max_block:
-            raise ConfigError(f"block_size must be within 2..max_block ({self.max_block}), "
-                              f"got {self.block_size!r}")
-        if isinstance(self.mtp_steps, int) and not 1 <= self.mtp_steps < self.max_block:
-            raise ConfigError(f"mtp_steps must be within 1..max_block-1 ({self.max_block - 1}), "
-                              f"got {self.mtp_steps!r}")
-        for name in ("max_context", "prefill_chunk", "max_block", "window", "mtp_steps",
-                     "prefix_cache_entries"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"unknown engine setting(s) {unknown}; known: {sorted(known)}")
-        return cls(**values)
-
-    def resolve_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        device = torch.device(self.device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("device 'cuda' requested but no CUDA GPU is available")
-        return device
-
-    def resolve_dtype(self, device: torch.device) -> torch.dtype:
-        if self.dtype == "auto":
-            return torch.bfloat16 if device.type == "cuda" else torch.float32
-        return DTYPES[self.dtype]
-
-    def resolve_kv_dtype(self, compute: torch.dtype) -> torch.dtype:
-        return compute if self.kv_dtype == "auto" else KV_DTYPES[self.kv_dtype]
-
 
 @dataclass(frozen=True)
 class MemoryReport:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,14 +16,11 @@ from .acceptance import think_token_ids
 from .auto_proposer import AutoProposer
 from .cache import InferenceState
 from .checkpoint import Checkpoint, load_mtp_head
-from .config import ConfigError
+from .config import ConfigError, EngineConfig
 from .models.dflash import load_drafter
 from .mtp_proposer import MTPProposer
 from .proposer import DFlashProposer, Proposer
 from .weights.bytes import module_bytes
-
-if TYPE_CHECKING:
-    from .engine import EngineConfig
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from ..engine.engine import EngineConfig
+from ..engine.config import EngineConfig
 
 
 class PresetError(ValueError):

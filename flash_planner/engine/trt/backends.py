@@ -14,11 +14,11 @@ from collections.abc import Callable
 from importlib.util import find_spec
 from pathlib import Path
 
+from ..config import DENSE_BACKENDS
 from ..models.target import TargetModel, TorchDense
 from ..weights.linear import QuantLinear
 
 log = logging.getLogger(__name__)
-DENSE_BACKENDS = ("torch", "onnxruntime", "tensorrt", "auto")
 
 
 def default_cache_dir() -> Path:
