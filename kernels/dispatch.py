@@ -23,6 +23,10 @@ from .int4_gemm.reference import dequantize_int4
 from .int4_gemm.reference import int4_gemm as _int4_gemm_ref
 from .kv_append.reference import kv_append as _kv_append_ref
 from .kv_append.reference import kv_read
+from .moe_gemm.reference import moe_fp8_gemm as _moe_fp8_gemm_ref
+from .moe_gemm.reference import moe_gemm as _moe_gemm_ref
+from .moe_gemm.reference import moe_int4_gemm as _moe_int4_gemm_ref
+from .moe_gemm.reference import moe_nvfp4_gemm as _moe_nvfp4_gemm_ref
 from .nvfp4_gemm.reference import dequantize_nvfp4
 from .nvfp4_gemm.reference import nvfp4_gemm as _nvfp4_gemm_ref
 
@@ -41,12 +45,15 @@ def _triton_ops() -> tuple[dict[str, object], str]:
         from .gdn_steps.kernel import gdn_steps
         from .int4_gemm.kernel import int4_gemm
         from .kv_append.kernel import kv_append
+        from .moe_gemm.kernel import moe_fp8_gemm, moe_gemm, moe_int4_gemm, moe_nvfp4_gemm
         from .nvfp4_gemm.kernel import nvfp4_gemm
     except ImportError as exc:  # triton is optional at run time (CPU-only installs)
         return {}, f"Triton is not importable ({exc})"
     return {"accept_rows": accept_rows, "checkpoint_select": checkpoint_select,
             "fp8_gemm": fp8_gemm, "gdn_steps": gdn_steps, "int4_gemm": int4_gemm,
-            "kv_append": kv_append, "nvfp4_gemm": nvfp4_gemm}, ""
+            "kv_append": kv_append, "moe_fp8_gemm": moe_fp8_gemm, "moe_gemm": moe_gemm,
+            "moe_int4_gemm": moe_int4_gemm, "moe_nvfp4_gemm": moe_nvfp4_gemm,
+            "nvfp4_gemm": nvfp4_gemm}, ""
 
 
 TRITON_OPS, TRITON_MISSING = _triton_ops()
@@ -116,6 +123,29 @@ def int4_gemm(x, packed, scale, zero, group):
     return _pick("int4_gemm", _int4_gemm_ref, x)(x, packed, scale, zero, group)
 
 
+# Mixture-of-experts grouped GEMMs over the same formats, experts stacked E first:
+# y [M, k, N] with y[m, j] = x[m, j if S == k else 0] @ W[topk_ids[m, j]].T, x [M, S, K].
+
+def moe_gemm(x, topk_ids, weight):
+    return _pick("moe_gemm", _moe_gemm_ref, x)(x, topk_ids, weight)
+
+
+def moe_fp8_gemm(x, topk_ids, weight, scale, block_n, block_k):
+    return _pick("moe_fp8_gemm", _moe_fp8_gemm_ref, x)(x, topk_ids, weight, scale, block_n,
+                                                        block_k)
+
+
+def moe_nvfp4_gemm(x, topk_ids, packed, scale, global_scale):
+    return _pick("moe_nvfp4_gemm", _moe_nvfp4_gemm_ref, x)(x, topk_ids, packed, scale,
+                                                            global_scale)
+
+
+def moe_int4_gemm(x, topk_ids, packed, scale, zero, group):
+    return _pick("moe_int4_gemm", _moe_int4_gemm_ref, x)(x, topk_ids, packed, scale, zero,
+                                                          group)
+
+
 __all__ = ["accept_rows", "backend", "checkpoint_select", "dequantize_fp8", "dequantize_int4",
            "dequantize_nvfp4", "fp8_gemm", "gdn_steps", "int4_gemm", "kv_append", "kv_read",
-           "nvfp4_gemm", "set_backend"]
+           "moe_fp8_gemm", "moe_gemm", "moe_int4_gemm", "moe_nvfp4_gemm", "nvfp4_gemm",
+           "set_backend"]

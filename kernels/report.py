@@ -30,7 +30,7 @@ from pathlib import Path
 from .specs import Spec
 
 MODULES = ("accept", "checkpoint_select", "fp8_gemm", "gdn_steps", "int4_gemm", "kv_append",
-           "nvfp4_gemm")
+           "moe_gemm", "nvfp4_gemm")
 TARGETS = {"sm_90": 90, "sm_110": 110}
 SHARED_LIMIT = 227 * 1024  # bytes per block, sm_90; taken for sm_110 too (see the docstring)
 MAX_REGS = 255

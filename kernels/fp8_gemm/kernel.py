@@ -11,8 +11,9 @@ prefill chunks, where 16-row tiles would decode every weight tile M / 16 times.
 The dot sees the weights unscaled: e4m3 values are exact in bf16 and fp16, so the
 tensor-core products are exact and the block scale, constant over a K tile (block_k is a
 multiple of BLOCK_K), multiplies the partial sum. Offsets are int32 (the launcher checks the
-sizes): 64-bit offset tiles cost registers every program keeps. Shared by the NVFP4 and int4
-kernels: `e4m3_to_float`, `dot_xwt`, `check_operand`, `flatten_rows`, `int32_sizes`.
+sizes): 64-bit offset tiles cost registers every program keeps. Shared with the NVFP4 and
+int4 kernels: `e4m3_to_float`, `dot_xwt`, `check_operand`, `flatten_rows`, `int32_sizes`; with
+the mixture-of-experts kernels (kernels/moe_gemm) also the weight-tile decode, `fp8_tile`.
 """
 
 from __future__ import annotations
@@ -75,6 +76,17 @@ def dot_xwt(x, w):
 
 
 @triton.jit
+def fp8_tile(weight, w_off, s_rows, mn, mk, k0, block_k, BLOCK_K: tl.constexpr):
+    """The weight tile at K offset k0: e4m3 decoded to float32 [BN, BK] (unscaled) and the
+    block scale [BN] of each of its rows. w_off holds each row's offset in `weight` [BN, 1],
+    s_rows points at each row's scale row [BN]; mn and mk mask rows and columns."""
+    rk = tl.arange(0, BLOCK_K)
+    wq = tl.load(weight + k0 + w_off + rk[None, :], mask=mn[:, None] & mk[None, :], other=0)
+    s = tl.load(s_rows + k0 // block_k, mask=mn, other=0.0)          # [BN], one K block
+    return e4m3_to_float(wq), s
+
+
+@triton.jit
 def _fp8_gemm_kernel(x, weight, scale, out, M, N, K, stride_xm, block_n, block_k, scale_cols,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -89,9 +101,8 @@ def _fp8_gemm_kernel(x, weight, scale, out, M, N, K, stride_xm, block_n, block_k
         rk = tl.arange(0, BLOCK_K)
         mk = rk < K - k0
         xt = tl.load(x + k0 + x_off + rk[None, :], mask=mm[:, None] & mk[None, :], other=0.0)
-        wq = tl.load(weight + k0 + w_off + rk[None, :], mask=mn[:, None] & mk[None, :], other=0)
-        s = tl.load(s_rows + k0 // block_k, mask=mn, other=0.0)          # [BN], one K block
-        acc += dot_xwt(xt, e4m3_to_float(wq)) * s[None, :]
+        w, s = fp8_tile(weight, w_off, s_rows, mn, mk, k0, block_k, BLOCK_K)
+        acc += dot_xwt(xt, w) * s[None, :]
     dst = out + rm[:, None] * N + rn[None, :]
     tl.store(dst, acc.to(out.dtype.element_ty), mask=mm[:, None] & mn[None, :])
 

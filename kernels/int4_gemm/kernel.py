@@ -9,7 +9,8 @@ columns of x as in the NVFP4 kernel.
 
 q - zero is an integer in [-15, 15], exact in bf16 and fp16, so the tensor-core products are
 exact; the group scale, constant over a K tile (group is a multiple of BLOCK_K), multiplies
-the partial sum, as the FP8 kernel's block scale does.
+the partial sum, as the FP8 kernel's block scale does. The tile decode, `int4_tile`, is shared
+with the mixture-of-experts kernel (kernels/moe_gemm).
 """
 
 from __future__ import annotations
@@ -32,6 +33,21 @@ BLOCK_K = 32      # K elements per step: 16 bytes of each packed row; groups of 
 
 
 @triton.jit
+def int4_tile(packed, p_off, scale, zero, g_rows, mn, even, k0, group, BLOCK_K: tl.constexpr):
+    """The weight tile at K offset k0: q - zero of its even-k and odd-k columns in float32,
+    [BN, BK / 2] each, and the group scale [BN] of each row. p_off holds each row's offset in
+    `packed` [BN, 1], g_rows in `scale` and `zero` [BN]; mn masks rows, even the bytes."""
+    HALF: tl.constexpr = BLOCK_K // 2
+    rj = tl.arange(0, HALF)
+    byte = tl.load(packed + k0 // 2 + p_off + rj[None, :],
+                   mask=mn[:, None] & even[None, :], other=0)        # [BN, HALF]
+    g = k0 // group
+    s = tl.load(scale + g_rows + g, mask=mn, other=0.0)               # [BN]
+    z = tl.load(zero + g_rows + g, mask=mn, other=0).to(tl.float32)
+    return (byte & 0xF).to(tl.float32) - z[:, None], (byte >> 4).to(tl.float32) - z[:, None], s
+
+
+@triton.jit
 def _int4_gemm_kernel(x, packed, scale, zero, out, M, N, K, stride_xm, packed_cols, group,
                       groups, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr):
@@ -48,16 +64,13 @@ def _int4_gemm_kernel(x, packed, scale, zero, out, M, N, K, stride_xm, packed_co
     for k0 in range(0, K, BLOCK_K):
         even = 2 * rj < K - k0                      # k0 + 2j < K: byte j holds a value
         odd = 2 * rj + 1 < K - k0                   # its high nibble too (not past odd K)
-        byte = tl.load(packed + k0 // 2 + p_off + rj[None, :],
-                       mask=mn[:, None] & even[None, :], other=0)    # [BN, HALF]
-        g = k0 // group
-        s = tl.load(scale + g_rows + g, mask=mn, other=0.0)           # [BN]
-        z = tl.load(zero + g_rows + g, mask=mn, other=0).to(tl.float32)
+        w_even, w_odd, s = int4_tile(packed, p_off, scale, zero, g_rows, mn, even, k0, group,
+                                     BLOCK_K)
         xk = x + k0 + x_off + 2 * rj[None, :]                         # x at k0 + 2j
         x_even = tl.load(xk, mask=mm[:, None] & even[None, :], other=0.0)
         x_odd = tl.load(xk + 1, mask=mm[:, None] & odd[None, :], other=0.0)
-        part = dot_xwt(x_even, (byte & 0xF).to(tl.float32) - z[:, None])
-        part += dot_xwt(x_odd, (byte >> 4).to(tl.float32) - z[:, None])
+        part = dot_xwt(x_even, w_even)
+        part += dot_xwt(x_odd, w_odd)
         acc += part * s[None, :]
     dst = out + rm[:, None] * N + rn[None, :]
     tl.store(dst, acc.to(out.dtype.element_ty), mask=mm[:, None] & mn[None, :])

@@ -10,7 +10,8 @@ columns of x: no interleaving of nibbles in registers.
 
 E2M1 times an e4m3 scale has at most 5 significant bits and lies in [2^-10, 2688], so the
 scaled weight is exact in bf16 and fp16: the tensor-core products are exact, and the global
-scale multiplies the fp32 sum once at the end.
+scale multiplies the fp32 sum once at the end. The tile decode, `nvfp4_tile`, is shared with
+the mixture-of-experts kernel (kernels/moe_gemm).
 """
 
 from __future__ import annotations
@@ -47,10 +48,30 @@ def e2m1_to_float(nibble):
 
 
 @triton.jit
+def nvfp4_tile(packed, p_off, scale, s_off, mn, k0, K, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """The weight tile at K offset k0, decoded and group-scaled to float32: its even-k and
+    odd-k columns, [BN, BK / 2] each. p_off and s_off hold each row's offset in `packed` and
+    `scale` [BN, 1]; mn masks rows."""
+    HALF: tl.constexpr = BLOCK_K // 2
+    GROUPS: tl.constexpr = BLOCK_K // 16
+    rj = tl.arange(0, HALF)
+    rg = tl.arange(0, GROUPS)
+    mj = rj < (K - k0) // 2                                           # bytes left in a row
+    byte = tl.load(packed + k0 // 2 + p_off + rj[None, :],
+                   mask=mn[:, None] & mj[None, :], other=0)          # [BN, HALF]
+    sb = tl.load(scale + k0 // 16 + s_off + rg[None, :],
+                 mask=mn[:, None] & (rg < (K - k0) // 16)[None, :], other=0)
+    s = e4m3_to_float(sb)                                             # [BN, GROUPS]
+    # one scale per 8 bytes (16 values): [BN, GROUPS] -> [BN, GROUPS, 8] -> [BN, HALF]
+    s = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, GROUPS, 8)), (BLOCK_N, HALF))
+    return e2m1_to_float(byte & 0xF) * s, e2m1_to_float(byte >> 4) * s
+
+
+@triton.jit
 def _nvfp4_gemm_kernel(x, packed, scale, global_scale, out, M, N, K, stride_xm,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     HALF: tl.constexpr = BLOCK_K // 2
-    GROUPS: tl.constexpr = BLOCK_K // 16
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mm = rm < M
@@ -59,23 +80,15 @@ def _nvfp4_gemm_kernel(x, packed, scale, global_scale, out, M, N, K, stride_xm,
     p_off = rn[:, None] * (K // 2)
     s_off = rn[:, None] * (K // 16)
     rj = tl.arange(0, HALF)
-    rg = tl.arange(0, GROUPS)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        mj = rj < (K - k0) // 2                                       # bytes left in a row
-        byte = tl.load(packed + k0 // 2 + p_off + rj[None, :],
-                       mask=mn[:, None] & mj[None, :], other=0)      # [BN, HALF]
-        sb = tl.load(scale + k0 // 16 + s_off + rg[None, :],
-                     mask=mn[:, None] & (rg < (K - k0) // 16)[None, :], other=0)
-        s = e4m3_to_float(sb)                                         # [BN, GROUPS]
-        # one scale per 8 bytes (16 values): [BN, GROUPS] -> [BN, GROUPS, 8] -> [BN, HALF]
-        s = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, GROUPS, 8)), (BLOCK_N, HALF))
+        w_even, w_odd = nvfp4_tile(packed, p_off, scale, s_off, mn, k0, K, BLOCK_N, BLOCK_K)
         xk = x + k0 + x_off + 2 * rj[None, :]                         # x at k0 + 2j
-        xm = mm[:, None] & mj[None, :]
+        xm = mm[:, None] & (rj < (K - k0) // 2)[None, :]
         x_even = tl.load(xk, mask=xm, other=0.0)
         x_odd = tl.load(xk + 1, mask=xm, other=0.0)
-        acc += dot_xwt(x_even, e2m1_to_float(byte & 0xF) * s)
-        acc += dot_xwt(x_odd, e2m1_to_float(byte >> 4) * s)
+        acc += dot_xwt(x_even, w_even)
+        acc += dot_xwt(x_odd, w_odd)
     acc = acc * tl.load(global_scale)
     dst = out + rm[:, None] * N + rn[None, :]
     tl.store(dst, acc.to(out.dtype.element_ty), mask=mm[:, None] & mn[None, :])

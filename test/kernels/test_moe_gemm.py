@@ -1,0 +1,249 @@
+"""Mixture-of-experts grouped GEMMs (float, FP8, NVFP4 and int4 experts): the Triton kernels
+against their references, and the references against a per-(m, j) loop written here.
+
+Routing is built on purpose (`routing`): expert 0 in every row (its slot moving from row to
+row), expert E - 1 in row 0 alone, expert E - 2 in no row where k leaves room, the other
+slots drawn from the experts in between. So some experts are chosen by no row, one by exactly
+one row and one by all. Shapes are odd on purpose: N 40 / 72 against 64-wide N tiles, K 96 /
+160 against the K steps and the FP8 blocks, odd K and a partial last group for int4; M = 1
+(decode), 5, 16 (verify), 37 (a 64-row prefill tile); S = 1 (gate/up) and S = k (down).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from flash_planner.kernels import dispatch
+from flash_planner.kernels.fp8_gemm.reference import dequantize_fp8
+from flash_planner.kernels.int4_gemm.reference import dequantize_int4
+from flash_planner.kernels.moe_gemm import kernel, reference
+from flash_planner.kernels.nvfp4_gemm.reference import dequantize_nvfp4
+from flash_planner.kernels.specs import record_launches
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+NAMES = {"float": "moe_gemm", "fp8": "moe_fp8_gemm", "nvfp4": "moe_nvfp4_gemm",
+         "int4": "moe_int4_gemm"}
+FINITE_E4M3 = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+
+
+def routing(m: int, k: int, e: int, seed: int = 0) -> torch.Tensor:
+    """topk_ids [M, k] int32, distinct per row, as the module docstring says."""
+    gen = torch.Generator().manual_seed(seed)
+    pool = list(range(1, e - 2 if e - 3 >= k - 1 else e - 1))     # neither 0 nor E - 1
+    rows = []
+    for r in range(m):
+        others = [pool[i] for i in torch.randperm(len(pool), generator=gen)[:k - 1].tolist()]
+        if r == 0 and k > 1:
+            others[0] = e - 1
+        row = [0, *others]
+        rows.append(row[r % k:] + row[:r % k])
+    return torch.tensor(rows, dtype=torch.int32).reshape(m, k)
+
+
+# ---- stacked expert weights (the arguments after topk_ids)
+
+def float_args(e, n, k, dtype, gen):
+    return ((torch.randn(e, n, k, generator=gen) * 0.1).to(dtype),)
+
+
+def fp8_args(e, n, k, block_n, block_k, gen):
+    weight = FINITE_E4M3[torch.randint(0, len(FINITE_E4M3), (e, n, k), generator=gen)]
+    scale = torch.rand(e, -(-n // block_n), -(-k // block_k), generator=gen) * 0.01 + 1e-3
+    return weight, scale, block_n, block_k
+
+
+def nvfp4_args(e, n, k, gen):
+    packed = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, generator=gen)
+    scale = torch.randint(0, 0x7F, (e, n, k // 16), dtype=torch.uint8, generator=gen)  # > 0
+    return packed, scale, torch.rand(e, generator=gen) * 0.02 + 0.01
+
+
+def int4_args(e, n, k, group, gen):
+    groups = -(-k // group)
+    packed = torch.randint(0, 256, (e, n, -(-k // 2)), dtype=torch.uint8, generator=gen)
+    scale = torch.rand(e, n, groups, generator=gen) * 0.02 + 1e-3
+    zero = torch.randint(0, 16, (e, n, groups), dtype=torch.uint8, generator=gen)
+    return packed, scale, zero, group
+
+
+# name -> (format, K, make(E, activation dtype, generator) -> the weight arguments)
+CASES = {
+    "float-40x96": ("float", 96, lambda e, dt, g: float_args(e, 40, 96, dt, g)),
+    "fp8-b16x32-72x160": ("fp8", 160, lambda e, dt, g: fp8_args(e, 72, 160, 16, 32, g)),
+    "fp8-b128x64-40x96": ("fp8", 96, lambda e, dt, g: fp8_args(e, 40, 96, 128, 64, g)),
+    "nvfp4-72x160": ("nvfp4", 160, lambda e, dt, g: nvfp4_args(e, 72, 160, g)),
+    "int4-g32-40x97": ("int4", 97, lambda e, dt, g: int4_args(e, 40, 97, 32, g)),
+    "int4-g64-72x159": ("int4", 159, lambda e, dt, g: int4_args(e, 72, 159, 64, g)),
+}
+SMALL = {"float": "float-40x96", "fp8": "fp8-b128x64-40x96", "nvfp4": "nvfp4-72x160",
+         "int4": "int4-g32-40x97"}
+
+
+def _functions(fmt):
+    return getattr(kernel, NAMES[fmt]), getattr(reference, NAMES[fmt])
+
+
+def _on(device, args):
+    return [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _inputs(case, m, k, e, s, dtype, seed=0):
+    """(format, x [M, S, K], topk_ids, weight arguments) on DEVICE."""
+    fmt, kdim, make = CASES[case]
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, s, kdim, generator=gen).to(dtype)
+    return fmt, x.to(DEVICE), routing(m, k, e, seed).to(DEVICE), _on(DEVICE, make(e, dtype, gen))
+
+
+def _close(out, ref):
+    """fp32: 1e-4 relative to the largest output; bf16: one rounding of the output."""
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    rtol = 1e-4 if out.dtype == torch.float32 else 1e-2
+    scale = ref.float().abs().max().item() if ref.numel() else 0.0
+    torch.testing.assert_close(out.float(), ref.float(), rtol=rtol, atol=1e-4 * scale)
+
+
+# ---- the reference against a per-(m, j) loop
+
+def per_pair(fmt, x, topk_ids, args):
+    """y[m, j] one pair at a time, each from its expert's whole dequantized weight, in fp64."""
+    m, s, k = x.shape
+    rows = []
+    for r in range(m):
+        for j in range(topk_ids.shape[1]):
+            e = int(topk_ids[r, j])
+            if fmt == "float":
+                w = args[0][e].double()
+            elif fmt == "fp8":
+                w = dequantize_fp8(args[0][e], args[1][e], args[2], args[3])
+            elif fmt == "nvfp4":
+                w = dequantize_nvfp4(args[0][e], args[1][e], args[2][e])
+            else:
+                w = dequantize_int4(args[0][e], args[1][e], args[2][e], args[3], k)
+            rows.append(w.double() @ x[r, j if s > 1 else 0].double())
+    return torch.stack(rows).reshape(m, topk_ids.shape[1], -1)
+
+
+def test_routing_covers_unchosen_single_and_shared_experts():
+    counts = torch.bincount(routing(16, 4, 8).flatten(), minlength=8)
+    assert counts[0] == 16 and counts[7] == 1 and counts[6] == 0
+
+
+@pytest.mark.parametrize("s", ["S1", "Sk"])
+@pytest.mark.parametrize("route", [(3, 1), (3, 2), (8, 4)], ids=lambda r: f"E{r[0]}-k{r[1]}")
+@pytest.mark.parametrize("case", CASES)
+def test_reference_matches_the_per_pair_loop(case, route, s):
+    e, k = route
+    fmt, x, ids, args = _inputs(case, 5, k, e, 1 if s == "S1" else k, torch.float32)
+    x, ids, args = x.cpu(), ids.cpu(), _on("cpu", args)
+    want = per_pair(fmt, x, ids, args)
+    torch.testing.assert_close(_functions(fmt)[1](x, ids, *args).double(), want, rtol=1e-5,
+                               atol=1e-5 * want.abs().max().item())  # fp32 sums vs fp64
+
+
+# ---- kernels against references
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("m", [1, 5, 16, 37], ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("case", CASES)
+def test_kernel_matches_reference(case, m, dtype):
+    for s in (1, 4):                                     # gate/up, down
+        fmt, x, ids, args = _inputs(case, m, 4, 8, s, dtype, seed=m)
+        kernel_fn, reference_fn = _functions(fmt)
+        _close(kernel_fn(x, ids, *args), reference_fn(x, ids, *args))
+
+
+@pytest.mark.parametrize("s", ["S1", "Sk"])
+@pytest.mark.parametrize("route", [(3, 1), (3, 2), (8, 2)], ids=lambda r: f"E{r[0]}-k{r[1]}")
+@pytest.mark.parametrize("fmt", SMALL)
+def test_kernel_matches_reference_on_other_routings(fmt, route, s):
+    e, k = route
+    _, x, ids, args = _inputs(SMALL[fmt], 5, k, e, 1 if s == "S1" else k, torch.float32)
+    kernel_fn, reference_fn = _functions(fmt)
+    _close(kernel_fn(x, ids, *args), reference_fn(x, ids, *args))
+
+
+def test_int64_ids_strided_x_and_an_empty_block():
+    fmt, x, ids, args = _inputs("int4-g32-40x97", 5, 4, 8, 4, torch.bfloat16)
+    wide = torch.zeros(5, 4, 100, dtype=x.dtype, device=DEVICE)
+    wide[..., 1:98] = x
+    strided = wide[..., 1:98]                                # rows 100 apart, K unit stride
+    out = kernel.moe_int4_gemm(strided, ids.long(), *args)
+    _close(out, reference.moe_int4_gemm(x, ids, *args))
+    empty = kernel.moe_int4_gemm(x[:0], ids[:0], *args)
+    assert empty.shape == (0, 4, 40)
+
+
+# ---- launches, signatures, errors
+
+@pytest.mark.parametrize("fmt", NAMES)
+def test_launches_are_declared_specs(fmt):
+    kernel_fn = _functions(fmt)[0]
+    with record_launches() as launches:
+        for dtype in (torch.float32, torch.bfloat16):
+            for m in (1, 37):
+                _, x, ids, args = _inputs(SMALL[fmt], m, 2, 3, 1, dtype)
+                kernel_fn(x, ids, *args)
+    assert len(launches) == 4
+    assert all(sum(spec.admits(launch) for spec in kernel.SPECS) == 1 for launch in launches)
+
+
+@pytest.mark.parametrize("fmt", NAMES)
+def test_signatures_match_reference_and_dispatch(fmt):
+    kernel_fn, reference_fn = _functions(fmt)
+    assert inspect.signature(kernel_fn) == inspect.signature(reference_fn)
+    public = getattr(dispatch, NAMES[fmt])
+    assert list(inspect.signature(public).parameters) == list(
+        inspect.signature(reference_fn).parameters)
+    assert NAMES[fmt] in dispatch.TRITON_OPS and NAMES[fmt] in dispatch.__all__
+
+
+def _bad_calls():
+    gen = torch.Generator().manual_seed(0)
+    x, ids = torch.randn(3, 1, 96, generator=gen), routing(3, 2, 3)
+    (w,) = float_args(3, 40, 96, torch.float32, gen)
+    q, s, bn, bk = fp8_args(3, 40, 96, 32, 32, gen)
+    p, e, g = nvfp4_args(3, 40, 96, gen)
+    p4, f, z, group = int4_args(3, 40, 96, 32, gen)
+    f24, z24 = int4_args(3, 40, 96, 24, gen)[1:3]
+    wrong_ids = ids.clone()
+    wrong_ids[1, 1] = 3
+    # The id values (range, repeats) are checked on CPU only in the launcher (a host sync on
+    # CUDA); block_k and group multiples of the K step only there.
+    values = ("kernel", "reference") if DEVICE == "cpu" else ("reference",)
+    both, kernel_only = ("kernel", "reference"), ("kernel",)
+    return {  # name -> (format, arguments, the argument the error names, sides)
+        "x-S": ("float", (torch.randn(3, 3, 96), ids, w), "x", both),
+        "x-rank": ("float", (x[:, 0], ids, w), "x", both),
+        "x-dtype": ("float", (x.long(), ids, w), "x", both),
+        "ids-rows": ("float", (x, ids[:2], w), "topk_ids", both),
+        "ids-dtype": ("float", (x, ids.float(), w), "topk_ids", both),
+        "ids-range": ("float", (x, wrong_ids, w), "topk_ids", values),
+        "ids-negative": ("fp8", (x, -ids - 1, q, s, bn, bk), "topk_ids", values),
+        "ids-repeated": ("int4", (x, ids[:, :1].repeat(1, 2), p4, f, z, group), "topk_ids",
+                         values),
+        "float-weight-K": ("float", (x, ids, w[..., :90]), "weight", both),
+        "float-weight-dtype": ("float", (x, ids, w.half()), "weight", both),
+        "fp8-weight-rank": ("fp8", (x, ids, q[0], s, bn, bk), "weight", both),
+        "fp8-scale": ("fp8", (x, ids, q, s[:, :1], bn, bk), "scale", both),
+        "fp8-block_k": ("fp8", (x, ids, q, s[:, :, :2].contiguous(), bn, 48), "block_k",
+                        kernel_only),
+        "nvfp4-packed": ("nvfp4", (x, ids, p[..., :40], e, g), "packed", both),
+        "nvfp4-global_scale": ("nvfp4", (x, ids, p, e, g[:1]), "global_scale", both),
+        "int4-zero": ("int4", (x, ids, p4, f, z.int(), group), "zero", both),
+        "int4-group": ("int4", (x, ids, p4, f24, z24, 24), "group", kernel_only),
+    }
+
+
+BAD = _bad_calls()
+
+
+@pytest.mark.parametrize("case,side", [(c, side) for c in BAD for side in BAD[c][3]])
+def test_bad_operands_raise_naming_the_argument(case, side):
+    fmt, args, name, _ = BAD[case]
+    fn = _functions(fmt)[0 if side == "kernel" else 1]
+    with pytest.raises(ValueError, match=name):
+        fn(*_on(DEVICE, args))
