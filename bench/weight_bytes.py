@@ -1,4 +1,5 @@
-"""Weight bytes one target forward reads, per format, for Qwen3.6-27B and Qwen3-4B shapes.
+"""Weight bytes one target forward reads, per format, for Qwen3.6-27B, Qwen3-4B and
+Qwen3.6-35B-A3B shapes, and bytes per verify forward by block size (MoE against dense).
 
 Decode on Jetson AGX Thor is bound by reading the weights (273 GB/s), so bytes per forward
 set a floor on the time of one forward. The models are built on the meta device from their
@@ -8,6 +9,14 @@ beside an analytic count from the config's numbers alone. Per row: GB per forwar
 floor in ms at 273 GB/s, and floor tokens/s at 1 token per forward and at the DFlash tokens
 per cycle given (each cycle is one target forward; the drafter's own reads are not counted).
 
+A mixture of experts reads, per sparse layer, the experts its rows chose: one token reads
+top-k (8 of 256 for the 35B-A3B), a verify block of n rows the union. The second table gives
+bytes per verify forward by n: the analytic bound for independent routing, E(1 - (1 - k/E)^n)
+experts per layer, and the same model scaled by the distinct experts measured on real routing
+(a tiny random-weight Qwen3.5-MoE with 256 experts, 8 per token, written by transformers,
+over consecutive tokens of its own greedy continuation: each window of n rows is what a fully
+accepted verify block of n rows routes). A dense model reads the same bytes for every n.
+
     python bench/weight_bytes.py [--tokens-per-cycle 4.66] [--json]
 """
 
@@ -15,12 +24,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 
 import torch
 
+from flash_planner.engine.cache import InferenceState
+from flash_planner.engine.checkpoint import load_checkpoint
 from flash_planner.engine.config import ModelConfig
+from flash_planner.engine.models.moe import RoutingRecord
 from flash_planner.engine.models.target import TargetModel
 from flash_planner.engine.weights.bytes import bytes_per_forward
+from flash_planner.engine.weights.experts import plan_experts
 from flash_planner.engine.weights.load import plan_linears
 from flash_planner.engine.weights.scheme import UNQUANTIZED
 
@@ -47,7 +61,21 @@ QWEN3_4B = {
                                                           "rope_theta": 1e6},
     "eos_token_id": 151645,
 }
-MODELS = {"Qwen3.6-27B": QWEN3_6_27B, "Qwen3-4B": QWEN3_4B}
+# the Qwen3_5MoeTextConfig defaults, which are the 35B-A3B's (FACTS.md section 14)
+QWEN3_6_35B_A3B = {
+    "model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40,
+    "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+    "vocab_size": 248320, "tie_word_embeddings": False, "rms_norm_eps": 1e-6,
+    "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+    "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "num_experts": 256,
+    "num_experts_per_tok": 8, "max_position_embeddings": 262144,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1e7,
+                        "partial_rotary_factor": 0.25},
+    "eos_token_id": 248044, "mtp_num_hidden_layers": 1,
+}
+MODELS = {"Qwen3.6-27B": QWEN3_6_27B, "Qwen3-4B": QWEN3_4B, "Qwen3.6-35B-A3B": QWEN3_6_35B_A3B}
+BLOCKS = (1, 2, 4, 8, 16)
 
 
 def meta_model(raw: dict, weights: str) -> TargetModel:
@@ -57,7 +85,62 @@ def meta_model(raw: dict, weights: str) -> TargetModel:
         model = TargetModel(cfg)
     model = model.to(torch.bfloat16)
     plan_linears(model, lambda ours: ours, UNQUANTIZED, weights, ValueError)
+    plan_experts(model, lambda ours: ours, set(), UNQUANTIZED, weights, ValueError)
     return model
+
+
+def independent_touch(experts: int, top_k: int, rows: int) -> float:
+    """Expected distinct experts n rows choose when each picks k of E independently."""
+    return experts * (1 - (1 - top_k / experts) ** rows)
+
+
+def measured_touch(blocks=BLOCKS, tokens: int = 96) -> dict[int, float]:
+    """Mean distinct experts per sparse layer over windows of n consecutive rows, from the
+    routing of a tiny Qwen3.5-MoE with 256 experts, 8 per token (its own greedy text)."""
+    from flash_planner.train.tiny import write_tiny_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = load_checkpoint(write_tiny_checkpoint(tmp, "hybrid_moe", experts=(256, 8),
+                                                     init=0.25))
+    cfg, model = ckpt.config, ckpt.model
+    state = InferenceState(cfg, tokens + 16, 1, torch.float32, torch.float32,
+                           torch.device("cpu"))
+    ids = ckpt.tokenizer.encode("pick up the red cup and place it on the kitchen table",
+                                add_special_tokens=False)
+    while len(ids) < tokens:                  # greedy continuation, one token at a time
+        state.reset()
+        ids.append(int(model(torch.tensor([ids]), state).logits[0, -1].argmax()))
+    state.reset()
+    record = RoutingRecord()
+    model(torch.tensor([ids]), state, routing=record, all_logits=True)   # every row routed
+    out = {}
+    for n in blocks:
+        counts = [len(set(layer[t:t + n].flatten().tolist())) for layer in record.ids
+                  for t in range(len(ids) - n + 1)]
+        out[n] = sum(counts) / len(counts)
+    return out
+
+
+def verify_rows(fmt: str = "nvfp4") -> list[dict]:
+    """Bytes per verify forward of n rows for the 35B-A3B (bound and measured) and the 27B."""
+    moe = ModelConfig.from_hf_dict(QWEN3_6_35B_A3B).moe
+    e, k = moe.num_experts, moe.top_k
+    measured = measured_touch()
+    scale = {n: measured[n] / independent_touch(256, 8, n) for n in BLOCKS}
+    sparse, dense = meta_model(QWEN3_6_35B_A3B, fmt), meta_model(QWEN3_6_27B, fmt)
+    dense_gb = bytes_per_forward(dense) / 1e9
+    out = []
+    for n in BLOCKS:
+        bound = independent_touch(e, k, n)
+        real = bound * scale[n]
+        gb_bound = bytes_per_forward(sparse, bound) / 1e9
+        gb_real = bytes_per_forward(sparse, real) / 1e9
+        out.append({"rows": n, "format": fmt, "experts_bound": bound, "experts_measured": real,
+                    "measured_tiny": measured[n], "gb_bound": gb_bound, "gb_measured": gb_real,
+                    "ms_bound": gb_bound / THOR_GBPS * 1e3,
+                    "ms_measured": gb_real / THOR_GBPS * 1e3,
+                    "gb_27b": dense_gb, "ms_27b": dense_gb / THOR_GBPS * 1e3})
+    return out
 
 
 def _linear_bytes(n: int, k: int, fmt: str, keep: bool) -> float:
@@ -72,14 +155,32 @@ def _linear_bytes(n: int, k: int, fmt: str, keep: bool) -> float:
     return n * -(-k // 2) + 5 * n * groups
 
 
+def forward_bytes(raw: dict, fmt: str) -> int:
+    """The engine's count for one token: an MoE reads top-k experts per layer."""
+    model = meta_model(raw, fmt)
+    moe = model.cfg.moe
+    return bytes_per_forward(model, moe.top_k if moe else None)
+
+
+def _mlp_bytes(raw: dict, fmt: str) -> float:
+    """One layer's MLP for one token: dense, or shared expert + top-k experts + router and
+    shared-expert gate (both kept in bf16)."""
+    h = raw["hidden_size"]
+    if "num_experts" not in raw:
+        return 3 * _linear_bytes(raw["intermediate_size"], h, fmt, False)
+    mi, si = raw["moe_intermediate_size"], raw["shared_expert_intermediate_size"]
+    return (3 * raw["num_experts_per_tok"] * _linear_bytes(mi, h, fmt, False)
+            + 3 * _linear_bytes(si, h, fmt, False) + 2 * (raw["num_experts"] + 1) * h)
+
+
 def analytic_bytes(raw: dict, fmt: str) -> float:
     """Bytes per forward from the config's numbers alone (norm weights included)."""
-    h, inter, layers = raw["hidden_size"], raw["intermediate_size"], raw["num_hidden_layers"]
+    h, layers = raw["hidden_size"], raw["num_hidden_layers"]
     hd, heads, kv = raw["head_dim"], raw["num_attention_heads"], raw["num_key_value_heads"]
     hybrid = raw["model_type"].startswith("qwen3_5")
     total = 0.0
     for i in range(layers):
-        total += 3 * _linear_bytes(inter, h, fmt, False) + 2 * 2 * h   # MLP, two norms
+        total += _mlp_bytes(raw, fmt) + 2 * 2 * h                       # MLP, two norms
         if hybrid and (i + 1) % raw["full_attention_interval"]:
             dk, hk = raw["linear_key_head_dim"], raw["linear_num_key_heads"]
             dv, hv = raw["linear_value_head_dim"], raw["linear_num_value_heads"]
@@ -99,7 +200,7 @@ def rows(tokens_per_cycle: float) -> list[dict]:
     out = []
     for name, raw in MODELS.items():
         for fmt in FORMATS:
-            engine = bytes_per_forward(meta_model(raw, fmt))
+            engine = forward_bytes(raw, fmt)
             floor_ms = engine / (THOR_GBPS * 1e9) * 1e3
             out.append({"model": name, "format": fmt, "gb": engine / 1e9,
                         "analytic_gb": analytic_bytes(raw, fmt) / 1e9, "floor_ms": floor_ms,
@@ -116,8 +217,9 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     table = rows(args.tokens_per_cycle)
+    verify = verify_rows()
     if args.json:
-        print(json.dumps(table))
+        print(json.dumps({"forward": table, "verify": verify}))
         return
     print(f"weights read per target forward; Thor floor at {THOR_GBPS:.0f} GB/s; DFlash at "
           f"{args.tokens_per_cycle} tokens/cycle")
@@ -126,6 +228,14 @@ def main() -> None:
     for r in table:
         print(f"{r['model']:<12} {r['format']:<6} {r['gb']:7.2f} {r['analytic_gb']:9.2f} "
               f"{r['floor_ms']:9.1f} {r['tok_s_al1']:10.1f} {r['tok_s_dflash']:13.1f}")
+    print("\nbytes per verify forward of n rows, nvfp4; experts per layer of the 35B-A3B's 256 "
+          "(bound: independent routing; measured: scaled by a 256-expert test model's routing)")
+    print(f"{'rows':>4} {'experts bound':>13} {'measured':>9} {'35B-A3B GB':>11} {'measured':>9} "
+          f"{'floor ms':>9} {'27B GB':>7} {'floor ms':>9}")
+    for r in verify:
+        print(f"{r['rows']:>4} {r['experts_bound']:13.1f} {r['experts_measured']:9.1f} "
+              f"{r['gb_bound']:11.2f} {r['gb_measured']:9.2f} {r['ms_measured']:9.1f} "
+              f"{r['gb_27b']:7.2f} {r['ms_27b']:9.1f}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,14 @@ or is preempted), so the cost estimate takes a lower sample at once and moves to
 higher one by the moving average, a stall counting at most 3x: one stall cannot shut a
 candidate out. The estimates persist across requests (one router per engine).
 
+On a mixture-of-experts target a verify block of n rows reads the union of the experts its
+rows chose, so a longer block costs more, by how much depending on how correlated the routing
+is. There a candidate is a proposer *and a draft length* (`lengths`, e.g. 1, 2, 4, 8, 15): each
+length's cycle cost is measured when it runs, and its tokens per cycle also from every longer
+cycle of the same proposer (strict acceptance of k drafts publishes min(n, k) + 1 of a cycle
+that accepted n of more: the first k drafts are the same whether more follow), so the router
+picks the length that publishes most per millisecond under the routing it measures.
+
 Every proposer sees every `begin` and `commit`, whichever drafted, so each one's state (the
 drafter's window, the MTP head's cache) is exact when it is next chosen. Verification does
 not depend on who drafted, so greedy output with strict acceptance is still exactly the
@@ -36,12 +44,13 @@ from .proposer import Proposer
 @dataclass
 class Estimate:
     tokens: float        # published tokens per cycle (moving average)
-    ms: float            # wall ms per cycle (moving average)
+    ms: float | None     # wall ms per cycle (moving average); None: never ran (tokens were
+                         # inferred from a longer draft of the same proposer)
     last_cycle: int      # router cycle count when this candidate last ran in the phase
 
     @property
     def rate(self) -> float:
-        return self.tokens / max(self.ms, 1e-6)
+        return self.tokens / max(self.ms or 0.0, 1e-6)
 
 
 class PlainDecoding(Proposer):
@@ -59,10 +68,20 @@ class AutoProposer(Proposer):
 
     def __init__(self, proposers: dict[str, Proposer], think_ids: tuple[int, int] | None,
                  probe_every: int = 12, smoothing: float = 0.3,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter,
+                 lengths: dict[str, Sequence[int]] | None = None):
+        """lengths: the draft lengths to choose among per proposer (default: its longest)."""
         if not proposers:
             raise ValueError("auto needs a proposer to choose against plain decoding")
         self.proposers = {**proposers, PlainDecoding.name: PlainDecoding()}
+        # candidate -> (proposer, drafts per cycle); a proposer with one length is named
+        # alone ("dflash"), one with several once per length ("dflash:4")
+        self.candidates: dict[str, tuple[str, int]] = {}
+        for name, p in self.proposers.items():
+            ks = sorted({min(max(k, 0), p.block_size - 1)
+                         for k in (lengths or {}).get(name, (p.block_size - 1,))})
+            self.candidates.update({(f"{name}:{k}" if len(ks) > 1 else name): (name, k)
+                                    for k in ks})
         self.tap_ids = tuple(sorted({t for p in proposers.values() for t in p.tap_ids}))
         self.block_size = max(p.block_size for p in proposers.values())
         self.seed_rows = max(p.seed_rows for p in proposers.values())
@@ -74,10 +93,10 @@ class AutoProposer(Proposer):
         self.probe_every = probe_every
         self.smoothing = smoothing
         self.clock = clock                 # seconds; tests pass a virtual one
-        self.estimates: dict[tuple[str, str], Estimate] = {}
+        self.estimates: dict[tuple[str, str], Estimate] = {}     # (phase, candidate)
         self.cycles = 0
         self._method = ""                # the proposer that drafted the current cycle
-        self._drafting: tuple[str, str, float] | None = None   # (phase, name, start time)
+        self._drafting: tuple[str, str, float] | None = None  # (phase, candidate, start)
 
     @property
     def last_method(self) -> str:
@@ -106,15 +125,15 @@ class AutoProposer(Proposer):
         return split.index_select(2, index).flatten(2)
 
     def choose(self, phase: str) -> str:
-        known = {name: self.estimates.get((phase, name)) for name in self.proposers}
-        for name, est in known.items():
-            if est is None:
-                return name                                   # never measured here
-        best = max(known, key=lambda name: known[name].rate)
+        known = {c: self.estimates.get((phase, c)) for c in self.candidates}
+        for cand, est in known.items():
+            if est is None or est.ms is None:
+                return cand                                   # never measured here
+        best = max(known, key=lambda c: known[c].rate)
         top = known[best].rate
-        stale = [name for name, est in known.items() if name != best
-                 and self.cycles - est.last_cycle >= min(8 * self.probe_every,
-                                                         self.probe_every * (top / est.rate) ** 2)]
+        stale = [c for c, est in known.items() if c != best
+                 and self.cycles - est.last_cycle >= min(
+                     8 * self.probe_every, self.probe_every * (top / max(est.rate, 1e-9)) ** 2)]
         return stale[0] if stale else best
 
     def begin(self, prompt_ids: Sequence[int], taps: torch.Tensor | None) -> None:
@@ -130,18 +149,18 @@ class AutoProposer(Proposer):
 
     def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
         phase = self._phase()
-        self._method = name = self.choose(phase)
-        self._drafting = (phase, name, self.clock())
-        proposer = self.proposers[name]
-        return proposer.propose(anchor, start, min(num, proposer.block_size - 1))
+        cand = self.choose(phase)
+        self._method, drafts = self.candidates[cand]
+        self._drafting = (phase, cand, self.clock())
+        return self.proposers[self._method].propose(anchor, start, min(num, drafts))
 
     def commit(self, tokens: Sequence[int], taps: torch.Tensor | None, start: int) -> None:
         if self._drafting is not None:
-            phase, name, t0 = self._drafting
+            phase, cand, t0 = self._drafting
             ms = (self.clock() - t0) * 1000.0
             # the catch-up is another candidate's debt; never let it make a cycle free
-            ms = max(ms - self.proposers[name].catchup_ms, 0.05 * ms)
-            self._record(phase, name, len(tokens), ms)
+            ms = max(ms - self.proposers[self.candidates[cand][0]].catchup_ms, 0.05 * ms)
+            self._record(phase, cand, len(tokens), ms)
             self._drafting = None
         for name, p in self.proposers.items():
             p.commit(tokens, self._taps_for(name, taps), start)
@@ -150,13 +169,22 @@ class AutoProposer(Proposer):
         if self.phase is not None:
             self.phase.observe(tokens)
 
-    def _record(self, phase: str, name: str, tokens: int, ms: float) -> None:
+    def _record(self, phase: str, cand: str, tokens: int, ms: float) -> None:
         self.cycles += 1
-        est = self.estimates.get((phase, name))
+        name, drafts = self.candidates[cand]
+        for other, (owner, k) in self.candidates.items():   # what a shorter draft would
+            if owner == name and k < drafts:                 # have published
+                self._update(phase, other, min(tokens, k + 1), None)
+        self._update(phase, cand, tokens, ms)
+
+    def _update(self, phase: str, cand: str, tokens: int, ms: float | None) -> None:
+        est = self.estimates.get((phase, cand))
         if est is None:
-            self.estimates[(phase, name)] = Estimate(float(tokens), ms, self.cycles)
+            self.estimates[(phase, cand)] = Estimate(float(tokens), ms, self.cycles)
             return
         a = self.smoothing
         est.tokens += a * (tokens - est.tokens)
-        est.ms = min(ms, est.ms + a * (min(ms, 3 * est.ms) - est.ms))
+        if ms is None:
+            return
+        est.ms = ms if est.ms is None else min(ms, est.ms + a * (min(ms, 3 * est.ms) - est.ms))
         est.last_cycle = self.cycles

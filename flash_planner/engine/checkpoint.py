@@ -53,7 +53,9 @@ class Checkpoint:
 
     @property
     def bytes_per_forward(self) -> int:
-        return bytes_per_forward(self.model)
+        """Weights one single-token forward reads (an MoE reads top-k experts per layer)."""
+        moe = self.config.moe
+        return bytes_per_forward(self.model, moe.top_k if moe else None)
 
 
 def read_config(path: Path) -> ModelConfig:

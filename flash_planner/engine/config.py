@@ -27,8 +27,11 @@ LINEAR_ATTENTION = "linear_attention"
 # The *_moe types have a sparse mixture-of-experts MLP (models/moe.py) in place of the dense one.
 SUPPORTED_MODEL_TYPES = {
     "qwen3": "dense",
+    "qwen3_moe": "dense",
     "qwen3_5": "hybrid",
     "qwen3_5_text": "hybrid",
+    "qwen3_5_moe": "hybrid",
+    "qwen3_5_moe_text": "hybrid",
 }
 # Multimodal wrappers whose text part sits under text_config
 WRAPPERS = ("qwen3_5", "qwen3_5_moe")

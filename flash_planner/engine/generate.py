@@ -301,7 +301,7 @@ def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,
             proposer: Proposer | None, policy, t0: float, deadline: float | None,
             constraint: Constraint | None, prefix: Sequence[int] | None) -> GenerationResult:
     """Prefill and the decode loop of `generate` (arguments checked and resolved there)."""
-    stats = GenerationStats(prompt_tokens=len(ids))
+    stats = GenerationStats(prompt_tokens=len(ids), moe_layers=len(engine.model.moe_blocks))
     timer = PhaseTimer(sync=settings.profile_phases)
     engine.state.reset()
     logits, taps = prefill_prompt(engine, ids, prefix, proposer, stats)
@@ -355,7 +355,7 @@ def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,
         room = min(engine.config.max_block - 1, remaining - 1)   # drafts + forced tokens
         cycle = run_cycle(engine.model, engine.state, published[-1], proposer, policy,
                           drafts, timer, constraint, room)
-        stats.record_cycle(cycle.drafted, cycle.accepted, cycle.method)
+        stats.record_cycle(cycle.drafted, cycle.accepted, cycle.method, cycle.experts)
         new = cycle.tokens
     stats.new_tokens = len(published)
     stats.decode_ms = now_ms() - t_first

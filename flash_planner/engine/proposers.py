@@ -38,6 +38,11 @@ class ProposerBytes:
     kv: int           # the MTP head's KV cache
 
 
+def moe_draft_lengths(longest: int) -> tuple[int, ...]:
+    """The draft lengths auto measures on an MoE target: powers of two up to the longest."""
+    return tuple(sorted({k for k in (1, 2, 4, 8) if k < longest} | {longest}))
+
+
 def build_proposers(config: EngineConfig, checkpoint: Checkpoint, state: InferenceState,
                     dtype: torch.dtype, device: torch.device
                     ) -> tuple[dict[str, Proposer], ProposerBytes]:
@@ -69,7 +74,12 @@ def build_proposers(config: EngineConfig, checkpoint: Checkpoint, state: Inferen
         weights += module_bytes(head)
         kv += head_state.nbytes.kv
     if config.method == "auto" and proposers:
-        proposers["auto"] = AutoProposer(dict(proposers), think_token_ids(checkpoint.tokenizer))
+        # On an MoE target a longer verify block reads more experts: auto also chooses the
+        # draft length there; on a dense one each proposer drafts its longest
+        lengths = ({name: moe_draft_lengths(p.block_size - 1) for name, p in proposers.items()}
+                   if checkpoint.config.is_moe else None)
+        proposers["auto"] = AutoProposer(dict(proposers), think_token_ids(checkpoint.tokenizer),
+                                         lengths=lengths)
     if config.method == "auto" and not proposers:
         log.info("method auto: no drafter directory and no MTP head in %s; plain decoding",
                  checkpoint.path)

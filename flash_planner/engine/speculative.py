@@ -26,6 +26,7 @@ import torch
 
 from .cache import InferenceState
 from .constraint import Constraint, masked
+from .models.moe import RoutingRecord
 from .models.target import TargetModel
 from .proposer import Proposer
 from .telemetry import PhaseTimer
@@ -49,6 +50,8 @@ class Cycle:
     drafted: int                  # k
     taps: torch.Tensor | None     # [1, k+1, n_taps*hidden] verify taps, row 0 = anchor
     method: str = "none"          # the proposer that drafted (none: it drafted nothing)
+    experts: int = 0              # MoE targets: distinct experts the verify touched, summed
+                                  # over the sparse layers (0 for a dense target)
 
 
 def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
@@ -71,9 +74,10 @@ def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
             drafts = torch.tensor(block, dtype=torch.long, device=device)
     k = int(drafts.shape[0])
     tap_ids = proposer.tap_ids if proposer is not None else ()
+    routing = RoutingRecord() if model.moe_blocks else None
     with timer.phase("verify"):
         out = model(torch.cat((anchor_t, drafts))[None], state, record_steps=k > 0,
-                    taps=tap_ids, all_logits=True)
+                    taps=tap_ids, all_logits=True, routing=routing)
     bitmask = None
     if constraint is not None:
         with timer.phase("grammar"):   # host work while an asynchronous forward runs
@@ -85,15 +89,18 @@ def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
         logits = masked(raw, bitmask)
         n = policy.accept(drafts, logits) if k else torch.zeros((), dtype=torch.long,
                                                                  device=device)
-        # The one host sync of the cycle: the count, all candidate tokens and whether each
-        # row's logits are finite, in one copy.
-        host = torch.cat((n.view(1), drafts, logits.argmax(dim=-1), finite)).tolist()
-    n, d, a, ok = host[0], host[1:1 + k], host[1 + k:2 + 2 * k], host[2 + 2 * k:]
+        # The one host sync of the cycle: the count, all candidate tokens, whether each
+        # row's logits are finite and (MoE) the experts the block touched, in one copy.
+        experts = (routing.distinct_per_layer(model.moe_blocks[0].num_experts).sum().view(1)
+                   if routing is not None else n.new_zeros(1))
+        host = torch.cat((n.view(1), drafts, logits.argmax(dim=-1), finite,
+                          experts.to(n.device, torch.long))).tolist()
+    n, d, a, ok = host[0], host[1:1 + k], host[1 + k:2 + 2 * k], host[2 + 2 * k:-1]
     if not all(ok[:n + 1]):  # a row that decides a published token
         raise NonFiniteLogits(start + ok.index(0))
     taps = torch.cat(out.taps, dim=-1) if tap_ids else None
     method = proposer.last_method if proposed else "none"
-    return Cycle(start, anchor, d[:n] + [a[n]], n, k, taps, method)
+    return Cycle(start, anchor, d[:n] + [a[n]], n, k, taps, method, host[-1])
 
 
 def commit_cycle(state: InferenceState, cycle: Cycle, keep: int, proposer: Proposer | None,

@@ -51,6 +51,11 @@ class GenerationStats:
     # per drafting method (dflash, mtp; none = a cycle without drafts): cycles, accepted
     method_cycles: dict[str, int] = field(default_factory=dict)
     method_accepted: dict[str, int] = field(default_factory=dict)
+    # MoE targets: per verify block size (rows), cycles and the distinct experts they touched
+    # summed over sparse layers and cycles; experts_per_verify is the mean per layer
+    moe_layers: int = 0
+    verify_cycles: dict[int, int] = field(default_factory=dict)
+    verify_experts: dict[int, int] = field(default_factory=dict)
     phase_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     # grammar-constrained requests: jump-forward tokens published, proposer drafts the
     # grammar cut from blocks, whether the thinking budget closed thinking (None:
@@ -82,8 +87,20 @@ class GenerationStats:
         """Published tokens per cycle, the bonus token included."""
         return (self.new_tokens - 1) / self.cycles if self.cycles else 0.0
 
-    def record_cycle(self, drafted: int, accepted: int, method: str = "none") -> None:
+    @property
+    def experts_per_verify(self) -> dict[int, float]:
+        """Verify rows -> distinct experts one sparse layer read, on average."""
+        layers = self.moe_layers or 1
+        return {rows: round(self.verify_experts[rows] / (n * layers), 2)
+                for rows, n in sorted(self.verify_cycles.items())}
+
+    def record_cycle(self, drafted: int, accepted: int, method: str = "none",
+                     experts: int = 0) -> None:
         self.cycles += 1
+        if self.moe_layers:
+            rows = drafted + 1
+            self.verify_cycles[rows] = self.verify_cycles.get(rows, 0) + 1
+            self.verify_experts[rows] = self.verify_experts.get(rows, 0) + experts
         self.method_cycles[method] = self.method_cycles.get(method, 0) + 1
         self.method_accepted[method] = self.method_accepted.get(method, 0) + accepted
         self.drafted += drafted
@@ -109,6 +126,7 @@ class GenerationStats:
             "accept_hist": list(self.accept_hist),
             "method_cycles": dict(self.method_cycles),
             "method_accepted": dict(self.method_accepted),
+            **({"experts_per_verify": self.experts_per_verify} if self.moe_layers else {}),
             "constrained": self.forced_tokens is not None,
             **({} if self.forced_tokens is None else {
                 "forced_tokens": self.forced_tokens,

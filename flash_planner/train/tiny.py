@@ -4,8 +4,11 @@ The weights are written by transformers' own `save_pretrained` and the tokenizer
 planner's byte-level BPE (`train/tokenizer.py`) trained on a small corpus, so loading goes
 through exactly the path a downloaded checkpoint takes. Kinds: `hybrid` (Qwen3_5ForCausalLM,
 text-only), `hybrid_vl` (Qwen3_5ForConditionalGeneration, text under model.language_model),
-`dense` (Qwen3ForCausalLM). `mtp=True` adds a random MTP head (`mtp.*`, the layout of
-Qwen3.5/3.6 releases) to a hybrid kind.
+`dense` (Qwen3ForCausalLM), and the mixture-of-experts ones: `hybrid_moe`
+(Qwen3_5MoeForCausalLM, the Qwen3.6-35B-A3B family), `hybrid_moe_vl`
+(Qwen3_5MoeForConditionalGeneration) and `dense_moe` (Qwen3MoeForCausalLM, Qwen3-30B-A3B
+style, with layer 1 a dense MLP). `mtp=True` adds a random MTP head (`mtp.*`, the layout of
+Qwen3.5/3.6 releases; its MLP is a mixture of experts in the MoE kinds) to a hybrid kind.
 Sizes: `tiny` (~0.1M parameters) and `bench` (~60M parameters, a decode benchmark config).
 """
 
@@ -17,7 +20,9 @@ import torch
 
 from .tokenizer import train_tokenizer
 
-KINDS = ("hybrid", "hybrid_vl", "dense")
+KINDS = ("hybrid", "hybrid_vl", "dense", "hybrid_moe", "hybrid_moe_vl", "dense_moe")
+# The MoE kinds' expert shapes: 8 experts, 2 per token; the 35B-A3B has 256, 8 per token
+MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
 CORPUS = [
     "pick up the red cup and place it on the kitchen table",
     "navigate to the charging dock and wait for five seconds",
@@ -39,8 +44,16 @@ SIZES = {
 }
 
 
-def _hf_config(kind: str, size: str, vocab: int, eos: int, rotary: float, init: float | None):
-    from transformers import Qwen3_5Config, Qwen3_5TextConfig, Qwen3Config
+def _hf_config(kind: str, size: str, vocab: int, eos: int, rotary: float, init: float | None,
+               moe: dict):
+    from transformers import (
+        Qwen3_5Config,
+        Qwen3_5MoeConfig,
+        Qwen3_5MoeTextConfig,
+        Qwen3_5TextConfig,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
 
     dims = dict(SIZES[size])
     dims.pop("vocab")
@@ -48,11 +61,14 @@ def _hf_config(kind: str, size: str, vocab: int, eos: int, rotary: float, init: 
     common = dict(vocab_size=vocab, rms_norm_eps=1e-6, eos_token_id=eos, pad_token_id=0,
                   max_position_embeddings=4096, initializer_range=init or default_init,
                   tie_word_embeddings=False)
-    if kind == "dense":
+    if kind in ("dense", "dense_moe"):
         for key in [k for k in dims if k.startswith("linear_")]:
             dims.pop(key)
-        return Qwen3Config(**common, **dims, rope_parameters={"rope_type": "default",
-                                                               "rope_theta": 10000.0})
+        rope = {"rope_type": "default", "rope_theta": 10000.0}
+        if kind == "dense_moe":
+            return Qwen3MoeConfig(**common, **dims, **moe, rope_parameters=rope,
+                                  norm_topk_prob=True, mlp_only_layers=[1])
+        return Qwen3Config(**common, **dims, rope_parameters=rope)
     rotary_pairs = int(dims["head_dim"] * rotary) // 2
     third = rotary_pairs // 3
     text = dict(**common, **dims, linear_conv_kernel_dim=4,
@@ -61,12 +77,22 @@ def _hf_config(kind: str, size: str, vocab: int, eos: int, rotary: float, init: 
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "partial_rotary_factor": rotary,
                                  "mrope_section": [rotary_pairs - 2 * third, third, third]})
-    if kind == "hybrid":
-        return Qwen3_5TextConfig(**text)
+    if kind.startswith("hybrid_moe"):
+        text.pop("intermediate_size")
+        text.update(moe, shared_expert_intermediate_size=64)
+    if kind in ("hybrid", "hybrid_moe"):
+        return (Qwen3_5TextConfig if kind == "hybrid" else Qwen3_5MoeTextConfig)(**text)
     vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64,
                   out_hidden_size=dims["hidden_size"], patch_size=4, temporal_patch_size=2,
                   spatial_merge_size=2, num_position_embeddings=16)
-    return Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    wrapper = Qwen3_5Config if kind == "hybrid_vl" else Qwen3_5MoeConfig
+    return wrapper(text_config=text, vision_config=vision, tie_word_embeddings=False)
+
+
+HF_CLASSES = {"hybrid": "Qwen3_5ForCausalLM", "hybrid_vl": "Qwen3_5ForConditionalGeneration",
+              "dense": "Qwen3ForCausalLM", "hybrid_moe": "Qwen3_5MoeForCausalLM",
+              "hybrid_moe_vl": "Qwen3_5MoeForConditionalGeneration",
+              "dense_moe": "Qwen3MoeForCausalLM"}
 
 
 def _perturb(model: torch.nn.Module, seed: int) -> None:
@@ -81,13 +107,14 @@ def _perturb(model: torch.nn.Module, seed: int) -> None:
 def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "tiny",
                           seed: int = 0, max_shard_size: str | None = None,
                           rotary: float = 0.5, init: float | None = None,
-                          mtp: bool = False) -> Path:
+                          mtp: bool = False, experts: tuple[int, int] | None = None) -> Path:
     """Write a random-weight checkpoint + tokenizer to `path` and return it.
 
     init: the weights' initializer_range (default per size). Larger values give logits a
     wider spread, closer to a trained LM's (0.25 gives logit std ~2 on `tiny`).
+    experts: (num_experts, num_experts_per_tok) of the MoE kinds (default: MOE's).
     """
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3ForCausalLM
+    import transformers
 
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -99,15 +126,16 @@ def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "t
     vocab = max(SIZES[size]["vocab"], ids["vocab_size"])
     eos = ids["eos_id"]
     torch.manual_seed(seed)
-    cfg = _hf_config(kind, size, vocab, eos, rotary, init)
-    cls = {"hybrid": Qwen3_5ForCausalLM, "hybrid_vl": Qwen3_5ForConditionalGeneration,
-           "dense": Qwen3ForCausalLM}[kind]
+    moe = dict(MOE, **(dict(zip(("num_experts", "num_experts_per_tok"), experts))
+                       if experts else {}))
+    cfg = _hf_config(kind, size, vocab, eos, rotary, init, moe)
+    cls = getattr(transformers, HF_CLASSES[kind])
     model = cls(cfg).eval()
     _perturb(model, seed)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(str(path), **kwargs)
     if mtp:
-        if kind == "dense":
+        if kind.startswith("dense"):
             raise ValueError("dense Qwen3 checkpoints have no MTP head")
         add_tiny_mtp_head(path, seed)
     return path
@@ -125,18 +153,21 @@ def add_tiny_mtp_head(path: Path, seed: int = 0, scale: float = 1.0) -> None:
     from safetensors.torch import load_file, save_file
     from transformers import AutoConfig
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeDecoderLayer
 
     raw = json.loads((path / "config.json").read_text())
     text = raw.get("text_config") or raw
     cfg = AutoConfig.from_pretrained(str(path))
     cfg = getattr(cfg, "text_config", cfg)
     torch.manual_seed(seed + 7)
-    layer = Qwen3_5DecoderLayer(cfg, cfg.layer_types.index("full_attention"))
+    moe = getattr(cfg, "num_experts", 0)
+    layer = (Qwen3_5MoeDecoderLayer if moe else Qwen3_5DecoderLayer)(
+        cfg, cfg.layer_types.index("full_attention"))
     _perturb(layer, seed + 7)
     h = cfg.hidden_size
     gen = torch.Generator().manual_seed(seed + 8)
-    tensors = {f"mtp.layers.0.{k}": v * (scale if v.dim() == 2 else 1.0)
-               for k, v in layer.state_dict().items()}
+    tensors = {f"mtp.layers.0.{k}": v * (scale if v.dim() >= 2 else 1.0)
+               for k, v in per_expert(layer.state_dict()).items()}
     tensors["mtp.fc.weight"] = torch.randn(h, 2 * h, generator=gen) * 0.1 * scale
     for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         tensors[f"mtp.{norm}.weight"] = 0.2 * torch.randn(h, generator=gen)  # zero-centred
@@ -156,11 +187,30 @@ def add_tiny_mtp_head(path: Path, seed: int = 0, scale: float = 1.0) -> None:
     (path / "config.json").write_text(json.dumps(raw, indent=2))
 
 
+def per_expert(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' fused in-memory experts (`experts.gate_up_proj` [E, 2I, H],
+    `experts.down_proj` [E, H, I]) as the per-expert tensors checkpoints store."""
+    out = {}
+    for name, t in tensors.items():
+        parent, _, leaf = name.rpartition(".")
+        if not parent.endswith("experts") or leaf not in ("gate_up_proj", "down_proj"):
+            out[name] = t
+            continue
+        for e in range(t.shape[0]):
+            if leaf == "down_proj":
+                out[f"{parent}.{e}.down_proj.weight"] = t[e]
+            else:
+                gate, up = t[e].chunk(2, dim=0)
+                out[f"{parent}.{e}.gate_proj.weight"] = gate
+                out[f"{parent}.{e}.up_proj.weight"] = up
+    return out
+
+
 def write_tiny_drafter(path: str | Path, target: str | Path, num_layers: int = 2,
                        block_size: int = 8, layer_types: list[str] | None = None,
                        sliding_window: int | None = 6, tap_ids: list[int] | None = None,
-                       omit_tap_ids: bool = False, seed: int = 0, extra: dict | None = None
-                       ) -> Path:
+                       omit_tap_ids: bool = False, seed: int = 0, extra: dict | None = None,
+                       intermediate: int | None = None) -> Path:
     """Write a random DFlash drafter for the checkpoint at `target`, in the upstream format.
 
     config.json is a transformers Qwen3Config plus `architectures: ["DFlashDraftModel"]`,
@@ -168,6 +218,7 @@ def write_tiny_drafter(path: str | Path, target: str | Path, num_layers: int = 2
     the weights are a transformers Qwen3 decoder stack's `layers.*` and `norm` plus `fc` and
     `hidden_norm` (no embeddings, no lm_head: those are the target's). omit_tap_ids leaves
     target_layer_ids out of the config, so loaders must apply the upstream fallback rule.
+    intermediate: the drafter's MLP width (default twice the target's hidden size).
     """
     import json
 
@@ -183,7 +234,8 @@ def write_tiny_drafter(path: str | Path, target: str | Path, num_layers: int = 2
     hidden, vocab, n_target = text["hidden_size"], text["vocab_size"], text["num_hidden_layers"]
     types = layer_types or ["sliding_attention"] * (num_layers - 1) + ["full_attention"]
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden,
+                      intermediate_size=intermediate or 2 * hidden,
                       num_hidden_layers=num_layers, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
                       initializer_range=0.1, max_position_embeddings=4096,

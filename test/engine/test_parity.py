@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen3_5ForConditionalGeneration
+from transformers import (
+    AutoModelForCausalLM,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeForConditionalGeneration,
+)
 
 from flash_planner.engine.cache import InferenceState
 from flash_planner.engine.checkpoint import load_checkpoint
 from flash_planner.engine.generate import GenerationSettings, generate
 
 CUDA = torch.cuda.is_available()
-KINDS = ["hybrid", "hybrid_vl", "dense"]
+KINDS = ["hybrid", "hybrid_vl", "dense", "hybrid_moe", "hybrid_moe_vl", "dense_moe"]
+WRAPPED = {"hybrid_vl": Qwen3_5ForConditionalGeneration,
+           "hybrid_moe_vl": Qwen3_5MoeForConditionalGeneration}
 TOL = {torch.float32: 1e-4, torch.bfloat16: 0.15}
 
 
 def _reference(path, kind, device, dtype):
-    cls = Qwen3_5ForConditionalGeneration if kind == "hybrid_vl" else AutoModelForCausalLM
+    cls = WRAPPED.get(kind, AutoModelForCausalLM)
     return cls.from_pretrained(str(path), dtype=dtype).to(device).eval()
 
 
@@ -52,7 +58,7 @@ def test_prefill_logits_and_taps_match_transformers(checkpoints, kind, dtype, de
         assert diff <= tol * 10, f"tap {layer}: {diff}"
 
 
-@pytest.mark.parametrize("kind", ["hybrid", "dense"])
+@pytest.mark.parametrize("kind", ["hybrid", "dense", "hybrid_moe"])
 def test_chunked_prefill_and_stepwise_decode_match_full_forward(checkpoints, kind):
     ckpt = load_checkpoint(checkpoints(kind))
     ids = torch.randint(0, ckpt.config.vocab_size, (1, 30),

@@ -68,13 +68,25 @@ def _assert_same_as_reference(engine, ref_dir, kind, new_tokens=24):
     assert (ours - ref_logits).abs().max().item() <= 1e-3
 
 
-@pytest.mark.parametrize("kind", ["hybrid", "dense"])
-@pytest.mark.parametrize("fmt", FORMATS)
+# compressed-tensors quantizes nn.Linear modules; transformers holds experts fused as 3-D
+# parameters, so compressed-tensors run on a transformers MoE leaves them unquantized: the MoE
+# kind takes the formats written here from the format descriptions
+MOE_FORMATS = ("qwen-fp8", "modelopt-nvfp4", "modelopt-mixed", "awq", "gptq")
+CASES = [(fmt, kind) for kind in ("hybrid", "dense") for fmt in FORMATS] + [
+    (fmt, "hybrid_moe") for fmt in MOE_FORMATS]
+
+
+@pytest.mark.parametrize("fmt,kind", CASES)
 def test_format_decodes_like_its_dequantized_twin(quantized, make_engine, fmt, kind):
     quant_dir, ref_dir = quantized(fmt, kind)
     engine = make_engine(quant_dir, method="none")
     assert _families(engine.model) == FAMILY[fmt]
     assert engine.checkpoint.quantized, "nothing was loaded quantized"
+    if kind == "hybrid_moe":   # the experts are quantized stacks; router and gate are not
+        mlp = engine.model.layers[0].mlp
+        assert isinstance(mlp.experts.down_proj, QuantLinear)
+        assert mlp.experts.down_proj.expert_count == 8
+        assert mlp.gate.weight.dtype == torch.float32
     _assert_same_as_reference(engine, ref_dir, kind)
 
 
@@ -119,9 +131,10 @@ def test_an_ignore_list_that_misses_a_full_precision_module_is_a_clear_error(
         load_checkpoint(broken)
 
 
+@pytest.mark.parametrize("kind", ["hybrid", "hybrid_moe"])
 @pytest.mark.parametrize("fmt", ["qwen-fp8", "modelopt-nvfp4"])
-def test_mtp_head_loads_quantized_and_stays_lossless(quantized, make_engine, fmt):
-    quant_dir, _ = quantized(fmt, "hybrid", mtp=True)
+def test_mtp_head_loads_quantized_and_stays_lossless(quantized, make_engine, fmt, kind):
+    quant_dir, _ = quantized(fmt, kind, mtp=True)
     engine = make_engine(quant_dir, method="mtp", mtp_steps=3)
     head = engine.proposers["mtp"].head
     assert _families(head) == FAMILY[fmt]

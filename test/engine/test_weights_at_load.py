@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from quantized_checkpoints import write_quantized
 from safetensors.torch import load_file, save_file
-from weight_bytes import FORMATS, MODELS, analytic_bytes, meta_model
+from weight_bytes import FORMATS, MODELS, analytic_bytes, forward_bytes, meta_model
 
 from flash_planner.engine.checkpoint import CheckpointError, load_checkpoint
 from flash_planner.engine.engine import Engine
@@ -35,9 +36,10 @@ def _group_amax(w: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return amax.repeat_interleave(rows, 0).repeat_interleave(cols, 1)[:n, :k]
 
 
+@pytest.mark.parametrize("kind", ["hybrid", "hybrid_moe"])
 @pytest.mark.parametrize("weights", ["fp8", "nvfp4", "int4"])
-def test_quantize_at_load_error_is_within_the_format_step(checkpoints, weights):
-    path = checkpoints("hybrid")
+def test_quantize_at_load_error_is_within_the_format_step(checkpoints, weights, kind):
+    path = checkpoints(kind)
     plain = load_checkpoint(path, with_tokenizer=False)
     quant = load_checkpoint(path, with_tokenizer=False, weights=weights)
     swapped = {n: m for n, m in quant.model.named_modules() if isinstance(m, QuantLinear)}
@@ -45,9 +47,23 @@ def test_quantize_at_load_error_is_within_the_format_step(checkpoints, weights):
     assert not any(n.endswith(("in_proj_a", "in_proj_b", "lm_head")) for n in swapped)
     for name, module in swapped.items():
         w = plain.model.get_submodule(name).weight.detach()
-        err = (module.dequantized() - w).abs()
-        assert (err <= BOUND[weights] * _group_amax(w, *GROUP[weights]) + 1e-7).all(), name
+        stacked = [(w[e], _expert(module, e)) for e in range(module.expert_count)] if (
+            module.expert_count) else [(w, module)]
+        for w, one in stacked:
+            err = (one.dequantized() - w).abs()
+            assert (err <= BOUND[weights] * _group_amax(w, *GROUP[weights]) + 1e-7).all(), name
+    if kind == "hybrid_moe":    # experts quantized; the router and shared gate are not
+        assert any(m.expert_count for m in swapped.values())
+        assert not any(n.endswith(("mlp.gate", "shared_expert_gate")) for n in swapped)
     assert quant.bytes_per_forward < plain.bytes_per_forward
+
+
+def _expert(stack: QuantLinear, e: int) -> QuantLinear:
+    """Expert e of a stack as a 2-D QuantLinear (its buffers are views of the stack's)."""
+    one = copy.copy(stack)
+    one._buffers = {name: buf[e] for name, buf in stack._buffers.items()}
+    one.expert_count = 0
+    return one
 
 
 @pytest.mark.parametrize("weights", ["fp8", "nvfp4", "int4"])
@@ -223,7 +239,7 @@ def test_ignore_entries_match_across_prefixes():
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_meta_bytes_per_forward_match_the_analytic_count(model, fmt):
     raw = MODELS[model]
-    counted = bytes_per_forward(meta_model(raw, fmt))
+    counted = forward_bytes(raw, fmt)
     assert abs(counted / analytic_bytes(raw, fmt) - 1) <= 0.01
 
 

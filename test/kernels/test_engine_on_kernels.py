@@ -64,3 +64,16 @@ def test_quantized_weights_on_the_gemm_kernels_match_the_references(hybrid_dir, 
     assert dispatch._pick(op, None, torch.zeros(1)) is dispatch.TRITON_OPS[op]
     assert kernels.token_ids == reference.token_ids == ref
     assert kernels.stats.accept_hist == reference.stats.accept_hist
+
+
+@pytest.mark.parametrize("weights", ["auto", "fp8", "nvfp4", "int4"])
+def test_moe_target_on_the_moe_kernels_matches_the_references(checkpoints, make_engine,
+                                                              weights, request):
+    """An MoE target's experts on the grouped GEMM kernels, full precision and quantized at
+    load: the same speculative request as on the references."""
+    engine = make_engine(checkpoints("hybrid_moe"), weights=weights)
+    ref, reference, kernels = _references_then_kernels(engine, request, 12)
+    op = "moe_gemm" if weights == "auto" else f"moe_{weights}_gemm"
+    assert dispatch._pick(op, None, torch.zeros(1)) is dispatch.TRITON_OPS[op]
+    assert kernels.token_ids == reference.token_ids == ref
+    assert kernels.stats.accept_hist == reference.stats.accept_hist

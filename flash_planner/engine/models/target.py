@@ -1,4 +1,5 @@
-"""The target model: Qwen3 dense or the Qwen3.5/3.6 hybrid, one decoder stack for both.
+"""The target model: Qwen3 dense or the Qwen3.5/3.6 hybrid, one decoder stack for both; the
+MLP of a layer is the mixture of experts (moe.py) where the config says so.
 
 Parameter names follow Hugging Face (`embed_tokens`, `layers.{i}.self_attn.q_proj`,
 `layers.{i}.linear_attn.in_proj_qkv`, `norm`, `lm_head`), so checkpoints load without
@@ -20,6 +21,7 @@ from .attention import Attention
 from .context import ForwardContext
 from .gdn import GatedDeltaNet
 from .layers import MLP, RMSNorm
+from .moe import RoutingRecord, SparseMoeBlock
 from .segments import build_segments, layer_arity
 
 
@@ -34,7 +36,8 @@ class DecoderLayer(nn.Module):
         zc = cfg.zero_centred_norm
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zc)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zc)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = (SparseMoeBlock(cfg.moe, cfg.hidden_size) if cfg.is_sparse_layer(layer_idx)
+                    else MLP(cfg.hidden_size, cfg.intermediate_size))
 
     @property
     def mixer(self) -> nn.Module:
@@ -88,6 +91,7 @@ class TargetModel(nn.Module):
         self.segments = build_segments(self)
         self.arity = [layer_arity(layer) for layer in self.layers]
         self.dense = TorchDense(self.segments)
+        self.moe_blocks = [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -100,18 +104,22 @@ class TargetModel(nn.Module):
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, state: InferenceState, *, record_steps: bool = False,
-                taps: tuple[int, ...] = (), all_logits: bool = False) -> ForwardOutput:
+                taps: tuple[int, ...] = (), all_logits: bool = False,
+                routing: RoutingRecord | None = None) -> ForwardOutput:
         """Run ids [B, T] at the state's next positions; the caller commits rows afterwards.
 
         record_steps keeps per-step GDN checkpoints so `state.commit(n)` may keep fewer rows.
         taps: layer ids whose outputs to return (id L = output of decoder layer L; the last
         layer's after the final norm, which is what upstream drafters and MTP heads consume).
         all_logits: logits of every row (verify) instead of the last row only (prefill).
+        routing: collects each sparse layer's expert ids (MoE targets; telemetry).
         """
         b, t = ids.shape
         n = len(self.layers)
         ctx = ForwardContext.open(state, b, t, self.cfg.rope, self.embed_tokens.weight.dtype,
                                   ids.device, record_steps)
+        for block in self.moe_blocks:
+            block.record = routing
         try:
             wanted = {layer: i for i, layer in enumerate(taps)}
             tapped: list[torch.Tensor] = [ids.new_zeros(0)] * len(taps)
@@ -137,3 +145,6 @@ class TargetModel(nn.Module):
             # The mixers update state in place: after a failed forward it is unreliable.
             state.reset()
             raise
+        finally:
+            for block in self.moe_blocks:
+                block.record = None

@@ -36,7 +36,7 @@ def make_dense(model: TargetModel, backend: str, cache_dir: str | Path | None = 
     quantized = sorted({m.family for m in model.modules() if isinstance(m, QuantLinear)})
     if backend == "auto":
         backend = ("tensorrt" if device.type == "cuda" and find_spec("tensorrt")
-                   and not quantized else "torch")
+                   and not quantized and not model.moe_blocks else "torch")
     if quantized and backend != "torch":
         # Exporting would bake dequantized full-precision weights into the graph: the memory
         # and bandwidth the format saves would be lost, so refuse rather than do that.
@@ -44,6 +44,10 @@ def make_dense(model: TargetModel, backend: str, cache_dir: str | Path | None = 
             f"dense_backend {backend!r} cannot run quantized weights ({', '.join(quantized)}): "
             "ONNX/TensorRT segments are exported with full-precision weights only; use "
             "dense_backend torch (the Triton weight-only GEMMs) or weights bf16")
+    if model.moe_blocks and backend != "torch":
+        raise ValueError(f"dense_backend {backend!r} cannot run mixture-of-experts layers "
+                         f"({model.cfg.model_type}): the segments are exported as static "
+                         "graphs and expert routing is data-dependent; use dense_backend torch")
     if backend == "torch":
         return TorchDense(model.segments)
     cache = Path(cache_dir) if cache_dir else default_cache_dir()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ...kernels.dispatch import dequantize_fp8, fp8_gemm
+from ...kernels.dispatch import dequantize_fp8, fp8_gemm, moe_fp8_gemm
 from .layout import FLOAT_DTYPES, Layout, Quantize, TensorSpec
 from .linear import QuantLinear
 from .packing import cdiv as _cdiv
@@ -37,6 +37,9 @@ class Fp8Linear(QuantLinear):
 
     def gemm(self, x):
         return fp8_gemm(x, self.weight, self.scale, self.block_n, self.block_k)
+
+    def grouped(self, x, ids):
+        return moe_fp8_gemm(x, ids, self.weight, self.scale, self.block_n, self.block_k)
 
     def dequantized(self):
         return dequantize_fp8(self.weight, self.scale, self.block_n, self.block_k)

@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from ...kernels.dispatch import dequantize_int4, int4_gemm
+from ...kernels.dispatch import dequantize_int4, int4_gemm, moe_int4_gemm
 from .layout import FLOAT_DTYPES, Layout, Quantize, TensorSpec
 from .linear import QuantLinear
 from .packing import cdiv as _cdiv
@@ -42,6 +42,9 @@ class Int4Linear(QuantLinear):
 
     def gemm(self, x):
         return int4_gemm(x, self.packed, self.scale, self.zero, self.group)
+
+    def grouped(self, x, ids):
+        return moe_int4_gemm(x, ids, self.packed, self.scale, self.zero, self.group)
 
     def dequantized(self):
         return dequantize_int4(self.packed, self.scale, self.zero, self.group, self.in_features)

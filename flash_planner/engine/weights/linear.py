@@ -8,6 +8,8 @@ must leave packed bytes and float32 scales alone.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -16,6 +18,7 @@ class QuantLinear(nn.Module):
     """Weight-only quantized Linear without bias (no Linear in our models has one)."""
 
     family = ""          # "fp8" | "nvfp4" | "int4"
+    expert_count = 0     # > 0: a stack of this many experts' weights (experts.py)
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
@@ -29,6 +32,21 @@ class QuantLinear(nn.Module):
     def gemm(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def grouped(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """A stack's grouped GEMM: y [M, k, N] = x[m, j or 0] @ W[ids[m, j]].T for x
+        [M, 1 or k, K] and ids [M, k] (kernels/moe_gemm)."""
+        raise NotImplementedError
+
+    def stacked(self, experts: int) -> QuantLinear:
+        """An empty stack of `experts` weights in this layout (meta device): every packed
+        buffer gains a leading expert dimension."""
+        with torch.device("meta"):
+            stack = copy.deepcopy(self)
+            stack.expert_count = experts
+            for name, (shape, dtype) in self.packed_specs().items():
+                stack.register_buffer(name, torch.empty((experts, *shape), dtype=dtype))
+        return stack
+
     def dequantized(self) -> torch.Tensor:
         """The float32 weight [N, K] (ONNX export, `weights: bf16` of a quantized checkpoint)."""
         raise NotImplementedError
@@ -37,17 +55,21 @@ class QuantLinear(nn.Module):
         for name, (shape, dtype) in self.packed_specs().items():
             self.register_buffer(name, torch.empty(shape, dtype=dtype))
 
-    def set_packed(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Copy the engine-layout tensors in, checking them against `packed_specs()`."""
+    def set_packed(self, tensors: dict[str, torch.Tensor], expert: int | None = None) -> None:
+        """Copy the engine-layout tensors in (one expert's, in a stack), checking them
+        against `packed_specs()`."""
         for name, (shape, dtype) in self.packed_specs().items():
             t = tensors[name]
             if tuple(t.shape) != shape:
                 raise ValueError(f"{self.family} {name}: shape {list(t.shape)}, expected "
                                  f"{list(shape)}")
-            getattr(self, name).copy_(t.to(dtype))
+            buf = getattr(self, name)
+            (buf if expert is None else buf[expert]).copy_(t.to(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.gemm(x)
 
     def extra_repr(self) -> str:
-        return f"{self.family}, in_features={self.in_features}, out_features={self.out_features}"
+        stack = f", experts={self.expert_count}" if self.expert_count else ""
+        return (f"{self.family}, in_features={self.in_features}, "
+                f"out_features={self.out_features}{stack}")

@@ -20,6 +20,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from .experts import PlannedStack, load_stack, plan_experts
 from .layout import Layout, TensorSpec
 from .linear import QuantLinear
 from .scheme import Scheme, WeightFormatError
@@ -85,28 +86,36 @@ def read_headers(names: set[str], files: dict[str, Path], error: type[Exception]
 
 
 def validate(module: nn.Module, plain: dict[str, str], planned: dict[str, Planned],
-             files: dict[str, Path], scheme: Scheme, error: type[Exception]) -> None:
+             stacks: dict[str, PlannedStack], files: dict[str, Path], scheme: Scheme,
+             error: type[Exception]) -> None:
     """Every tensor the module needs exists with the right shape and dtype (headers only)."""
     shapes = {name: tuple(t.shape) for name, t in module.state_dict().items()}
     plain_what = ("full precision" if scheme.quantized else
                   "full precision; quantized checkpoints need a quantization_config")
-    # checkpoint name -> (spec, what it is for, the planned module it belongs to)
-    wanted: dict[str, tuple[TensorSpec, str, Planned | None]] = {
-        theirs: (TensorSpec(shapes[ours], tuple(LOADABLE_DTYPES)), plain_what, None)
+    # checkpoint name -> (spec, what it is for, why it is wanted: which module has which layout)
+    wanted: dict[str, tuple[TensorSpec, str, str]] = {
+        theirs: (TensorSpec(shapes[ours], tuple(LOADABLE_DTYPES)), plain_what, "")
         for ours, theirs in plain.items()}
     for p in planned.values():
-        wanted.update({f"{p.prefix}.{suffix}": (spec, p.layout.label, p)
+        wanted.update({f"{p.prefix}.{suffix}": (spec, p.layout.label,
+                                                f"; {p.prefix} is {p.layout.label}")
                        for suffix, spec in p.layout.tensors(p.n, p.k).items()})
+    for stack in stacks.values():
+        wanted.update({name: (spec, f"expert, {stack.label}",
+                              f"; the experts are {stack.label}")
+                       for name, spec in stack.tensors().items()})
     missing = sorted(name for name, (spec, _, _) in wanted.items()
                      if spec.required and name not in files)
     if missing:
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
-        owner = wanted[missing[0]][2]
-        why = f"; {owner.prefix} is {owner.layout.label}" if owner else ""
+        why = wanted[missing[0]][2]
         where = next(iter(files.values())).parent if files else "checkpoint"
         raise error(f"{where}: missing tensor(s) {', '.join(missing[:3])}{more}{why}")
-    markers = {f"{theirs.removesuffix('.weight')}.{m}": theirs for theirs in plain.values()
-               if theirs.endswith(".weight") for m in QUANT_MARKERS}
+    full = [*(t for t in plain.values() if t.endswith(".weight")),
+            *(f"{prefix}.weight" for s in stacks.values() if s.layout is None and not s.fused
+              for prefix in s.prefixes)]
+    markers = {f"{theirs.removesuffix('.weight')}.{m}": theirs for theirs in full
+               for m in QUANT_MARKERS}
     headers = read_headers(set(wanted) | set(markers), files, error)
     for marker, theirs in markers.items():
         if marker in headers:
@@ -131,10 +140,11 @@ def load_module(module: nn.Module, names_of: Callable[[str], str], files: dict[s
     """Fill `module` (built on the meta device) from `files`; returns it, the names of the
     checkpoint tensors it read and a count of modules per layout label."""
     planned = plan_linears(module, names_of, scheme, weights, error)
-    quant_prefixes = tuple(f"{name}." for name in planned)
+    stacks = plan_experts(module, names_of, set(files), scheme, weights, error)
+    own_loader = tuple(f"{name}." for name in (*planned, *stacks))
     plain = {ours: names_of(ours) for ours in module.state_dict()
-             if not ours.startswith(quant_prefixes)}
-    validate(module, plain, planned, files, scheme, error)
+             if not ours.startswith(own_loader)}
+    validate(module, plain, planned, stacks, files, scheme, error)
     module = module.to_empty(device=device)
     for param in module.parameters():
         param.data = param.data.to(dtype)
@@ -166,7 +176,12 @@ def load_module(module: nn.Module, names_of: Callable[[str], str], files: dict[s
             else:
                 target.weight.copy_(converted["weight"])
             del tensors, converted
+        for name, stack in stacks.items():
+            load_stack(module.get_submodule(name), stack, read, files, error)
     counts = Counter(p.layout.label for p in planned.values())
+    for stack in stacks.values():     # an expert counts as one Linear
+        if stack.layout is not None:
+            counts[stack.layout.label] += len(stack.prefixes)
     if counts:
         log.info("quantized Linears: %s", ", ".join(f"{n} {label}" for label, n in
                                                      sorted(counts.items())))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ...kernels.dispatch import dequantize_nvfp4, nvfp4_gemm
+from ...kernels.dispatch import dequantize_nvfp4, moe_nvfp4_gemm, nvfp4_gemm
 from .fp8 import FP8, FP8_MAX, e4m3_bits
 from .layout import Layout, Quantize, TensorSpec
 from .linear import QuantLinear
@@ -38,6 +38,9 @@ class Nvfp4Linear(QuantLinear):
 
     def gemm(self, x):
         return nvfp4_gemm(x, self.packed, self.scale, self.global_scale)
+
+    def grouped(self, x, ids):
+        return moe_nvfp4_gemm(x, ids, self.packed, self.scale, self.global_scale.view(-1))
 
     def dequantized(self):
         return dequantize_nvfp4(self.packed, self.scale, self.global_scale)
