@@ -53,6 +53,8 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/plan.py --constrained
 	$(VENV)/bin/python bench/grammar.py
 	$(VENV)/bin/python bench/latency.py
+	$(VENV)/bin/python bench/weight_bytes.py
+	$(VENV)/bin/python bench/moe_lengths.py
 
 # The ROS layer's cost: the same tasks through the planner service and the Plan action.
 bench-ros: ros-env

@@ -58,7 +58,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = write_tiny_checkpoint(tmp, "hybrid_moe", experts=(256, 8), init=0.25)
         engine = Engine.load(EngineConfig(str(path), device="cpu", dtype="fp32",
-                                          max_context=1024, method="none"))
+                                          max_context=args.tokens + 64, method="none"))
     prompt = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
     ref, plain = run(engine, prompt, args.tokens, None)
     offsets = error_offsets(args.accept, 4 * args.tokens)

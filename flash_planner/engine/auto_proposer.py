@@ -18,10 +18,11 @@ candidate out. The estimates persist across requests (one router per engine).
 On a mixture-of-experts target a verify block of n rows reads the union of the experts its
 rows chose, so a longer block costs more, by how much depending on how correlated the routing
 is. There a candidate is a proposer *and a draft length* (`lengths`, e.g. 1, 2, 4, 8, 15): each
-length's cycle cost is measured when it runs, and its tokens per cycle also from every longer
-cycle of the same proposer (strict acceptance of k drafts publishes min(n, k) + 1 of a cycle
-that accepted n of more: the first k drafts are the same whether more follow), so the router
-picks the length that publishes most per millisecond under the routing it measures.
+length's cycle cost is measured when it runs; its tokens per cycle come from the proposer's
+survival curve, P(draft i accepted | drafted), pooled over every cycle of any length (the
+first k drafts are the same whether more follow, so a cycle of k drafts informs every
+position up to k): tokens(k) = 1 + sum over i <= k of the survival. The router picks the
+length that publishes most per millisecond under the routing it measures.
 
 Every proposer sees every `begin` and `commit`, whichever drafted, so each one's state (the
 drafter's window, the MTP head's cache) is exact when it is next chosen. Verification does
@@ -97,6 +98,9 @@ class AutoProposer(Proposer):
         self.cycles = 0
         self._method = ""                # the proposer that drafted the current cycle
         self._drafting: tuple[str, str, float] | None = None  # (phase, candidate, start)
+        # (phase, proposer) -> per draft position [decayed cycles that drafted it, that
+        # accepted it], for proposers with several lengths
+        self._survival: dict[tuple[str, str], list[list[float]]] = {}
 
     @property
     def last_method(self) -> str:
@@ -172,10 +176,24 @@ class AutoProposer(Proposer):
     def _record(self, phase: str, cand: str, tokens: int, ms: float) -> None:
         self.cycles += 1
         name, drafts = self.candidates[cand]
-        for other, (owner, k) in self.candidates.items():   # what a shorter draft would
-            if owner == name and k < drafts:                 # have published
-                self._update(phase, other, min(tokens, k + 1), None)
+        lengths = {k: c for c, (owner, k) in self.candidates.items() if owner == name}
+        if len(lengths) == 1:
+            self._update(phase, cand, tokens, ms)
+            return
+        curve = self._survival.setdefault((phase, name), [[0.0, 0.0] for _ in
+                                                          range(max(lengths))])
+        keep = 1.0 - self.smoothing / 4           # decay: the text may change
+        for i, counts in enumerate(curve):
+            counts[0] *= keep
+            counts[1] *= keep
+            if i < drafts:
+                counts[0] += 1.0
+                counts[1] += float(i < tokens - 1)
         self._update(phase, cand, tokens, ms)
+        for k, other in lengths.items():
+            if all(t for t, _ in curve[:k]):
+                est = self.estimates.setdefault((phase, other), Estimate(0.0, None, 0))
+                est.tokens = 1.0 + sum(a / t for t, a in curve[:k])
 
     def _update(self, phase: str, cand: str, tokens: int, ms: float | None) -> None:
         est = self.estimates.get((phase, cand))
