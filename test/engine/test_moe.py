@@ -117,6 +117,8 @@ def test_fused_expert_layout_loads_like_per_expert_tensors(checkpoints, tmp_path
                                torch.device("cpu"))
         outs.append(ckpt.model(ids, state, all_logits=True).logits)
     assert torch.equal(outs[0], outs[1])
+    with pytest.raises(CheckpointError, match="cannot be quantized at load"):
+        load_checkpoint(tmp_path, weights="fp8")
 
 
 def test_routing_record_counts_distinct_experts(checkpoints):

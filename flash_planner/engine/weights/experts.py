@@ -93,6 +93,10 @@ def plan_experts(module: nn.Module, names_of: Callable[[str], str], present: set
             if scheme.quantized and weights == "auto":
                 raise error(f"{fused}: fused expert tensors are loaded in full precision "
                             f"only, but the checkpoint is {scheme.label}")
+            if weights not in ("auto", "bf16"):
+                raise error(f"{fused}: fused expert tensors cannot be quantized at load "
+                            f"(weights {weights!r}); use weights auto or bf16, or a "
+                            "checkpoint with one tensor per expert")
             planned[name] = PlannedStack(None, prefixes, n, k, fused, half)
             continue
         try:
@@ -127,13 +131,7 @@ def load_stack(stack: nn.Module, plan: PlannedStack, read: Callable[[str], torch
         if plan.layout is None:
             stack.weight[e].copy_(read(f"{prefix}.weight"))
             continue
-        specs = plan.layout.tensors(plan.n, plan.k)
-        tensors = {s: read(f"{prefix}.{s}").to(device) for s in specs
-                   if f"{prefix}.{s}" in present}
-        why = plan.layout.check(tensors, plan.n, plan.k)
-        if why:
-            raise error(f"{prefix} ({plan.layout.label}): {why}")
-        converted = plan.layout.convert(tensors, plan.n, plan.k)
+        converted = plan.layout.load(prefix, plan.n, plan.k, read, present, device, error)
         if isinstance(stack, QuantLinear):
             stack.set_packed(converted, expert=e)
         else:

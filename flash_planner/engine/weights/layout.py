@@ -48,6 +48,17 @@ class Layout:
         """A data check after reading (e.g. GPTQ's g_idx); why it cannot load, or None."""
         return None
 
+    def load(self, prefix: str, n: int, k: int, read, present, device: torch.device,
+             error: type[Exception]) -> dict[str, torch.Tensor]:
+        """Read module `prefix`'s tensors (`read(name)`; optional ones absent from `present`
+        are skipped), check them and convert them to the module's tensors."""
+        tensors = {s: read(f"{prefix}.{s}").to(device) for s in self.tensors(n, k)
+                   if f"{prefix}.{s}" in present}
+        why = self.check(tensors, n, k)
+        if why:
+            raise error(f"{prefix} ({self.label}): {why}")
+        return self.convert(tensors, n, k)
+
 
 class Quantize(Layout):
     """A float weight on disk, quantized while it loads by `quantize(w) -> packed tensors`."""

@@ -163,19 +163,13 @@ def load_module(module: nn.Module, names_of: Callable[[str], str], files: dict[s
         for ours, theirs in plain.items():
             params[ours].copy_(read(theirs))
         for name, p in planned.items():
-            specs = p.layout.tensors(p.n, p.k)
-            tensors = {s: read(f"{p.prefix}.{s}").to(device) for s in specs
-                       if f"{p.prefix}.{s}" in files}
-            why = p.layout.check(tensors, p.n, p.k)
-            if why:
-                raise error(f"{p.prefix} ({p.layout.label}): {why}")
             target = module.get_submodule(name)
-            converted = p.layout.convert(tensors, p.n, p.k)
+            converted = p.layout.load(p.prefix, p.n, p.k, read, files, device, error)
             if isinstance(target, QuantLinear):
                 target.set_packed(converted)
             else:
                 target.weight.copy_(converted["weight"])
-            del tensors, converted
+            del converted
         for name, stack in stacks.items():
             load_stack(module.get_submodule(name), stack, read, files, error)
     counts = Counter(p.layout.label for p in planned.values())
