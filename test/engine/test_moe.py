@@ -12,6 +12,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_mtp import VirtualClock
 
 from flash_planner.engine.auto_proposer import AutoProposer
 from flash_planner.engine.cache import InferenceState
@@ -151,17 +152,6 @@ def test_moe_targets_refuse_exported_segments(checkpoints, make_engine):
         make_engine(checkpoints("dense_moe"), dense_backend="onnxruntime")
 
 
-class _Clock:
-    """A virtual clock: each reading advances it 0.5 ms."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        self.now += 0.0005
-        return self.now
-
-
 class _BlockCost(ReplayProposer):
     """An exact replay whose cycle costs 0.02 k^2 ms for k drafts on the virtual clock: a
     verify whose cost grows faster than its accepted tokens, as a union of experts does."""
@@ -191,7 +181,7 @@ def test_auto_measures_draft_lengths_on_an_moe_target(moe_pair, make_engine):
     ref = generate(engine, prompt, GenerationSettings(300, ignore_eos=True, method="none"))
     # (k + 1) tokens for 0.5 + 0.02 k^2 ms: k = 4 publishes most per ms (6.1 tokens/ms;
     # 2: 5.2, 8: 5.1, 15: 3.2, 1: 3.8; plain decoding 2.0)
-    clock = _Clock()
+    clock = VirtualClock()
     replay = _BlockCost(clock, ref.token_ids, engine.model_config.vocab_size, block_size=16,
                         error_at=99)
     router = AutoProposer({"replay": replay}, None, probe_every=6, clock=clock,
