@@ -195,14 +195,13 @@ class AutoProposer(Proposer):
                 est = self.estimates.setdefault((phase, other), Estimate(0.0, None, 0))
                 est.tokens = 1.0 + sum(a / t for t, a in curve[:k])
 
-    def _update(self, phase: str, cand: str, tokens: int, ms: float | None) -> None:
+    def _update(self, phase: str, cand: str, tokens: int, ms: float) -> None:
         est = self.estimates.get((phase, cand))
         if est is None:
             self.estimates[(phase, cand)] = Estimate(float(tokens), ms, self.cycles)
             return
         a = self.smoothing
         est.tokens += a * (tokens - est.tokens)
-        if ms is None:
-            return
+        # a length whose tokens the survival curve gave has no cost until it first runs
         est.ms = ms if est.ms is None else min(ms, est.ms + a * (min(ms, 3 * est.ms) - est.ms))
         est.last_cycle = self.cycles
