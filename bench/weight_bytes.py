@@ -107,9 +107,12 @@ def measured_touch(blocks=BLOCKS, tokens: int = 96) -> dict[int, float]:
                            torch.device("cpu"))
     ids = ckpt.tokenizer.encode("pick up the red cup and place it on the kitchen table",
                                 add_special_tokens=False)
+    new = torch.tensor([ids])
     while len(ids) < tokens:                  # greedy continuation, one token at a time
-        state.reset()
-        ids.append(int(model(torch.tensor([ids]), state).logits[0, -1].argmax()))
+        logits = model(new, state).logits[0, -1]
+        state.commit(new.shape[1])
+        ids.append(int(logits.argmax()))
+        new = torch.tensor([ids[-1:]])
     state.reset()
     record = RoutingRecord()
     model(torch.tensor([ids]), state, routing=record, all_logits=True)   # every row routed
