@@ -59,6 +59,12 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "(default ~/.cache/flash_planner/segments)")
     p.add_argument("--no-prefix-cache", action="store_true", help="prefill the system "
                    "prompt for every request instead of restoring its kept state")
+    compiled = p.add_mutually_exclusive_group()
+    compiled.add_argument("--compile", dest="compile", action="store_const", const="on",
+                          help="decode and verify as compiled static-shape graphs (default: "
+                          "the preset's; auto = on on CUDA); compiled once, cached on disk")
+    compiled.add_argument("--no-compile", dest="compile", action="store_const", const="off",
+                          help="every forward eager")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--drafter", metavar="DIR", help="DFlash drafter directory (turns "
@@ -130,7 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_engine(args: argparse.Namespace, model: str, progress=None):
+def _progress_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _load_engine(args: argparse.Namespace, model: str, progress=_progress_to_stderr):
     from .engine.engine import Engine
     from .planning.presets import resolve_model
 
@@ -146,7 +156,8 @@ def _load_engine(args: argparse.Namespace, model: str, progress=None):
         window_seed=False if getattr(args, "no_window_seed", False) else None,
         dense_backend=getattr(args, "dense_backend", None) or getattr(args, "backend", None),
         segment_cache=args.segment_cache,
-        prefix_cache=False if getattr(args, "no_prefix_cache", False) else None)
+        prefix_cache=False if getattr(args, "no_prefix_cache", False) else None,
+        compile=getattr(args, "compile", None))
     return Engine.load(config, progress=progress), preset
 
 

@@ -41,6 +41,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # KV cache storage: fp8 rows are e4m3 bytes (uint8) with a scale per row and head
 KV_DTYPES = {**DTYPES, "fp8": torch.uint8}
 DENSE_BACKENDS = ("torch", "onnxruntime", "tensorrt", "auto")
+COMPILE_MODES = ("off", "on", "auto")
 
 
 class ConfigError(ValueError):
@@ -319,6 +320,9 @@ class EngineConfig:
     prefix_cache: bool = True         # keep the state of declared prompt prefixes
     prefix_cache_entries: int = 2     # snapshots kept (least recently used dropped)
     weights: str = "auto"             # auto | bf16 | fp8 | nvfp4 | int4 (quantized at load)
+    compile: str = "auto"             # off | on | auto: decode/verify as compiled static-shape
+                                      # graphs (CUDA graphs on a GPU); auto = on on CUDA
+    compile_cache: str | None = None  # compiled graphs on disk; None = ~/.cache/flash_planner
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -332,6 +336,12 @@ class EngineConfig:
             raise ConfigError(f"weights must be one of {WEIGHTS}, got {self.weights!r}")
         if self.method not in METHODS:
             raise ConfigError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.compile not in COMPILE_MODES:
+            raise ConfigError(f"compile must be one of {COMPILE_MODES}, got {self.compile!r}")
+        if self.compile == "on" and self.dense_backend != "torch":
+            raise ConfigError(f"compile 'on' runs the dense parts inside its compiled graphs; "
+                              f"it cannot be combined with dense_backend "
+                              f"{self.dense_backend!r} (use one or the other)")
         if self.dense_backend not in DENSE_BACKENDS:
             raise ConfigError(f"dense_backend must be one of {DENSE_BACKENDS}, "
                               f"got {self.dense_backend!r}")
@@ -367,6 +377,11 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         return DTYPES[self.dtype]
+
+    def resolve_compile(self, device: torch.device) -> bool:
+        """Whether decode and verify run compiled: on, or auto on a CUDA device."""
+        return self.compile == "on" or (self.compile == "auto" and device.type == "cuda"
+                                        and self.dense_backend == "torch")
 
     def resolve_kv_dtype(self, compute: torch.dtype) -> torch.dtype:
         return compute if self.kv_dtype == "auto" else KV_DTYPES[self.kv_dtype]

@@ -18,6 +18,7 @@ from .cache import ContextOverflowError, InferenceState
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import EngineConfig
 from .methods import METHODS
+from .models.compiled import CompileReport, StaticForward
 from .prefix import PrefixCache
 from .proposer import Proposer
 from .proposers import WHY_MISSING, ProposerBytes, build_proposers
@@ -67,6 +68,7 @@ class Engine:
         # plain decoding) when the method is auto
         self.proposers = proposers or {}
         self.extra_bytes = extra_bytes or ProposerBytes(0, 0)
+        self.compile_report: CompileReport | None = None   # None: every forward is eager
         self.prefix_cache = (PrefixCache(config.prefix_cache_entries) if config.prefix_cache
                              else None)
 
@@ -123,6 +125,11 @@ class Engine:
                                device=device)
         proposers, extra = build_proposers(config, checkpoint, state, dtype, device)
         engine = cls(config, checkpoint, state, device, dtype, proposers, extra)
+        if config.resolve_compile(device):
+            static = StaticForward(checkpoint.model, state, config.max_block,
+                                   config.compile_cache)
+            engine.compile_report = static.warm_up(progress)
+            checkpoint.model.set_static(static)
         log.info("loaded %s on %s (%s, weights %s, dense segments: %s, proposers: %s): %s",
                  config.model_path, device, dtype, engine.weights_label,
                  checkpoint.model.dense.name, ", ".join(proposers) or "none", engine.memory)

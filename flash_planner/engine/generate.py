@@ -301,7 +301,8 @@ def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,
             proposer: Proposer | None, policy, t0: float, deadline: float | None,
             constraint: Constraint | None, prefix: Sequence[int] | None) -> GenerationResult:
     """Prefill and the decode loop of `generate` (arguments checked and resolved there)."""
-    stats = GenerationStats(prompt_tokens=len(ids), moe_layers=len(engine.model.moe_blocks))
+    stats = GenerationStats(prompt_tokens=len(ids), moe_layers=len(engine.model.moe_blocks),
+                            compiled=engine.compile_report is not None)
     timer = PhaseTimer(sync=settings.profile_phases)
     engine.state.reset()
     logits, taps = prefill_prompt(engine, ids, prefix, proposer, stats)

@@ -54,6 +54,7 @@ class GenerationStats:
     # MoE targets: per verify block size (rows), cycles and the distinct experts they touched
     # summed over sparse layers and cycles; experts_per_verify is the mean per layer
     moe_layers: int = 0
+    compiled: bool = False        # decode and verify ran through compiled graphs
     verify_cycles: dict[int, int] = field(default_factory=dict)
     verify_experts: dict[int, int] = field(default_factory=dict)
     phase_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
@@ -120,6 +121,7 @@ class GenerationStats:
             "prefix_cache_bytes": self.prefix_cache_bytes,
             "decode_ms": round(self.decode_ms, 3), "total_ms": round(self.total_ms, 3),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
+            "compiled": self.compiled,
             "cycles": self.cycles, "drafted": self.drafted, "accepted": self.accepted,
             "mean_accepted": round(self.mean_accepted, 3),
             "tokens_per_cycle": round(self.tokens_per_cycle, 3),

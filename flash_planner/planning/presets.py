@@ -75,6 +75,7 @@ class ModelPreset:
     mtp_steps: int = 3
     relaxed_thinking: bool = False
     refusal_hint: bool = True      # tell the model the refusal shape (PlannerConfig)
+    compile: str = "auto"          # off | on | auto (EngineConfig.compile: on CUDA by default)
 
     @classmethod
     def load(cls, name: str) -> ModelPreset:
@@ -98,7 +99,7 @@ class ModelPreset:
                       dtype=self.dtype, kv_dtype=self.kv_dtype, weights=self.weights,
                       max_context=self.max_context,
                       block_size=self.block_size, window=self.window, method=self.method,
-                      mtp_steps=self.mtp_steps)
+                      mtp_steps=self.mtp_steps, compile=self.compile)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return EngineConfig(**values)
 

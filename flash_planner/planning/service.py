@@ -169,7 +169,8 @@ class PlannerService:
                 f"{engine.memory}; proposers: {', '.join(engine.proposers) or 'none'} "
                 f"(method {engine.config.method}); plan grammar "
                 f"{'on' if self.grammar is not None else 'off'}; prefix cache "
-                f"{'on' if engine.prefix_cache is not None else 'off'}")
+                f"{'on' if engine.prefix_cache is not None else 'off'}; "
+                f"{engine.compile_report or 'eager forwards (compile off)'}")
 
     # ---- lifecycle
     def start(self) -> None:

@@ -62,6 +62,9 @@ PARAMS: tuple[Param, ...] = (
     _p("engine.dense_backend", "torch", "Dense segments: torch, onnxruntime, tensorrt, or auto "
        "(TensorRT on CUDA when installed); an unavailable one falls back to torch (logged).",
        choices=("torch", "onnxruntime", "tensorrt", "auto")),
+    _p("engine.compile", "auto", "Decode and verify as compiled static-shape graphs (CUDA "
+       "graphs on a GPU, torch.compile on a CPU), compiled at configure and cached on disk: "
+       "on, off, or auto = the preset's (auto: on on CUDA).", choices=("auto", "on", "off")),
     # speculative decoding
     _p("speculative.enabled", True, "Speculative decoding when a proposer is loaded."),
     _p("speculative.method", "", "Proposer: dflash (drafter), mtp (the checkpoint's head), "
@@ -198,7 +201,8 @@ def build_configs(values: dict[str, Any]):
             window=v["speculative.window"] or None, window_seed=v["speculative.window_seed"],
             method=v["speculative.method"] or None, mtp_steps=v["speculative.mtp_steps"] or None,
             dense_backend=v["engine.dense_backend"], prefix_cache=v["engine.prefix_cache"],
-            prefix_cache_entries=v["engine.prefix_cache_entries"])
+            prefix_cache_entries=v["engine.prefix_cache_entries"],
+            compile=None if v["engine.compile"] == "auto" else v["engine.compile"])
     except ValueError as exc:
         raise ValueError(f"model/engine parameters: {exc}") from None
     if v["planner.max_new_tokens"] >= engine.max_context:

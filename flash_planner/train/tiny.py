@@ -45,7 +45,7 @@ SIZES = {
 
 
 def _hf_config(kind: str, size: str, vocab: int, eos: int, rotary: float, init: float | None,
-               moe: dict):
+               moe: dict, layers: int | None = None, attention_every: int = 2):
     from transformers import (
         Qwen3_5Config,
         Qwen3_5MoeConfig,
@@ -58,6 +58,8 @@ def _hf_config(kind: str, size: str, vocab: int, eos: int, rotary: float, init: 
     dims = dict(SIZES[size])
     dims.pop("vocab")
     default_init = dims.pop("init")
+    if layers is not None:
+        dims["num_hidden_layers"] = layers
     common = dict(vocab_size=vocab, rms_norm_eps=1e-6, eos_token_id=eos, pad_token_id=0,
                   max_position_embeddings=4096, initializer_range=init or default_init,
                   tie_word_embeddings=False)
@@ -72,8 +74,9 @@ def _hf_config(kind: str, size: str, vocab: int, eos: int, rotary: float, init: 
     rotary_pairs = int(dims["head_dim"] * rotary) // 2
     third = rotary_pairs // 3
     text = dict(**common, **dims, linear_conv_kernel_dim=4,
-                layer_types=["linear_attention", "full_attention"] * (
-                    dims["num_hidden_layers"] // 2),
+                layer_types=[("full_attention" if (i + 1) % attention_every == 0
+                              else "linear_attention")
+                             for i in range(dims["num_hidden_layers"])],
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "partial_rotary_factor": rotary,
                                  "mrope_section": [rotary_pairs - 2 * third, third, third]})
@@ -107,12 +110,16 @@ def _perturb(model: torch.nn.Module, seed: int) -> None:
 def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "tiny",
                           seed: int = 0, max_shard_size: str | None = None,
                           rotary: float = 0.5, init: float | None = None,
-                          mtp: bool = False, experts: tuple[int, int] | None = None) -> Path:
+                          mtp: bool = False, experts: tuple[int, int] | None = None,
+                          layers: int | None = None, attention_every: int = 2) -> Path:
     """Write a random-weight checkpoint + tokenizer to `path` and return it.
 
     init: the weights' initializer_range (default per size). Larger values give logits a
     wider spread, closer to a trained LM's (0.25 gives logit std ~2 on `tiny`).
     experts: (num_experts, num_experts_per_tok) of the MoE kinds (default: MOE's).
+    layers: the depth (default per size); attention_every: in the hybrid kinds, every n-th
+    layer is full attention and the others Gated DeltaNet (Qwen3.5/3.6 use 4: 3 GDN, then 1
+    attention).
     """
     import transformers
 
@@ -128,7 +135,7 @@ def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "t
     torch.manual_seed(seed)
     moe = dict(MOE, **(dict(zip(("num_experts", "num_experts_per_tok"), experts))
                        if experts else {}))
-    cfg = _hf_config(kind, size, vocab, eos, rotary, init, moe)
+    cfg = _hf_config(kind, size, vocab, eos, rotary, init, moe, layers, attention_every)
     cls = getattr(transformers, HF_CLASSES[kind])
     model = cls(cfg).eval()
     _perturb(model, seed)

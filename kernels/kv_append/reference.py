@@ -29,7 +29,8 @@ def kv_append(
     positions: torch.Tensor,
     scale: torch.Tensor | None = None,
 ) -> None:
-    """Write rows [B, T, H, D] into cache [B, C, H, D] at positions [B, T] (negative: skip).
+    """Write rows [B, T, H, D] into cache [B, C, H, D] at positions [B, T] (negative: skip;
+    under torch.compile every position must be a real one).
 
     With a uint8 cache, rows are quantized to FP8 e4m3 with per-head `scale` [H].
     """
@@ -41,6 +42,11 @@ def kv_append(
         data = rows.to(cache.dtype)
     b, t = positions.shape
     for bi in range(b):
+        if torch.compiler.is_compiling():
+            # A compiled (static-shape) forward writes every row at a real position; the
+            # boolean selection below would give the graph a shape that depends on data.
+            cache[bi].index_copy_(0, positions[bi], data[bi])
+            continue
         keep = positions[bi] >= 0
         cache[bi].index_copy_(0, positions[bi][keep], data[bi][keep])
 

@@ -125,7 +125,7 @@ def check_int4(op, x, topk_ids, packed, scale, zero, group,
     return e, n, topk
 
 
-def grouped_gemm(x: torch.Tensor, topk_ids: torch.Tensor, n: int,
+def grouped_gemm(x: torch.Tensor, topk_ids: torch.Tensor, n: int, num_experts: int,
                  expert_weight: Callable[[int], torch.Tensor]) -> torch.Tensor:
     """y [M, k, N]: each chosen expert once, one matmul over the (m, j) pairs that chose it;
     expert_weight(e) is expert e's float32 weight [N, K]."""
@@ -133,6 +133,12 @@ def grouped_gemm(x: torch.Tensor, topk_ids: torch.Tensor, n: int,
     topk = topk_ids.shape[1]
     rows = x.float().expand(m, topk, k).reshape(m * topk, k)       # pair (m, j) -> its input
     ids = topk_ids.reshape(-1)                                       # [M * k]
+    if torch.compiler.is_compiling():
+        # Static shapes for a compiled forward: every expert's weight, gathered per pair.
+        # Correct, not fast (all E are decoded); on CUDA the Triton kernel serves instead.
+        weights = torch.stack([expert_weight(e) for e in range(num_experts)])
+        y = torch.bmm(rows[:, None], weights[ids].transpose(1, 2))[:, 0]
+        return y.reshape(m, topk, n).to(x.dtype)
     y = torch.zeros(m * topk, n, dtype=torch.float32, device=x.device)
     for e in torch.unique(ids).tolist():
         pairs = torch.nonzero(ids == e).squeeze(1)
@@ -142,29 +148,32 @@ def grouped_gemm(x: torch.Tensor, topk_ids: torch.Tensor, n: int,
 
 def moe_gemm(x: torch.Tensor, topk_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Float expert weights [E, N, K]: x [M, S, K] -> y [M, k, N]."""
-    _, n, _ = check_float("moe_gemm", x, topk_ids, weight)
-    return grouped_gemm(x, topk_ids, n, lambda e: weight[e].float())
+    e, n, _ = check_float("moe_gemm", x, topk_ids, weight, not torch.compiler.is_compiling())
+    return grouped_gemm(x, topk_ids, n, e, lambda i: weight[i].float())
 
 
 def moe_fp8_gemm(x: torch.Tensor, topk_ids: torch.Tensor, weight: torch.Tensor,
                  scale: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
     """FP8 e4m3 expert weights with block scales: x [M, S, K] -> y [M, k, N]."""
-    _, n, _ = check_fp8("moe_fp8_gemm", x, topk_ids, weight, scale, block_n, block_k)
-    return grouped_gemm(x, topk_ids, n,
-                        lambda e: dequantize_fp8(weight[e], scale[e], block_n, block_k))
+    e, n, _ = check_fp8("moe_fp8_gemm", x, topk_ids, weight, scale, block_n, block_k,
+                         not torch.compiler.is_compiling())
+    return grouped_gemm(x, topk_ids, n, e,
+                        lambda i: dequantize_fp8(weight[i], scale[i], block_n, block_k))
 
 
 def moe_nvfp4_gemm(x: torch.Tensor, topk_ids: torch.Tensor, packed: torch.Tensor,
                    scale: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
     """NVFP4 expert weights: x [M, S, K] -> y [M, k, N]."""
-    _, n, _ = check_nvfp4("moe_nvfp4_gemm", x, topk_ids, packed, scale, global_scale)
-    return grouped_gemm(x, topk_ids, n, lambda e: dequantize_nvfp4(
-        packed[e], scale[e], global_scale[e:e + 1]))
+    e, n, _ = check_nvfp4("moe_nvfp4_gemm", x, topk_ids, packed, scale, global_scale,
+                         not torch.compiler.is_compiling())
+    return grouped_gemm(x, topk_ids, n, e, lambda i: dequantize_nvfp4(
+        packed[i], scale[i], global_scale[i:i + 1]))
 
 
 def moe_int4_gemm(x: torch.Tensor, topk_ids: torch.Tensor, packed: torch.Tensor,
                   scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:
     """int4 expert weights with group scales and zero points: x [M, S, K] -> y [M, k, N]."""
-    _, n, _ = check_int4("moe_int4_gemm", x, topk_ids, packed, scale, zero, group)
-    return grouped_gemm(x, topk_ids, n, lambda e: dequantize_int4(
-        packed[e], scale[e], zero[e], group, x.shape[2]))
+    e, n, _ = check_int4("moe_int4_gemm", x, topk_ids, packed, scale, zero, group,
+                         not torch.compiler.is_compiling())
+    return grouped_gemm(x, topk_ids, n, e, lambda i: dequantize_int4(
+        packed[i], scale[i], zero[i], group, x.shape[2]))

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...kernels import dispatch
 from ..config import ModelConfig
 from .context import ForwardContext
 from .layers import RMSNorm, apply_rope
@@ -49,14 +50,35 @@ class Attention(nn.Module):
     def mix(self, inputs: tuple[torch.Tensor, ...], ctx: ForwardContext) -> torch.Tensor:
         """Causal attention of the block over the cached prefix and itself -> [B, T, H*D]."""
         q, k, v = inputs
-        b, t = q.shape[:2]
         q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
         kv = ctx.state.kv
         kv.append(self.layer_idx, k, v, ctx.start)
-        keys, values = kv.read(self.layer_idx, ctx.start + t)          # [B, L, Hkv, D]
+        keys, values = kv.read(self.layer_idx, ctx.start + q.shape[1])  # [B, L, Hkv, D]
+        return self.attend(q, keys, values, ctx.causal_mask)
+
+    def mix_static(self, inputs: tuple[torch.Tensor, ...], cos: torch.Tensor,
+                   sin: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                   cache: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """`mix` with static shapes (compiled.py): the rows are written at `positions`
+        [B, T] of this layer's cache (k, v [B, C, Hkv, D], then their FP8 scales [Hkv] when
+        the cache is FP8) and attend over all C rows under `mask` [T, C]."""
+        q, k, v = inputs
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_cache, v_cache, *scales = cache
+        k_scale, v_scale = scales or (None, None)
+        dispatch.kv_append(k_cache, k, positions, k_scale)
+        dispatch.kv_append(v_cache, v, positions, v_scale)
+        keys = dispatch.kv_read(k_cache, k_cache.shape[1], k_scale, q.dtype)
+        values = dispatch.kv_read(v_cache, v_cache.shape[1], v_scale, q.dtype)
+        return self.attend(q, keys, values, mask)
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               mask: torch.Tensor) -> torch.Tensor:
+        """q [B, T, H, D] over keys, values [B, L, Hkv, D] where mask [T, L] -> [B, T, H*D]."""
+        b, t = q.shape[:2]
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=ctx.causal_mask, scale=self.head_dim ** -0.5,
+            attn_mask=mask, scale=self.head_dim ** -0.5,
             enable_gqa=self.num_heads != self.num_kv_heads)            # [B, H, T, D]
         return out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
 

@@ -47,16 +47,39 @@ class GatedDeltaNet(nn.Module):
 
     def mix(self, inputs: tuple[torch.Tensor, ...], ctx: ForwardContext) -> torch.Tensor:
         """Conv + gated delta rule over the block -> o [B, T, Hv, Dv]."""
-        qkv, g, beta = inputs
-        b, t, _ = qkv.shape
         gdn = ctx.state.gdn
         slot = gdn.slot[self.layer_idx]
-        window = gdn.conv[slot]                                       # [B, K-1, C]
+        steps = (gdn.step_states[slot], gdn.conv_rows[slot]) if ctx.record_steps else ()
+        return self.recur(inputs, gdn.state[slot], gdn.conv[slot], *steps)
+
+    def mix_static(self, inputs: tuple[torch.Tensor, ...], valid: torch.Tensor,
+                   window_rows: torch.Tensor, cache: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """`mix` with static shapes (compiled.py) over a block padded past its real rows:
+        valid [T] marks them. Padding rows get g = 0 and beta = 0, so they leave the
+        recurrent state as it was (S = S * e^0 + 0), and the conv window takes the last
+        real rows of [window, block] (`window_rows`, K-1 indices). cache: this layer's
+        (state, conv window), then its (step states, conv rows) when recording."""
+        qkv, g, beta = inputs
+        real = valid[None, :, None]
+        g = torch.where(real, g, torch.zeros_like(g))
+        beta = torch.where(real, beta, torch.zeros_like(beta))
+        return self.recur((qkv, g, beta), *cache, window_rows=window_rows)
+
+    def recur(self, inputs: tuple[torch.Tensor, ...], state: torch.Tensor,
+              window: torch.Tensor, steps: torch.Tensor | None = None,
+              conv_rows: torch.Tensor | None = None,
+              window_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The block through the conv window [B, K-1, C] and the recurrent state
+        [B, Hv, Dk, Dv], both updated in place; per-step checkpoints into steps and
+        conv_rows when given. window_rows: which rows of [window, block] the window keeps
+        (default: the last K-1)."""
+        qkv, g, beta = inputs
+        b, t, _ = qkv.shape
         k1 = window.shape[1]
         x = qkv.float()
-        if ctx.record_steps:
-            gdn.conv_rows[slot, :, :k1] = window
-            gdn.conv_rows[slot, :, k1:k1 + t] = x
+        if conv_rows is not None:
+            conv_rows[:, :k1] = window
+            conv_rows[:, k1:k1 + t] = x
         full = torch.cat((window, x), dim=1)                          # [B, K-1+T, C]
         # causal depthwise conv as one windowed product in the [B, T, C] layout: on a CPU,
         # cheaper than conv1d with its transposes (plain decode of the demo model: +19%)
@@ -64,14 +87,14 @@ class GatedDeltaNet(nn.Module):
         conv = (taps * self.conv1d.weight[:, 0].float()).sum(dim=-1)  # [B, T, C]
         conv = F.silu(conv).to(qkv.dtype)
         if k1:
-            window.copy_(full[:, -k1:])
+            window.copy_(full[:, -k1:] if window_rows is None
+                         else full.index_select(1, window_rows))
         key_dim = self.hk * self.dk
         q, k, v = conv.split((key_dim, key_dim, self.hv * self.dv), dim=-1)
         q = q.reshape(b, t, self.hk, self.dk)
         k = k.reshape(b, t, self.hk, self.dk)
         v = v.reshape(b, t, self.hv, self.dv)
-        steps = gdn.step_states[slot] if ctx.record_steps else None
-        return dispatch.gdn_steps(q, k, v, g, beta, gdn.state[slot], steps)
+        return dispatch.gdn_steps(q, k, v, g, beta, state, steps)
 
     def post(self, core: torch.Tensor, post: tuple[torch.Tensor, ...]) -> torch.Tensor:
         b, t = core.shape[:2]

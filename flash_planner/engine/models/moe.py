@@ -92,12 +92,22 @@ class SparseMoeBlock(nn.Module):
         self.record: RoutingRecord | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, ids = self.routed(x)
+        if self.record is not None:
+            self.record.ids.append(ids)
+        return out
+
+    def routed(self, x: torch.Tensor, valid: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, H] -> (out [B, T, H], expert ids [B*T, k]). valid [B*T] bool marks the
+        real rows of a padded block (compiled.py): padding rows reuse the first row's experts,
+        so padding reads no expert weights the block did not already need."""
         shape = x.shape
         rows = x.reshape(-1, shape[-1])                                # [T, H]
         weights, ids = self.gate(rows)
-        if self.record is not None:
-            self.record.ids.append(ids)
+        if valid is not None:
+            ids = torch.where(valid[:, None], ids, ids[:1])
         out = self.experts(rows, weights, ids)
         if self.shared_expert is not None:
             out = out + self.shared_expert_gate(rows) * self.shared_expert(rows)
-        return out.reshape(shape)
+        return out.reshape(shape), ids

@@ -18,6 +18,7 @@ from torch import nn
 from ..cache import InferenceState
 from ..config import LINEAR_ATTENTION, ModelConfig
 from .attention import Attention
+from .compiled import StaticForward
 from .context import ForwardContext
 from .gdn import GatedDeltaNet
 from .layers import MLP, RMSNorm
@@ -92,11 +93,17 @@ class TargetModel(nn.Module):
         self.arity = [layer_arity(layer) for layer in self.layers]
         self.dense = TorchDense(self.segments)
         self.moe_blocks = [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
+        # decode and verify blocks through compiled static-shape graphs (compiled.py)
+        self.static: StaticForward | None = None
 
     @property
     def output_weight(self) -> torch.Tensor:
         """[vocab, hidden]: lm_head's weight, or the embedding's when they are tied."""
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def set_static(self, runner: StaticForward | None) -> None:
+        """Run the blocks `runner.accepts` through its compiled graphs (None: all eager)."""
+        self.static = runner
 
     def set_dense(self, runner) -> None:
         """Run the dense segments with another backend (same `run(index, *tensors)`)."""
@@ -114,6 +121,13 @@ class TargetModel(nn.Module):
         all_logits: logits of every row (verify) instead of the last row only (prefill).
         routing: collects each sparse layer's expert ids (MoE targets; telemetry).
         """
+        if self.static is not None and self.static.accepts(ids, state, record_steps):
+            try:
+                logits, tapped = self.static.run(ids, record_steps, taps, all_logits, routing)
+            except BaseException:
+                state.reset()
+                raise
+            return ForwardOutput(logits, tapped)
         b, t = ids.shape
         n = len(self.layers)
         ctx = ForwardContext.open(state, b, t, self.cfg.rope, self.embed_tokens.weight.dtype,

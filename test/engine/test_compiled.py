@@ -1,0 +1,202 @@
+"""Compiled static-shape forwards (engine/models/compiled.py) against eager forwards.
+
+The contract: the same tokens compiled and eager, for every method, KV dtype, the grammar,
+prefix restore and cancel, on the hybrid, the dense and the MoE target. With bf16 compute
+the two round differently (fused kernels keep float32 where eager rounds to bf16, sums run
+in another order), so there a flip is tolerated only at a genuine tie: eager's top-2
+logits at the first divergence within one bf16 step of each other. No graph break
+(`fullgraph=True` raises on one) and no recompile after warm-up over varied requests
+(dynamo's own counters). Engines here hold blocks of up to 4 rows (buckets 1, 2, 4), which
+keeps the compiling short; bench/overhead.py measures the default buckets.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from flash_planner.engine.config import ConfigError, EngineConfig
+from flash_planner.engine.generate import CancelToken, GenerationSettings, generate
+from flash_planner.engine.grammar import JsonGrammarCompiler
+from flash_planner.engine.models.compiled import row_buckets, span_bounds
+from flash_planner.engine.proposer import ReplayProposer
+from flash_planner.train.tiny import write_tiny_drafter
+
+PROMPT = "open the top drawer, take the blue screwdriver"
+SCHEMA = {"type": "object", "required": ["steps"], "properties": {
+    "steps": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
+        "type": "string", "enum": ["pick", "place", "open the drawer", "wait"]}}}}
+BLOCK = 4
+
+
+def test_buckets_cover_every_block_size():
+    assert row_buckets(16) == (1, 2, 4, 8, 16)
+    assert row_buckets(5) == (1, 2, 4, 5)
+    assert row_buckets(1) == (1,)
+
+
+def test_spans_are_whole_periods_of_the_layer_kinds():
+    g, a = ("gdn", "mlp"), ("attn", "mlp")
+    qwen = [g, g, g, a] * 16                       # the 27B: 16 calls of one 4-layer graph
+    assert span_bounds(qwen) == [(i, i + 4) for i in range(0, 64, 4)]
+    assert span_bounds([g, a] * 2) == [(0, 4)]
+    assert span_bounds([a] * 10) == [(0, 4), (4, 8), (8, 10)]
+    irregular = [a, g, g, a, g, a, a, g, g, g, a]  # no period up to 8: one layer per call
+    assert span_bounds(irregular) == [(i, i + 1) for i in range(11)]
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("compile-cache"))
+
+
+@pytest.fixture(scope="module")
+def pairs(checkpoints, make_engine, tmp_path_factory, compile_cache):
+    """(kind, kv, dtype) -> (eager engine, compiled engine) with a DFlash drafter (and the
+    MTP head where the kind has one)."""
+    cache = {}
+
+    def get(kind: str, kv: str = "fp32", dtype: str = "fp32"):
+        if (kind, kv, dtype) not in cache:
+            mtp = kind in ("hybrid", "hybrid_moe")
+            path = checkpoints(kind, init=0.25, **({"mtp": True} if mtp else {}))
+            drafter = write_tiny_drafter(tmp_path_factory.mktemp(f"drafter-{kind}"), path,
+                                         num_layers=2, block_size=BLOCK)
+            common = dict(kv_dtype=kv, dtype=dtype, drafter_path=str(drafter),
+                          max_block=BLOCK, mtp_steps=BLOCK - 1, compile_cache=compile_cache)
+            cache[kind, kv, dtype] = (make_engine(path, compile="off", **common),
+                                      make_engine(path, compile="on", **common))
+        return cache[kind, kv, dtype]
+
+    return get
+
+
+def _generate(engine, method, n=40, **kwargs):
+    prompt = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
+    settings = GenerationSettings(n, ignore_eos="constraint" not in kwargs, method=method)
+    return generate(engine, prompt, settings, **kwargs)
+
+
+CASES = [("hybrid", m, "fp32", "fp32") for m in ("none", "dflash", "mtp", "auto")] + [
+    ("hybrid", "none", "fp8", "fp32"), ("hybrid", "dflash", "fp8", "fp32"),
+    ("hybrid", "none", "bf16", "fp32"), ("hybrid", "mtp", "bf16", "fp32"),
+    ("hybrid", "none", "bf16", "bf16"), ("hybrid", "mtp", "bf16", "bf16"),
+    ("dense", "none", "fp8", "fp32"), ("dense", "dflash", "fp8", "fp32"),
+    ("hybrid_moe", "none", "fp32", "fp32"), ("hybrid_moe", "mtp", "fp32", "fp32"),
+]
+
+
+def assert_equal_or_bf16_tie(eager, ref, got):
+    if got == ref:
+        return
+    i = next(j for j, (a, b) in enumerate(zip(ref, got)) if a != b)
+    prompt = eager.tokenizer.encode(PROMPT, add_special_tokens=False)
+    eager.state.reset()
+    logits = eager.model(torch.tensor([prompt + ref[:i]]), eager.state).logits[0, -1]
+    eager.state.reset()
+    top2 = logits.topk(2).values
+    step = top2[0].abs().item() * 2.0 ** -7        # bf16 keeps 8 significant bits
+    assert (top2[0] - top2[1]).item() <= step, (
+        f"compiled tokens diverge at token {i} ({got[i]} vs {ref[i]}) without a tie: "
+        f"top-2 logits {top2.tolist()}")
+
+
+@pytest.mark.parametrize("kind,method,kv,dtype", CASES)
+def test_compiled_tokens_equal_eager(pairs, kind, method, kv, dtype):
+    eager, compiled = pairs(kind, kv, dtype)
+    before = compiled.model.static.calls
+    ref, got = _generate(eager, method), _generate(compiled, method)
+    if dtype == "bf16":
+        assert_equal_or_bf16_tie(eager, ref.token_ids, got.token_ids)
+        return
+    assert got.token_ids == ref.token_ids
+    # every decode and verify forward ran compiled; the MoE routing record came through
+    assert compiled.model.static.calls - before == got.stats.cycles
+    assert got.stats.compiled and not ref.stats.compiled
+    assert got.stats.experts_per_verify == ref.stats.experts_per_verify
+    if method != "none":
+        assert got.stats.drafted > 0
+
+
+@pytest.mark.parametrize("method", ["none", "dflash", "mtp"])
+def test_compiled_tokens_equal_eager_under_the_grammar(pairs, method):
+    eager, compiled = pairs("hybrid")
+    grammar = JsonGrammarCompiler.for_engine(eager).compile(SCHEMA)
+    ref = _generate(eager, method, 96, constraint=grammar.constraint())
+    got = _generate(compiled, method, 96, constraint=grammar.constraint())
+    assert got.token_ids == ref.token_ids and got.finish_reason == ref.finish_reason == "eos"
+
+
+def test_varied_requests_never_recompile_nor_break_the_graph(pairs):
+    eager, compiled = pairs("hybrid")
+    vocab = compiled.model_config.vocab_size
+    _generate(compiled, "none", 4)
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    grammar = JsonGrammarCompiler.for_engine(compiled).compile(SCHEMA)
+    tok = compiled.tokenizer
+    for i, text in enumerate(["pick", PROMPT, PROMPT + " and wait " * 8]):
+        prompt = tok.encode(text, add_special_tokens=False)
+        for method in ("none", "dflash", "mtp", "auto"):
+            generate(compiled, prompt, GenerationSettings(9 + 7 * i, ignore_eos=True,
+                                                          method=method))
+        for block in (2, 3, 4):            # every verify size: 2, 3 and 4 rows
+            ref = generate(eager, prompt, GenerationSettings(30, ignore_eos=True,
+                                                             speculative=False)).token_ids
+            replay = ReplayProposer(ref, vocab, block_size=block, seed=block + i)
+            got = generate(compiled, prompt, GenerationSettings(30, ignore_eos=True),
+                           proposer=replay)
+            assert got.token_ids == ref
+        generate(compiled, prompt, GenerationSettings(64, method="dflash"),
+                 constraint=grammar.constraint())
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert sum(counters["graph_break"].values()) == breaks
+
+
+def test_prefix_restore_and_cancel_work_compiled(pairs):
+    eager, compiled = pairs("hybrid", "fp8")
+    tok = compiled.tokenizer
+    prefix = tok.encode("plan with these skills: pick, place, open, close, wait",
+                        add_special_tokens=False)
+    settings = GenerationSettings(24, ignore_eos=True, method="mtp")
+    for task in (" task one", " task two"):
+        prompt = prefix + tok.encode(task, add_special_tokens=False)
+        ref = generate(eager, prompt, settings, prefix=prefix)
+        got = generate(compiled, prompt, settings, prefix=prefix)
+        assert got.token_ids == ref.token_ids
+    assert got.stats.prefix_hit
+    cancel = CancelToken()
+    cycles = []
+
+    def on_token(ids, _delta):
+        cycles.append(len(ids))
+        cancel.cancel()
+
+    out = generate(compiled, prompt, GenerationSettings(64, ignore_eos=True, method="mtp"),
+                   on_token=on_token, cancel=cancel)
+    assert out.finish_reason == "cancelled" and len(cycles) == 1
+
+
+def test_compile_settings_are_checked():
+    with pytest.raises(ConfigError, match="compile must be one of"):
+        EngineConfig(model_path="x", compile="yes")
+    with pytest.raises(ConfigError, match="dense_backend 'onnxruntime'"):
+        EngineConfig(model_path="x", compile="on", dense_backend="onnxruntime")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not EngineConfig(model_path="x").resolve_compile(cpu)
+    assert EngineConfig(model_path="x").resolve_compile(cuda)
+    assert not EngineConfig(model_path="x", compile="off").resolve_compile(cuda)
+    assert EngineConfig(model_path="x", compile="on").resolve_compile(cpu)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("method", ["none", "dflash", "mtp"])
+def test_cuda_graphs_give_the_eager_tokens(checkpoints, make_engine, tmp_path, method):
+    path = checkpoints("hybrid", init=0.25, mtp=True)
+    drafter = write_tiny_drafter(tmp_path / "drafter", path, num_layers=2, block_size=BLOCK)
+    common = dict(device="cuda", dtype="fp32", drafter_path=str(drafter), max_block=BLOCK,
+                  mtp_steps=BLOCK - 1, compile_cache=str(tmp_path / "cache"))
+    eager = make_engine(path, compile="off", **common)
+    graphs = make_engine(path, compile="on", **common)
+    assert graphs.compile_report.backend == "inductor + CUDA graphs"
+    assert _generate(graphs, method).token_ids == _generate(eager, method).token_ids
