@@ -18,7 +18,7 @@ from .cache import ContextOverflowError, InferenceState
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import EngineConfig
 from .methods import METHODS
-from .models.compiled import CompileReport, StaticForward
+from .models.compiled import CompileReport, StaticForward, StaticHead
 from .prefix import PrefixCache
 from .proposer import Proposer
 from .proposers import WHY_MISSING, ProposerBytes, build_proposers
@@ -126,10 +126,7 @@ class Engine:
         proposers, extra = build_proposers(config, checkpoint, state, dtype, device)
         engine = cls(config, checkpoint, state, device, dtype, proposers, extra)
         if config.resolve_compile(device):
-            static = StaticForward(checkpoint.model, state, config.max_block,
-                                   config.compile_cache)
-            engine.compile_report = static.warm_up(progress)
-            checkpoint.model.set_static(static)
+            engine.compile_report = compile_forwards(engine, progress)
         log.info("loaded %s on %s (%s, weights %s, dense segments: %s, proposers: %s): %s",
                  config.model_path, device, dtype, engine.weights_label,
                  checkpoint.model.dense.name, ", ".join(proposers) or "none", engine.memory)
@@ -164,3 +161,19 @@ class Engine:
         if tok is not None and getattr(tok, "eos_token_id", None) is not None:
             ids.add(tok.eos_token_id)
         return tuple(sorted(ids))
+
+
+def compile_forwards(engine: Engine, progress: Callable[[str], None] | None = None
+                     ) -> CompileReport:
+    """Compile the target's decode and verify forwards and the MTP head's (where loaded),
+    warming every bucket up now so that no request pays for it."""
+    config = engine.config
+    static = StaticForward(engine.model, engine.state, config.max_block, config.compile_cache)
+    report = static.warm_up(progress)
+    engine.model.set_static(static)
+    mtp = engine.proposers.get("mtp")
+    if mtp is not None:
+        head = StaticHead(mtp.head, mtp.state, config.max_block, config.compile_cache)
+        report = report.plus(head.warm_up(progress))
+        mtp.head.static = head
+    return report

@@ -106,6 +106,8 @@ def assert_equal_or_bf16_tie(eager, ref, got):
 def test_compiled_tokens_equal_eager(pairs, kind, method, kv, dtype):
     eager, compiled = pairs(kind, kv, dtype)
     before = compiled.model.static.calls
+    head = compiled.proposers["mtp"].head.static if "mtp" in compiled.proposers else None
+    head_before = head.calls if head is not None else 0
     ref, got = _generate(eager, method), _generate(compiled, method)
     if dtype == "bf16":
         assert_equal_or_bf16_tie(eager, ref.token_ids, got.token_ids)
@@ -117,6 +119,8 @@ def test_compiled_tokens_equal_eager(pairs, kind, method, kv, dtype):
     assert got.stats.experts_per_verify == ref.stats.experts_per_verify
     if method != "none":
         assert got.stats.drafted > 0
+    if method == "mtp":   # the head's drafting steps ran compiled too
+        assert head.calls - head_before >= got.stats.cycles
 
 
 @pytest.mark.parametrize("method", ["none", "dflash", "mtp"])
@@ -189,7 +193,7 @@ def test_compile_settings_are_checked():
     assert EngineConfig(model_path="x", compile="on").resolve_compile(cpu)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 @pytest.mark.parametrize("method", ["none", "dflash", "mtp"])
 def test_cuda_graphs_give_the_eager_tokens(checkpoints, make_engine, tmp_path, method):
     path = checkpoints("hybrid", init=0.25, mtp=True)

@@ -28,7 +28,7 @@ import os
 import time
 import types
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -132,117 +132,188 @@ def _own_copy(fn):
 
 @dataclass(frozen=True)
 class CompileReport:
-    """What `StaticForward.warm_up` did: telemetry and the node's summary show it."""
+    """What warm-up did: telemetry and the node's summary show it."""
 
     backend: str              # "inductor" (CPU) or "inductor + CUDA graphs"
     buckets: tuple[int, ...]
-    spans: int                # graph calls per forward for the layers
-    graphs: int               # graphs compiled (or loaded from the cache) at warm-up
+    parts: tuple[str, ...]    # the models compiled: target, and the MTP head where loaded
+    spans: int                # graph calls per target forward for its layers
+    graphs: int               # graphs compiled (or read from the cache) at warm-up
     seconds: float
     cache_dir: str
 
+    def plus(self, other: CompileReport) -> CompileReport:
+        return replace(self, parts=self.parts + other.parts, graphs=self.graphs + other.graphs,
+                       seconds=self.seconds + other.seconds)
+
     def as_dict(self) -> dict[str, object]:
-        return {"backend": self.backend, "buckets": list(self.buckets), "spans": self.spans,
-                "graphs": self.graphs, "seconds": round(self.seconds, 3),
-                "cache_dir": self.cache_dir}
+        return {"backend": self.backend, "buckets": list(self.buckets),
+                "parts": list(self.parts), "spans": self.spans, "graphs": self.graphs,
+                "seconds": round(self.seconds, 3), "cache_dir": self.cache_dir}
 
     def __str__(self) -> str:
-        return (f"compiled forward ({self.backend}): buckets {list(self.buckets)}, "
-                f"{self.spans} layer graph calls per forward, {self.graphs} graphs in "
-                f"{self.seconds:.1f} s (cache {self.cache_dir})")
+        return (f"compiled {' + '.join(self.parts)} ({self.backend}): buckets "
+                f"{list(self.buckets)}, {self.spans} layer graph calls per target forward, "
+                f"{self.graphs} graphs in {self.seconds:.1f} s (cache {self.cache_dir})")
 
 
-@dataclass
-class _Span:
-    layers: tuple[nn.Module, ...]
-    first: int                                               # its first layer id
-    caches: dict[bool, tuple[tuple[torch.Tensor, ...], ...]]  # recording? -> per layer
+def layer_cache(state: InferenceState, layer: int, record: bool) -> tuple[torch.Tensor, ...]:
+    """A layer's views of the state, as `mix_static` takes them: GDN (state, conv window,
+    then step states and conv rows when recording), attention (k, v, then FP8 scales)."""
+    kv, gdn = state.kv, state.gdn
+    if layer in gdn.slot:
+        s = gdn.slot[layer]
+        steps = (gdn.step_states[s], gdn.conv_rows[s]) if record else ()
+        return (gdn.state[s], gdn.conv[s], *steps)
+    s = kv.slot[layer]
+    scales = (kv.k_scale[s], kv.v_scale[s]) if kv.is_fp8 else ()
+    return (kv.k[s], kv.v[s], *scales)
 
 
-class StaticForward:
-    """Runs `TargetModel.forward` for blocks of up to max_block rows through compiled
-    static-shape graphs on one `InferenceState` (the engine's; its tensors never move)."""
+class _StaticGraphs:
+    """What a compiled model shares: the buckets, the position and padding tensors, the
+    compile options, the on-disk cache, warm-up and (on CUDA) one captured graph per bucket.
+    Subclasses stage their inputs in per-bucket buffers and define `_forward(tb, valid,
+    window_rows)`, the graphs of one forward."""
 
-    def __init__(self, model: nn.Module, state: InferenceState, max_block: int,
-                 cache_dir: str | None = None):
-        self.model, self.state = model, state
+    part = ""
+    spans = 1
+    records = False           # whether blocks of several rows keep per-step checkpoints
+
+    def __init__(self, state: InferenceState, max_block: int, cache_dir: str | None,
+                 device: torch.device):
+        self.state = state
         self.cache_dir = compile_cache_dir(cache_dir)
         self.buckets = row_buckets(max_block)
-        self.device = model.embed_tokens.weight.device
-        self.cuda_graphs = self.device.type == "cuda"
-        bounds = span_bounds([layer_kind(layer) for layer in model.layers])
-        self.spans = [_Span(tuple(model.layers[a:b]), a,
-                            {rec: tuple(self._cache(i, rec) for i in range(a, b))
-                             for rec in (False, True)}) for a, b in bounds]
-        kinds = len({tuple(layer_kind(x) for x in s.layers) for s in self.spans})
-        # dynamo's per-code limit: every bucket x (recording or not) x span kind
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
-                                                   2 * len(self.buckets) * kinds)
-        # On a CPU the graph's host wrapper in C++ (not Python) halves what a call costs;
-        # on CUDA the captured graph is replayed and the wrapper runs only at capture.
-        opts = dict(fullgraph=True, dynamic=False,
-                    options={"cpp_wrapper": not self.cuda_graphs,
-                             "emulate_precision_casts": True})
-        self.entry = torch.compile(_own_copy(_entry), **opts)
-        self.span = torch.compile(_own_copy(_span), **opts)
-        self.head = torch.compile(_own_copy(_head), **opts)
-        capacity = state.capacity
-        self.key_positions = torch.arange(capacity, device=self.device)
-        self.ids = {tb: torch.zeros(1, tb, dtype=torch.long, device=self.device)
-                    for tb in self.buckets}
-        self.positions = {tb: torch.zeros(1, tb, dtype=torch.long, device=self.device)
+        self.device = device
+        self.cuda_graphs = device.type == "cuda"
+        self.key_positions = torch.arange(state.capacity, device=device)
+        self.positions = {tb: torch.zeros(1, tb, dtype=torch.long, device=device)
                           for tb in self.buckets}
         k1 = state.gdn.conv.shape[2]
         # per (bucket, real rows): which rows are real, and the rows the conv window keeps
-        self.padding = {(tb, t): (torch.arange(tb, device=self.device) < t,
-                                  torch.arange(t, t + k1, device=self.device))
+        self.padding = {(tb, t): (torch.arange(tb, device=device) < t,
+                                  torch.arange(t, t + k1, device=device))
                         for tb in self.buckets for t in range(1, tb + 1)}
         self.graphs: dict[int, _Captured] = {}
         self.report: CompileReport | None = None
         self.calls = 0                      # forwards run compiled since warm-up
 
-    def _cache(self, layer: int, record: bool) -> tuple[torch.Tensor, ...]:
-        kv, gdn = self.state.kv, self.state.gdn
-        if layer in gdn.slot:
-            s = gdn.slot[layer]
-            steps = (gdn.step_states[s], gdn.conv_rows[s]) if record else ()
-            return (gdn.state[s], gdn.conv[s], *steps)
-        s = kv.slot[layer]
-        scales = (kv.k_scale[s], kv.v_scale[s]) if kv.is_fp8 else ()
-        return (kv.k[s], kv.v[s], *scales)
+    def _compile(self, fn, kinds: int = 1):
+        # dynamo's per-code limit: every bucket x (recording or not) x graph kind
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                                   2 * len(self.buckets) * kinds)
+        # On a CPU the graph's host wrapper in C++ (not Python) halves what a call costs;
+        # on CUDA the captured graph is replayed and the wrapper runs only at capture.
+        # Rounding to the compute dtype where eager does keeps bf16 close to eager.
+        return torch.compile(_own_copy(fn), fullgraph=True, dynamic=False,
+                             options={"cpp_wrapper": not self.cuda_graphs,
+                                      "emulate_precision_casts": True})
 
     def bucket(self, rows: int) -> int | None:
         return next((b for b in self.buckets if b >= rows), None)
 
-    def accepts(self, ids: torch.Tensor, state: InferenceState, record_steps: bool) -> bool:
-        """Whether this forward can run compiled: the engine's state, one sequence, a block
-        that fits a bucket (T = 1, or recording its steps: prefill chunks stay eager), and an
-        FP8 cache already calibrated (the first prefill chunk does that, eagerly)."""
-        b, t = ids.shape
-        tb = self.bucket(t)
-        return (state is self.state and b == 1 and tb is not None
-                and (t == 1 or record_steps) and self.report is not None
-                and state.length + tb <= state.capacity
+    def fits(self, state: InferenceState, batch: int, rows: int) -> bool:
+        """This state, one sequence, a block that fits a bucket and the cache, and an FP8
+        cache already calibrated (the first prefill chunk does that, eagerly)."""
+        tb = self.bucket(rows)
+        return (state is self.state and batch == 1 and tb is not None
+                and self.report is not None and state.length + tb <= state.capacity
                 and (not state.kv.is_fp8 or all(state.kv.calibrated)))
+
+    def _begin(self, rows: int, record: bool) -> tuple[int, torch.Tensor, torch.Tensor]:
+        tb = self.bucket(rows)
+        start = self.state.begin(rows, record)
+        self.calls += 1
+        self.positions[tb][0] = self.key_positions[start:start + tb]
+        return (tb, *self.padding[(tb, rows)])
+
+    def _run(self, tb: int, valid: torch.Tensor, window_rows: torch.Tensor):
+        if self.cuda_graphs:
+            return self.graphs[tb].replay(valid, window_rows)
+        # Every call after warm-up matches a graph compiled for these modules and state
+        # tensors; checking only the guards that tell those graphs apart (bucket, recording,
+        # layer kinds) saves a third of a call's cost.
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            return self._forward(tb, valid, window_rows)
+
+    def _forward(self, tb: int, valid: torch.Tensor, window_rows: torch.Tensor):
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def warm_up(self, progress: Callable[[str], None] | None = None) -> CompileReport:
+        """Compile (or read from the on-disk cache) every bucket's graphs, running each once
+        on the state, which is left empty."""
+        # process-wide: inductor reads the variable whenever it looks for a cached graph
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir)
+        counters = torch._dynamo.utils.counters["stats"]
+        before = counters["unique_graphs"]
+        t0 = time.perf_counter()
+        kv = self.state.kv
+        for i, tb in enumerate(self.buckets):
+            t1 = time.perf_counter()
+            self.state.reset()
+            kv.calibrated = [True] * len(kv.calibrated)   # scales of 1 for the warm-up run
+            self.state.begin(tb, self.records and tb > 1)
+            valid, window_rows = self.padding[(tb, tb)]
+            if self.cuda_graphs:
+                self.graphs[tb] = _Captured(self, tb)
+            else:
+                self._forward(tb, valid, window_rows)
+            if progress is not None:
+                progress(f"compiled the {self.part}'s {tb}-row forward ({i + 1}/"
+                         f"{len(self.buckets)}, {time.perf_counter() - t1:.1f} s)")
+        self.state.reset()
+        self.report = CompileReport(
+            "inductor + CUDA graphs" if self.cuda_graphs else "inductor", self.buckets,
+            (self.part,), self.spans, counters["unique_graphs"] - before,
+            time.perf_counter() - t0, str(self.cache_dir))
+        log.info("%s", self.report)
+        return self.report
+
+
+@dataclass
+class _Span:
+    layers: tuple[nn.Module, ...]
+    caches: dict[bool, tuple[tuple[torch.Tensor, ...], ...]]  # recording? -> per layer
+
+
+class StaticForward(_StaticGraphs):
+    """Runs `TargetModel.forward` for blocks of up to max_block rows through compiled
+    static-shape graphs on one `InferenceState` (the engine's; its tensors never move)."""
+
+    part = "target"
+    records = True
+
+    def __init__(self, model: nn.Module, state: InferenceState, max_block: int,
+                 cache_dir: str | None = None):
+        super().__init__(state, max_block, cache_dir, model.embed_tokens.weight.device)
+        self.model = model
+        bounds = span_bounds([layer_kind(layer) for layer in model.layers])
+        self.spans_of = [_Span(tuple(model.layers[a:b]),
+                               {rec: tuple(layer_cache(state, i, rec) for i in range(a, b))
+                                for rec in (False, True)}) for a, b in bounds]
+        self.spans = len(self.spans_of)
+        kinds = len({tuple(layer_kind(x) for x in s.layers) for s in self.spans_of})
+        self.entry = self._compile(_entry)
+        self.span = self._compile(_span, kinds)
+        self.head = self._compile(_head)
+        self.ids = {tb: torch.zeros(1, tb, dtype=torch.long, device=self.device)
+                    for tb in self.buckets}
+
+    def accepts(self, ids: torch.Tensor, state: InferenceState, record_steps: bool) -> bool:
+        """Whether this forward can run compiled (`fits`); a block of more than one row
+        only when it records its steps: prefill chunks stay eager."""
+        b, t = ids.shape
+        return self.fits(state, b, t) and (t == 1 or record_steps)
 
     def run(self, ids: torch.Tensor, record_steps: bool, taps: tuple[int, ...],
             all_logits: bool, routing: RoutingRecord | None):
         """`TargetModel.forward` of a block `accepts` took; returns (logits, taps)."""
         t = ids.shape[1]
-        tb = self.bucket(t)
-        start = self.state.begin(t, record_steps)
-        self.calls += 1
+        tb, valid, window_rows = self._begin(t, record_steps)
         self.ids[tb][:, :t].copy_(ids)
-        self.positions[tb][0] = self.key_positions[start:start + tb]
-        valid, window_rows = self.padding[(tb, t)]
-        if self.cuda_graphs:
-            logits, outs, routes = self.graphs[tb].replay(valid, window_rows)
-        else:
-            # Every call after warm-up matches a graph compiled for this engine's own
-            # modules and state tensors; checking only the guards that tell those graphs
-            # apart (bucket, recording, layer kinds) saves a third of a call's cost.
-            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                logits, outs, routes = self._forward(tb, valid, window_rows)
+        logits, outs, routes = self._run(tb, valid, window_rows)
         kept = [logits[:, :t] if all_logits else logits[:, t - 1:t]]
         kept += [outs[i][:, :t] for i in taps]
         if routing is not None:
@@ -263,7 +334,7 @@ class StaticForward:
         record = tb > 1
         outs: list[torch.Tensor] = []
         routes: list[torch.Tensor] = []
-        for span in self.spans:
+        for span in self.spans_of:
             layer_outs, ids = self.span(span.layers, span.caches[record], x, cos, sin,
                                         positions, mask, valid, window_rows)
             outs += layer_outs
@@ -273,53 +344,69 @@ class StaticForward:
         outs[-1] = normed
         return logits, outs, routes
 
-    @torch.inference_mode()
-    def warm_up(self, progress: Callable[[str], None] | None = None) -> CompileReport:
-        """Compile (or load from the on-disk cache) every bucket's graphs, running each once
-        on the engine's state, which is left empty."""
-        # process-wide: inductor reads the variable whenever it looks for a cached graph
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir)
-        counters = torch._dynamo.utils.counters["stats"]
-        before = counters["unique_graphs"]
-        t0 = time.perf_counter()
-        kv = self.state.kv
-        for i, tb in enumerate(self.buckets):
-            t1 = time.perf_counter()
-            self.state.reset()
-            kv.calibrated = [True] * len(kv.calibrated)   # scales of 1 for the warm-up run
-            self.state.begin(tb, tb > 1)
-            valid, window_rows = self.padding[(tb, tb)]
-            if self.cuda_graphs:
-                self.graphs[tb] = _Captured(self, tb)
-            else:
-                self._forward(tb, valid, window_rows)
-            if progress is not None:
-                progress(f"compiled the {tb}-row forward ({i + 1}/{len(self.buckets)}, "
-                         f"{time.perf_counter() - t1:.1f} s)")
-        self.state.reset()
-        self.report = CompileReport(
-            "inductor + CUDA graphs" if self.cuda_graphs else "inductor", self.buckets,
-            len(self.spans), counters["unique_graphs"] - before, time.perf_counter() - t0,
-            str(self.cache_dir))
-        log.info("%s", self.report)
-        return self.report
+
+class StaticHead(_StaticGraphs):
+    """Runs `MTPHead.forward` for up to max_block rows as one compiled graph per bucket on
+    the head's own state: the MTP proposer's drafting steps and its per-cycle catch-up."""
+
+    part = "MTP head"
+
+    def __init__(self, head: nn.Module, state: InferenceState, max_block: int,
+                 cache_dir: str | None = None):
+        weight = head.pre_fc_norm_hidden.weight
+        super().__init__(state, max_block, cache_dir, weight.device)
+        self.head = head
+        self.caches = (layer_cache(state, 0, False),)
+        self.graph = self._compile(_mtp_head)
+        hidden, dtype = head.cfg.hidden_size, head.fc.weight.dtype
+        self.inputs = {tb: (torch.zeros(1, tb, hidden, dtype=dtype, device=self.device),
+                            torch.zeros(1, tb, hidden, dtype=dtype, device=self.device))
+                       for tb in self.buckets}
+
+    def accepts(self, embedded: torch.Tensor, state: InferenceState) -> bool:
+        return self.fits(state, embedded.shape[0], embedded.shape[1])
+
+    def run(self, embedded: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """`MTPHead.forward` of rows `accepts` took -> normed outputs [1, T, H]."""
+        t = embedded.shape[1]
+        tb, valid, window_rows = self._begin(t, False)
+        for buffer, rows in zip(self.inputs[tb], (embedded, hidden)):
+            buffer[:, :t].copy_(rows)
+        out = self._run(tb, valid, window_rows)[:, :t]
+        return out.clone() if self.cuda_graphs else out
+
+    def _forward(self, tb: int, valid: torch.Tensor, window_rows: torch.Tensor):
+        rope = self.head.cfg.rope
+        return self.graph(self.head, self.caches, *self.inputs[tb], self.positions[tb],
+                          self.key_positions, rope.rotary_dim, rope.theta, valid, window_rows)
+
+
+def _mtp_head(head: nn.Module, caches: tuple[tuple[torch.Tensor, ...], ...],
+              embedded: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+              key_positions: torch.Tensor, rotary_dim: int, theta: float,
+              valid: torch.Tensor, window_rows: torch.Tensor) -> torch.Tensor:
+    x = head.fuse(embedded, hidden)
+    cos, sin = rope_cos_sin(positions, rotary_dim, theta, x.dtype)
+    mask = key_positions[None, :] <= positions[0, :, None]
+    outs, _ = _span(tuple(head.layers), caches, x, cos, sin, positions, mask, valid,
+                    window_rows)
+    return head.norm(outs[-1])
 
 
 class _Captured:
     """One bucket's forward as a CUDA graph: compiled, run once to warm up, captured, and
     replayed with its inputs copied into the static buffers it was captured with."""
 
-    def __init__(self, fwd: StaticForward, tb: int):
-        self.fwd, self.tb = fwd, tb
-        self.valid, self.window_rows = (x.clone() for x in fwd.padding[(tb, tb)])
+    def __init__(self, graphs: _StaticGraphs, tb: int):
+        self.valid, self.window_rows = (x.clone() for x in graphs.padding[(tb, tb)])
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            fwd._forward(tb, self.valid, self.window_rows)        # compile and autotune
+            graphs._forward(tb, self.valid, self.window_rows)     # compile and autotune
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.outputs = fwd._forward(tb, self.valid, self.window_rows)
+            self.outputs = graphs._forward(tb, self.valid, self.window_rows)
 
     def replay(self, valid: torch.Tensor, window_rows: torch.Tensor):
         self.valid.copy_(valid)

@@ -21,6 +21,7 @@ from torch import nn
 
 from ..cache import InferenceState
 from ..config import FULL_ATTENTION, ConfigError, ModelConfig
+from .compiled import StaticHead
 from .context import ForwardContext
 from .layers import RMSNorm
 from .target import DecoderLayer
@@ -51,6 +52,7 @@ class MTPHead(nn.Module):
         self.pre_fc_norm_hidden = RMSNorm(h, eps, zero_centred=True)
         self.layers = nn.ModuleList([DecoderLayer(self.cfg, 0)])
         self.norm = RMSNorm(h, eps, zero_centred=True)
+        self.static: StaticHead | None = None   # compiled rows (compiled.py), when set
 
     def fuse(self, embedded: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """The layer's input: fc over the normed embedding, then the normed hidden state."""
@@ -65,6 +67,8 @@ class MTPHead(nn.Module):
         embedded [B, T, H]: the embedding of each row's next token; hidden [B, T, H]: the
         normed hidden state the row continues (the target's, or the head's own output).
         The caller commits the rows (`state.commit`) or forgets them (`state.truncate`)."""
+        if self.static is not None and self.static.accepts(embedded, state):
+            return self.static.run(embedded, hidden)
         b, t, _ = embedded.shape
         ctx = ForwardContext.open(state, b, t, self.cfg.rope, embedded.dtype, embedded.device)
         x = self.fuse(embedded, hidden)
