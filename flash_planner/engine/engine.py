@@ -18,7 +18,7 @@ from .cache import ContextOverflowError, InferenceState
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import EngineConfig
 from .methods import METHODS
-from .models.compiled import CompileReport, StaticForward, StaticHead
+from .models.compiled import CompileReport, StaticDrafter, StaticForward, StaticHead
 from .prefix import PrefixCache
 from .proposer import Proposer
 from .proposers import WHY_MISSING, ProposerBytes, build_proposers
@@ -165,8 +165,8 @@ class Engine:
 
 def compile_forwards(engine: Engine, progress: Callable[[str], None] | None = None
                      ) -> CompileReport:
-    """Compile the target's decode and verify forwards and the MTP head's (where loaded),
-    warming every bucket up now so that no request pays for it."""
+    """Compile the target's decode and verify forwards, the MTP head's and the DFlash
+    drafter's (where loaded), warming every shape up now so that no request pays for it."""
     config = engine.config
     static = StaticForward(engine.model, engine.state, config.max_block, config.compile_cache)
     report = static.warm_up(progress)
@@ -176,4 +176,11 @@ def compile_forwards(engine: Engine, progress: Callable[[str], None] | None = No
         head = StaticHead(mtp.head, mtp.state, config.max_block, config.compile_cache)
         report = report.plus(head.warm_up(progress))
         mtp.head.static = head
+    dflash = engine.proposers.get("dflash")
+    if dflash is not None:
+        drafter = StaticDrafter(dflash.drafter, dflash.embed, dflash.lm_head_weight,
+                                dflash.block_size, dflash.window.capacity,
+                                config.compile_cache)
+        report = report.plus(drafter.warm_up(progress))
+        dflash.drafter.static = drafter
     return report

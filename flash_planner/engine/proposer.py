@@ -114,6 +114,9 @@ class DFlashProposer(Proposer):
         # The drafter always sees the block it was trained on; shorter requests truncate.
         ids = torch.cat((anchor, anchor.new_full((self.block_size - 1,), mask)))
         ctx_kv, ctx_pos = self.window.context(anchor.device, self.lm_head_weight.dtype)
+        static = self.drafter.static
+        if static is not None and static.accepts(ids, ctx_pos.shape[0]):
+            return static.propose(ids, start, ctx_kv, ctx_pos)[:num]
         hidden = self.drafter(self.embed(ids)[None], start, ctx_kv, ctx_pos)   # [1, B, H]
         logits = self.drafter.draft_logits(hidden[0, 1:num + 1], self.lm_head_weight)
         return logits.argmax(dim=-1)

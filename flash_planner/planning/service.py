@@ -337,12 +337,14 @@ class PlannerService:
         listener = _Listener(ticket, StepStream(self.catalog))
         try:
             ids, prefix = self.prompt(request.task, request.context, self._thinking(request))
-            # the deadline counts from submission: what encoding took is not given back
-            settings = self._settings(request, time.monotonic() - ticket.submitted)
             constraint = None
             if self.grammar is not None:
-                budget = max(0, settings.max_new_tokens - self.config.answer_reserve)
+                max_new = request.max_new_tokens or self.config.max_new_tokens
+                budget = max(0, max_new - self.config.answer_reserve)
                 constraint = self.grammar.constraint(think_budget=budget)
+            # the deadline counts from submission: what encoding the prompt and making the
+            # grammar's matcher took is not given back (the last thing before generating)
+            settings = self._settings(request, time.monotonic() - ticket.submitted)
             out = generate(self.engine, ids, settings, on_token=listener,
                            cancel=ticket.cancel_token, constraint=constraint, prefix=prefix)
         except (ContextOverflowError, ValueError) as exc:

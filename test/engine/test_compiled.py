@@ -107,7 +107,9 @@ def test_compiled_tokens_equal_eager(pairs, kind, method, kv, dtype):
     eager, compiled = pairs(kind, kv, dtype)
     before = compiled.model.static.calls
     head = compiled.proposers["mtp"].head.static if "mtp" in compiled.proposers else None
+    drafter = compiled.proposers["dflash"].drafter.static
     head_before = head.calls if head is not None else 0
+    drafter_before = drafter.calls
     ref, got = _generate(eager, method), _generate(compiled, method)
     if dtype == "bf16":
         assert_equal_or_bf16_tie(eager, ref.token_ids, got.token_ids)
@@ -121,6 +123,8 @@ def test_compiled_tokens_equal_eager(pairs, kind, method, kv, dtype):
         assert got.stats.drafted > 0
     if method == "mtp":   # the head's drafting steps ran compiled too
         assert head.calls - head_before >= got.stats.cycles
+    if method == "dflash":  # and so did every DFlash proposal
+        assert drafter.calls - drafter_before == got.stats.method_cycles["dflash"]
 
 
 @pytest.mark.parametrize("method", ["none", "dflash", "mtp"])

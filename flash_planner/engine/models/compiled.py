@@ -29,6 +29,7 @@ import time
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -130,6 +131,19 @@ def _own_copy(fn):
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
 
 
+def compile_graph(fn, cuda_graphs: bool, variants: int):
+    """torch.compile of one graph function, static shapes, no graph break allowed."""
+    # dynamo's per-code limit must admit every variant (bucket x recording x graph kind)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                               variants)
+    # On a CPU the graph's host wrapper in C++ (not Python) halves what a call costs; on
+    # CUDA the captured graph is replayed and the wrapper runs only at capture. Rounding to
+    # the compute dtype where eager does keeps bf16 close to eager.
+    return torch.compile(_own_copy(fn), fullgraph=True, dynamic=False,
+                         options={"cpp_wrapper": not cuda_graphs,
+                                  "emulate_precision_casts": True})
+
+
 @dataclass(frozen=True)
 class CompileReport:
     """What warm-up did: telemetry and the node's summary show it."""
@@ -200,15 +214,7 @@ class _StaticGraphs:
         self.calls = 0                      # forwards run compiled since warm-up
 
     def _compile(self, fn, kinds: int = 1):
-        # dynamo's per-code limit: every bucket x (recording or not) x graph kind
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
-                                                   2 * len(self.buckets) * kinds)
-        # On a CPU the graph's host wrapper in C++ (not Python) halves what a call costs;
-        # on CUDA the captured graph is replayed and the wrapper runs only at capture.
-        # Rounding to the compute dtype where eager does keeps bf16 close to eager.
-        return torch.compile(_own_copy(fn), fullgraph=True, dynamic=False,
-                             options={"cpp_wrapper": not self.cuda_graphs,
-                                      "emulate_precision_casts": True})
+        return compile_graph(fn, self.cuda_graphs, 2 * len(self.buckets) * kinds)
 
     def bucket(self, rows: int) -> int | None:
         return next((b for b in self.buckets if b >= rows), None)
@@ -257,7 +263,7 @@ class _StaticGraphs:
             self.state.begin(tb, self.records and tb > 1)
             valid, window_rows = self.padding[(tb, tb)]
             if self.cuda_graphs:
-                self.graphs[tb] = _Captured(self, tb)
+                self.graphs[tb] = _Captured(partial(self._forward, tb), valid, window_rows)
             else:
                 self._forward(tb, valid, window_rows)
             if progress is not None:
@@ -393,23 +399,105 @@ def _mtp_head(head: nn.Module, caches: tuple[tuple[torch.Tensor, ...], ...],
     return head.norm(outs[-1])
 
 
-class _Captured:
-    """One bucket's forward as a CUDA graph: compiled, run once to warm up, captured, and
-    replayed with its inputs copied into the static buffers it was captured with."""
+class StaticDrafter:
+    """The DFlash drafter's proposal (block forward, logits, argmax) as one compiled graph:
+    the block is the proposer's fixed block size and the context window is padded to its
+    capacity, its empty rows at a position no block precedes (so the drafter's own mask
+    hides them)."""
 
-    def __init__(self, graphs: _StaticGraphs, tb: int):
-        self.valid, self.window_rows = (x.clone() for x in graphs.padding[(tb, tb)])
+    part = "DFlash drafter"
+
+    def __init__(self, drafter: nn.Module, embed: nn.Embedding, lm_head_weight: torch.Tensor,
+                 block_size: int, window: int, cache_dir: str | None = None):
+        self.drafter, self.embed, self.lm_head_weight = drafter, embed, lm_head_weight
+        self.block_size, self.window = block_size, window
+        self.cache_dir = compile_cache_dir(cache_dir)
+        device, dtype = lm_head_weight.device, lm_head_weight.dtype
+        self.cuda_graphs = device.type == "cuda"
+        cfg = drafter.cfg
+        shape = (1, window, cfg.num_kv_heads, cfg.head_dim)
+        self.ctx_kv = [(torch.zeros(shape, dtype=dtype, device=device),
+                        torch.zeros(shape, dtype=dtype, device=device))
+                       for _ in range(cfg.num_layers)]
+        self.ctx_pos = torch.full((window,), EMPTY_POSITION, device=device)
+        self.ids = torch.zeros(block_size, dtype=torch.long, device=device)
+        self.start = torch.zeros(1, dtype=torch.long, device=device)
+        self.graph = compile_graph(_dflash_drafts, self.cuda_graphs, 2)
+        self.captured: _Captured | None = None
+        self.report: CompileReport | None = None
+        self.calls = 0
+
+    def accepts(self, ids: torch.Tensor, window_rows: int) -> bool:
+        return (self.report is not None and ids.shape[0] == self.block_size
+                and window_rows <= self.window)
+
+    def propose(self, ids: torch.Tensor, start: int, ctx_kv, ctx_pos: torch.Tensor
+                ) -> torch.Tensor:
+        """Drafts [block_size - 1] for the block ids [block_size] at `start`, over the
+        window's per-layer (k, v) [1, n, Hkv, D] at positions ctx_pos [n]."""
+        self.calls += 1
+        n = ctx_pos.shape[0]
+        for (k, v), (ck, cv) in zip(self.ctx_kv, ctx_kv):
+            k[:, :n].copy_(ck)
+            v[:, :n].copy_(cv)
+        self.ctx_pos[:n].copy_(ctx_pos)
+        self.ctx_pos[n:].fill_(EMPTY_POSITION)
+        self.ids.copy_(ids)
+        self.start.fill_(start)
+        if self.captured is not None:
+            return self.captured.replay().clone()
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            return self._forward()
+
+    def _forward(self) -> torch.Tensor:
+        return self.graph(self.drafter, self.embed, self.lm_head_weight, self.ids, self.start,
+                          self.ctx_kv, self.ctx_pos)
+
+    @torch.inference_mode()
+    def warm_up(self, progress: Callable[[str], None] | None = None) -> CompileReport:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir)
+        counters = torch._dynamo.utils.counters["stats"]
+        before, t0 = counters["unique_graphs"], time.perf_counter()
+        if self.cuda_graphs:
+            self.captured = _Captured(self._forward)
+        else:
+            self._forward()
+        seconds = time.perf_counter() - t0
+        if progress is not None:
+            progress(f"compiled the {self.part}'s {self.block_size}-row block ({seconds:.1f} s)")
+        self.report = CompileReport(
+            "inductor + CUDA graphs" if self.cuda_graphs else "inductor", (self.block_size,),
+            (self.part,), 1, counters["unique_graphs"] - before, seconds, str(self.cache_dir))
+        return self.report
+
+
+# A context row at this position follows every block, so the drafter's mask hides it.
+EMPTY_POSITION = 1 << 40
+
+
+def _dflash_drafts(drafter: nn.Module, embed: nn.Embedding, lm_head_weight: torch.Tensor,
+                   ids: torch.Tensor, start: torch.Tensor, ctx_kv, ctx_pos: torch.Tensor):
+    hidden = drafter(embed(ids)[None], start, ctx_kv, ctx_pos)          # [1, B, H]
+    return drafter.draft_logits(hidden[0, 1:], lm_head_weight).argmax(dim=-1)
+
+
+class _Captured:
+    """A forward as a CUDA graph: run once to compile and warm up, captured, and replayed
+    with its per-call inputs copied into the static tensors it was captured with."""
+
+    def __init__(self, forward: Callable[..., object], *inputs: torch.Tensor):
+        self.inputs = tuple(x.clone() for x in inputs)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            graphs._forward(tb, self.valid, self.window_rows)     # compile and autotune
+            forward(*self.inputs)                                  # compile and autotune
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.outputs = graphs._forward(tb, self.valid, self.window_rows)
+            self.outputs = forward(*self.inputs)
 
-    def replay(self, valid: torch.Tensor, window_rows: torch.Tensor):
-        self.valid.copy_(valid)
-        self.window_rows.copy_(window_rows)
+    def replay(self, *inputs: torch.Tensor):
+        for static, x in zip(self.inputs, inputs):
+            static.copy_(x)
         self.graph.replay()
         return self.outputs

@@ -226,6 +226,7 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centred=False)
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centred=False)
+        self.static = None   # compiled proposals (compiled.StaticDrafter), when set
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype):
         return rope_cos_sin(positions, self.cfg.rope.rotary_dim, self.cfg.rope.theta, dtype)
