@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/latency.py
 	$(VENV)/bin/python bench/weight_bytes.py
 	$(VENV)/bin/python bench/moe_lengths.py
+	$(VENV)/bin/python bench/overhead.py --cold-and-warm
 
 # The ROS layer's cost: the same tasks through the planner service and the Plan action.
 bench-ros: ros-env

@@ -194,9 +194,11 @@ def status(window: LatencyWindow | Summary, budgets: Budgets, queue_depth: int
 
 
 def node_status(state: str, load_error: str, window: LatencyWindow | None, budgets: Budgets,
-                queue_depth: int, model: str = "") -> tuple[int, str, KeyValues]:
-    """The node's status: ERROR after a failed model load, OK while not serving, else `status`."""
-    head = [("state", state), ("model", model)]
+                queue_depth: int, model: str = "", compiled: str = ""
+                ) -> tuple[int, str, KeyValues]:
+    """The node's status: ERROR after a failed model load, OK while not serving, else `status`.
+    compiled: whether forwards run as compiled graphs, and what compiling them took."""
+    head = [("state", state), ("model", model)] + ([("compiled", compiled)] if compiled else [])
     if load_error:
         return ERROR, f"model failed to load: {load_error}", head
     if state != "active" or window is None:

@@ -59,6 +59,7 @@ def planner_node_class():
             self._param_errors = params.declare(self)
             self._planner = self._window = None
             self._phase, self._load_error, self._model = "unconfigured", "", ""
+            self._compiled = ""
             values = params.read(self)
             depths = {k: values[f"qos.{k}_depth"] for k in ("plan", "task", "telemetry")}
             self._diagnostics = DiagnosticsPublisher(
@@ -112,6 +113,10 @@ def planner_node_class():
             self._planner.on_result = self._on_result
             self._window = LatencyWindow(values["diagnostics.window"])
             self._model = values["model.path"] or values["model.preset"]
+            report = self._planner.engine.compile_report
+            self._compiled = (f"yes: {' + '.join(report.parts)}, {report.graphs} graphs in "
+                              f"{report.seconds:.1f} s ({report.backend})" if report
+                              else "no (eager forwards)")
             self._phase, self._load_error = "inactive", ""
             self.get_logger().info(f"loaded {self._planner.summary()}; warm-up (prefix "
                                    f"prefill) {warm_ms:.0f} ms")
@@ -145,7 +150,7 @@ def planner_node_class():
 
         def _release(self) -> None:
             self._planner = self._window = None
-            self._phase, self._model = "unconfigured", ""
+            self._phase, self._model, self._compiled = "unconfigured", "", ""
             free_memory()
 
         @property
@@ -182,7 +187,7 @@ def planner_node_class():
             service = self._planner
             depth = service.queue_depth if service is not None else 0
             return node_status(self._phase, self._load_error, self._window, budgets, depth,
-                               self._model)
+                               self._model, self._compiled)
 
     return PlannerNode
 

@@ -144,6 +144,10 @@ def test_node_status():
         (OK, "inactive: not serving requests")
     level, message, kv = node_status("active", "", LatencyWindow(3), BUDGETS, 1)
     assert (level, message) == (OK, "no requests yet") and kv[0] == ("state", "active")
+    assert "compiled" not in dict(kv)     # before a model is loaded there is nothing to say
+    kv = node_status("active", "", LatencyWindow(3), BUDGETS, 1, "demo",
+                     "no (eager forwards)")[2]
+    assert dict(kv)["compiled"] == "no (eager forwards)" and dict(kv)["model"] == "demo"
 
 
 def test_bad_inputs():

@@ -28,6 +28,7 @@ import os
 import time
 import types
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -131,17 +132,44 @@ def _own_copy(fn):
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
 
 
-def compile_graph(fn, cuda_graphs: bool, variants: int):
-    """torch.compile of one graph function, static shapes, no graph break allowed."""
+@contextmanager
+def quiet_inductor():
+    """Compiling with the C++ wrapper warns, once per op, that ops without a C shim (the
+    triangular solve of the GDN verify) run through a proxy: correct, and not for users."""
+    logger = logging.getLogger("torch._inductor.ir")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def compile_graph(fn, cuda_graphs: bool, variants: int, rows: int = 1):
+    """torch.compile of one graph function, static shapes, no graph break allowed; rows:
+    the most rows a GEMM of it multiplies."""
     # dynamo's per-code limit must admit every variant (bucket x recording x graph kind)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                variants)
     # On a CPU the graph's host wrapper in C++ (not Python) halves what a call costs; on
     # CUDA the captured graph is replayed and the wrapper runs only at capture. Rounding to
     # the compute dtype where eager does keeps bf16 close to eager.
-    return torch.compile(_own_copy(fn), fullgraph=True, dynamic=False,
-                         options={"cpp_wrapper": not cuda_graphs,
-                                  "emulate_precision_casts": True})
+    options = {"cpp_wrapper": not cuda_graphs, "emulate_precision_casts": True}
+    if not cuda_graphs:
+        options["post_grad_fusion_options"] = {"decompose_mm_pass": {}}
+        _decompose_small_gemms(rows)
+    return torch.compile(_own_copy(fn), fullgraph=True, dynamic=False, options=options)
+
+
+def _decompose_small_gemms(rows: int) -> None:
+    """On a CPU, let inductor write a GEMM of a block's few rows (and weights of at most
+    2048 columns) as a loop it fuses with its neighbours, instead of a BLAS call that costs
+    microseconds of dispatch for nanoseconds of work (8 per layer; -10 to -25% per forward at
+    the bench's widths). Inductor does this for one row; its limit is a module setting."""
+    from torch._inductor.fx_passes import decompose_mem_bound_mm as small_gemms
+
+    small_gemms.cpu_max_first_dimension_decomposition = max(
+        small_gemms.cpu_max_first_dimension_decomposition, rows)
 
 
 @dataclass(frozen=True)
@@ -214,7 +242,8 @@ class _StaticGraphs:
         self.calls = 0                      # forwards run compiled since warm-up
 
     def _compile(self, fn, kinds: int = 1):
-        return compile_graph(fn, self.cuda_graphs, 2 * len(self.buckets) * kinds)
+        return compile_graph(fn, self.cuda_graphs, 2 * len(self.buckets) * kinds,
+                             self.buckets[-1])
 
     def bucket(self, rows: int) -> int | None:
         return next((b for b in self.buckets if b >= rows), None)
@@ -247,6 +276,7 @@ class _StaticGraphs:
         raise NotImplementedError
 
     @torch.inference_mode()
+    @quiet_inductor()
     def warm_up(self, progress: Callable[[str], None] | None = None) -> CompileReport:
         """Compile (or read from the on-disk cache) every bucket's graphs, running each once
         on the state, which is left empty."""
@@ -422,7 +452,7 @@ class StaticDrafter:
         self.ctx_pos = torch.full((window,), EMPTY_POSITION, device=device)
         self.ids = torch.zeros(block_size, dtype=torch.long, device=device)
         self.start = torch.zeros(1, dtype=torch.long, device=device)
-        self.graph = compile_graph(_dflash_drafts, self.cuda_graphs, 2)
+        self.graph = compile_graph(_dflash_drafts, self.cuda_graphs, 2, block_size)
         self.captured: _Captured | None = None
         self.report: CompileReport | None = None
         self.calls = 0
@@ -454,6 +484,7 @@ class StaticDrafter:
                           self.ctx_kv, self.ctx_pos)
 
     @torch.inference_mode()
+    @quiet_inductor()
     def warm_up(self, progress: Callable[[str], None] | None = None) -> CompileReport:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir)
         counters = torch._dynamo.utils.counters["stats"]
