@@ -80,7 +80,6 @@ def _generate(engine, method, n=40, **kwargs):
 
 CASES = [("hybrid", m, "fp32", "fp32") for m in ("none", "dflash", "mtp", "auto")] + [
     ("hybrid", "none", "fp8", "fp32"), ("hybrid", "dflash", "fp8", "fp32"),
-    ("hybrid", "none", "bf16", "fp32"), ("hybrid", "mtp", "bf16", "fp32"),
     ("hybrid", "none", "bf16", "bf16"), ("hybrid", "mtp", "bf16", "bf16"),
     ("dense", "none", "fp8", "fp32"), ("dense", "dflash", "fp8", "fp32"),
     ("hybrid_moe", "none", "fp32", "fp32"), ("hybrid_moe", "mtp", "fp32", "fp32"),
