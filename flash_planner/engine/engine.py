@@ -18,7 +18,8 @@ from .cache import ContextOverflowError, InferenceState
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import EngineConfig
 from .methods import METHODS
-from .models.compiled import CompileReport, StaticDrafter, StaticForward, StaticHead
+from .models.compiled import CompileReport, StaticForward
+from .models.compiled_drafts import StaticDrafter, StaticHead
 from .prefix import PrefixCache
 from .proposer import Proposer
 from .proposers import WHY_MISSING, ProposerBytes, build_proposers

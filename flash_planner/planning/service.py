@@ -141,10 +141,11 @@ class PlannerService:
         self.on_result: Callable[[PlanResult], None] | None = None   # every finished result
 
     @classmethod
-    def load(cls, engine_config, catalog: SkillCatalog, config: PlannerConfig
-             ) -> PlannerService:
-        """Load the engine of `engine_config` and build the service around it (not started)."""
-        return cls(Engine.load(engine_config), catalog, config)
+    def load(cls, engine_config, catalog: SkillCatalog, config: PlannerConfig,
+             progress: Callable[[str], None] | None = None) -> PlannerService:
+        """Load the engine of `engine_config` and build the service around it (not started);
+        `progress` receives a line per long step (compiling, building segments)."""
+        return cls(Engine.load(engine_config, progress=progress), catalog, config)
 
     def warm_up(self) -> float:
         """Prefill the fixed prefix (the system prompt with the catalog) into the engine's

@@ -108,7 +108,8 @@ def planner_node_class():
             values = params.read(self)
             engine_config, planner_config, skills_path = params.build_configs(values)
             catalog = SkillCatalog.from_yaml(skills_path)  # before the model: fail fast
-            self._planner = PlannerService.load(engine_config, catalog, planner_config)
+            self._planner = PlannerService.load(engine_config, catalog, planner_config,
+                                                progress=self.get_logger().info)
             warm_ms = self._planner.warm_up()
             self._planner.on_result = self._on_result
             self._window = LatencyWindow(values["diagnostics.window"])

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..cache import InferenceState
 from ..config import FULL_ATTENTION, ConfigError, ModelConfig
-from .compiled import StaticHead
+from .compiled_drafts import StaticHead
 from .context import ForwardContext
 from .layers import RMSNorm
 from .target import DecoderLayer
