@@ -1,9 +1,10 @@
 """The target's decode and verify forwards with static shapes, compiled once per layer layout.
 
-Why: an eager forward pays Python and dispatch for every op of every layer (about 0.37 ms
-per layer on a CPU core, 23 ms for the 27B's 64 layers), which on Thor would add 40% to
-the 27B's weight-read floor and several times the MoE's. A compiled forward pays it once per
-graph call; on CUDA the whole forward is captured as one CUDA graph and replayed.
+Why: an eager forward pays Python and dispatch for every op of every layer (0.2-0.4 ms per
+layer on a CPU core, 15-23 ms at the 27B's 64 layers: bench/overhead.py), which on Thor
+would add 25-40% to the 27B's weight-read floor and several times the MoE's. A compiled
+forward pays it once per graph call; on CUDA the whole forward is captured as one CUDA
+graph and replayed. The proposers' forwards follow in compiled_drafts.py.
 
 Static shapes, so that nothing recompiles after warm-up:
 - rows: a block of T rows (1 <= T <= max_block) runs padded to the smallest bucket >= T
@@ -97,9 +98,10 @@ def _entry(embed: nn.Embedding, ids: torch.Tensor, positions: torch.Tensor,
     return x, cos, sin, mask
 
 
-def span_forward(layers: tuple[nn.Module, ...], caches: tuple[tuple[torch.Tensor, ...], ...],
-          x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-          mask: torch.Tensor, valid: torch.Tensor, window_rows: torch.Tensor):
+def span_forward(layers: tuple[nn.Module, ...],
+                 caches: tuple[tuple[torch.Tensor, ...], ...], x: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                 mask: torch.Tensor, valid: torch.Tensor, window_rows: torch.Tensor):
     """Consecutive decoder layers; returns each layer's output and each MoE layer's ids."""
     outs, routes = [], []
     for layer, cache in zip(layers, caches):
