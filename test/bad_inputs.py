@@ -1,4 +1,4 @@
-"""The bad-request rows of the README's bad-input table, shared by the service's tests
+"""The bad-request rows of the bad-input table (docs/reliability.md), shared by the service's tests
 (test_bad_input.py) and the node's (ros/test_node_bad_input.py).
 
 Each row is a task a user can send and what they must get back: a refusal whose error

@@ -3,7 +3,7 @@
 Each row gets exactly one result with the documented error (or, for text the catalog cannot
 express, an answer that is a valid plan or says why there is none), and the service then
 plans the reference task exactly as a fresh one does. The node's version of the same rows
-is ros/test_node_bad_input.py; the load-time rows are named in the README's table.
+is ros/test_node_bad_input.py; the load-time rows are named in docs/reliability.md's table.
 """
 
 from __future__ import annotations

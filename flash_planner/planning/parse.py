@@ -7,7 +7,7 @@ first the plan's envelope, then each step's arguments against its skill's schema
 error names the step, the skill and the argument. An invalid plan is never returned as one.
 
 A refusal, `{"refusal": REASON}`, is the planner's answer when the catalog cannot express
-the task (README, "Refusals"): it raises `PlanRefused`, a `PlanError` carrying the reason.
+the task (docs/cli.md, "Refusals"): it raises `PlanRefused`, a `PlanError` carrying the reason.
 """
 
 from __future__ import annotations

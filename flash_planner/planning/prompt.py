@@ -11,7 +11,7 @@ SYSTEM = (
     "Plan the robot's task with these skills:\n{skills}\n"
     'Reply with JSON only: {{"plan": [{{"skill": NAME, "args": {{ARG: VALUE}}}}, ...]}}'
 )
-# The refusal shape (README, "Refusals"). Presets of models that were never taught it leave
+# The refusal shape (docs/cli.md, "Refusals"). Presets of models that were never taught it leave
 # it out (`refusal_hint: false`): the demo was trained on the prompt without it.
 REFUSAL_HINT = ', or {"refusal": REASON} if these skills cannot do the task'
 

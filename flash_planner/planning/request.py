@@ -20,7 +20,8 @@ class RequestError(ValueError):
 
 
 def _check_text(value: Any, name: str, limit: int, required: bool) -> str:
-    """The text rule every task and context passes (README, "Text a request may carry"):
+    """The text rule every task and context passes (docs/reliability.md, "Text a request may
+    carry"):
     bytes must be UTF-8; CR LF and CR become LF; U+FFFD (what ROS makes of invalid UTF-8),
     lone surrogates, NUL and every other control character but LF and tab are refused."""
     if isinstance(value, bytes):
@@ -115,7 +116,7 @@ class PlanResult:
     success: bool
     plan: list[dict[str, Any]] | None = None
     error: str = ""
-    refusal: str = ""        # the model's reason when it refused the task (README, "Refusals")
+    refusal: str = ""        # the model's reason when it refused (docs/cli.md, "Refusals")
     raw_text: str = ""
     thinking: str = ""
     finish_reason: str = ""

@@ -1,4 +1,5 @@
-"""The README's build: `colcon build --symlink-install` of both packages, then their imports.
+"""The build docs/ros.md documents: `colcon build --symlink-install` of both packages, then
+their imports.
 
 Builds flash_planner and the nested flash_planner_interfaces (naming both paths, as colcon
 stops descending at the root package) against the ROS 2 that `make test` provides, sources
