@@ -266,48 +266,66 @@ class StaticGraphs:
         return (tb, *self.padding[(tb, rows)])
 
     def _run(self, tb: int, valid: torch.Tensor, window_rows: torch.Tensor):
-        if self.cuda_graphs:
-            return self.graphs[tb].replay(valid, window_rows)
-        # Every call after warm-up matches a graph compiled for these modules and state
-        # tensors; checking only the guards that tell those graphs apart (bucket, recording,
-        # layer kinds) saves a third of a call's cost.
-        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-            return self._forward(tb, valid, window_rows)
+        return run_graph(self.graphs.get(tb), partial(self._forward, tb), valid, window_rows)
 
     def _forward(self, tb: int, valid: torch.Tensor, window_rows: torch.Tensor):
         raise NotImplementedError
 
-    @torch.inference_mode()
-    @quiet_inductor()
     def warm_up(self, progress: Callable[[str], None] | None = None) -> CompileReport:
         """Compile (or read from the on-disk cache) every bucket's graphs, running each once
         on the state, which is left empty."""
-        # process-wide: inductor reads the variable whenever it looks for a cached graph
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir)
-        counters = torch._dynamo.utils.counters["stats"]
-        before = counters["unique_graphs"]
-        t0 = time.perf_counter()
-        kv = self.state.kv
-        for i, tb in enumerate(self.buckets):
-            t1 = time.perf_counter()
+
+        def every_bucket() -> None:
+            kv = self.state.kv
+            for i, tb in enumerate(self.buckets):
+                t1 = time.perf_counter()
+                self.state.reset()
+                kv.calibrated = [True] * len(kv.calibrated)   # scales of 1 for the warm-up
+                self.state.begin(tb, self.records and tb > 1)
+                valid, window_rows = self.padding[(tb, tb)]
+                if self.cuda_graphs:
+                    self.graphs[tb] = CapturedGraph(partial(self._forward, tb), valid,
+                                                    window_rows)
+                else:
+                    self._forward(tb, valid, window_rows)
+                if progress is not None:
+                    progress(f"compiled the {self.part}'s {tb}-row forward ({i + 1}/"
+                             f"{len(self.buckets)}, {time.perf_counter() - t1:.1f} s)")
             self.state.reset()
-            kv.calibrated = [True] * len(kv.calibrated)   # scales of 1 for the warm-up run
-            self.state.begin(tb, self.records and tb > 1)
-            valid, window_rows = self.padding[(tb, tb)]
-            if self.cuda_graphs:
-                self.graphs[tb] = CapturedGraph(partial(self._forward, tb), valid, window_rows)
-            else:
-                self._forward(tb, valid, window_rows)
-            if progress is not None:
-                progress(f"compiled the {self.part}'s {tb}-row forward ({i + 1}/"
-                         f"{len(self.buckets)}, {time.perf_counter() - t1:.1f} s)")
-        self.state.reset()
-        self.report = CompileReport(
-            "inductor + CUDA graphs" if self.cuda_graphs else "inductor", self.buckets,
-            (self.part,), self.spans, counters["unique_graphs"] - before,
-            time.perf_counter() - t0, str(self.cache_dir))
-        log.info("%s", self.report)
+
+        self.report = warm_up_report(every_bucket, self.part, self.cuda_graphs, self.buckets,
+                                     self.spans, self.cache_dir)
         return self.report
+
+
+@torch.inference_mode()
+@quiet_inductor()
+def warm_up_report(run: Callable[[], None], part: str, cuda_graphs: bool,
+                   buckets: tuple[int, ...], spans: int, cache_dir: Path) -> CompileReport:
+    """Run `run` (the first call of every graph: compiling, or reading the on-disk cache
+    at `cache_dir`) and report what it took."""
+    # process-wide: inductor reads the variable whenever it looks for a cached graph
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    counters = torch._dynamo.utils.counters["stats"]
+    before, t0 = counters["unique_graphs"], time.perf_counter()
+    run()
+    report = CompileReport("inductor + CUDA graphs" if cuda_graphs else "inductor", buckets,
+                           (part,), spans, counters["unique_graphs"] - before,
+                           time.perf_counter() - t0, str(cache_dir))
+    log.info("%s", report)
+    return report
+
+
+def run_graph(captured: CapturedGraph | None, forward: Callable[..., object],
+              *inputs: torch.Tensor):
+    """One compiled forward: the CUDA graph replayed with `inputs` copied in, or on a CPU
+    the compiled code called. Every call after warm-up matches a graph compiled for these
+    modules and state tensors, so only the guards that tell those graphs apart (bucket,
+    recording, layer kinds) are checked: a third of a call's cost saved."""
+    if captured is not None:
+        return captured.replay(*inputs)
+    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+        return forward(*inputs)
 
 
 @dataclass

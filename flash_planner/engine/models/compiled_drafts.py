@@ -4,7 +4,6 @@ on-disk cache, CUDA-graph capture)."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
@@ -19,8 +18,9 @@ from .compiled import (
     compile_cache_dir,
     compile_graph,
     layer_cache,
-    quiet_inductor,
+    run_graph,
     span_forward,
+    warm_up_report,
 )
 from .layers import rope_cos_sin
 
@@ -118,31 +118,26 @@ class StaticDrafter:
         self.ctx_pos[n:].fill_(EMPTY_POSITION)
         self.ids.copy_(ids)
         self.start.fill_(start)
-        if self.captured is not None:
-            return self.captured.replay().clone()
-        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-            return self._forward()
+        drafts = run_graph(self.captured, self._forward)
+        return drafts.clone() if self.captured is not None else drafts
 
     def _forward(self) -> torch.Tensor:
         return self.graph(self.drafter, self.embed, self.lm_head_weight, self.ids, self.start,
                           self.ctx_kv, self.ctx_pos)
 
-    @torch.inference_mode()
-    @quiet_inductor()
     def warm_up(self, progress: Callable[[str], None] | None = None) -> CompileReport:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir)
-        counters = torch._dynamo.utils.counters["stats"]
-        before, t0 = counters["unique_graphs"], time.perf_counter()
-        if self.cuda_graphs:
-            self.captured = CapturedGraph(self._forward)
-        else:
-            self._forward()
-        seconds = time.perf_counter() - t0
-        if progress is not None:
-            progress(f"compiled the {self.part}'s {self.block_size}-row block ({seconds:.1f} s)")
-        self.report = CompileReport(
-            "inductor + CUDA graphs" if self.cuda_graphs else "inductor", (self.block_size,),
-            (self.part,), 1, counters["unique_graphs"] - before, seconds, str(self.cache_dir))
+        def once() -> None:
+            t0 = time.perf_counter()
+            if self.cuda_graphs:
+                self.captured = CapturedGraph(self._forward)
+            else:
+                self._forward()
+            if progress is not None:
+                progress(f"compiled the {self.part}'s {self.block_size}-row block "
+                         f"({time.perf_counter() - t0:.1f} s)")
+
+        self.report = warm_up_report(once, self.part, self.cuda_graphs, (self.block_size,), 1,
+                                     self.cache_dir)
         return self.report
 
 
