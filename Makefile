@@ -10,7 +10,7 @@ LINT_PATHS := flash_planner kernels test bench launch setup.py
 
 DEMO_TASK  ?= bring the red cup from the kitchen table to the sink
 
-.PHONY: all venv ros-env test demo demo-model bench bench-ros kernels-report lint lint-fix clean distclean
+.PHONY: all venv ros-env test demo demo-model bench bench-peer bench-ros kernels-report lint lint-fix clean distclean
 
 all: test
 
@@ -56,6 +56,11 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/weight_bytes.py
 	$(VENV)/bin/python bench/moe_lengths.py
 	$(VENV)/bin/python bench/overhead.py --cold-and-warm
+
+# Ours against llama.cpp, side by side: llama.cpp is built once from the pinned
+# llama-cpp-python source distribution (needs cmake and g++; cached, see bench/peer.py).
+bench-peer: $(STAMP)
+	$(VENV)/bin/python bench/peer.py
 
 # The ROS layer's cost: the same tasks through the planner service and the Plan action.
 bench-ros: ros-env

@@ -39,10 +39,11 @@ setup(
         "xgrammar>=0.2.8",
         "numpy",
     ],
-    # compressed-tensors writes the tests' compressed-tensors checkpoints (its own packing)
+    # compressed-tensors writes the tests' compressed-tensors checkpoints (its own packing);
+    # gguf reads the real Qwen vocabulary out of llama.cpp's GGUF file (train/qwen_vocab.py)
     extras_require={"test": ["pytest", "onnx", "onnxruntime", "onnxscript", "ruff",
-                             "compressed-tensors>=0.20"],
-                    "bench": ["matplotlib"]},
+                             "compressed-tensors>=0.20", "gguf>=0.10"],
+                    "bench": ["matplotlib", "gguf>=0.10"]},
     zip_safe=False,
     entry_points={
         "console_scripts": [

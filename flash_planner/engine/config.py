@@ -12,7 +12,9 @@ field.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +37,15 @@ SUPPORTED_MODEL_TYPES = {
 }
 # Multimodal wrappers whose text part sits under text_config
 WRAPPERS = ("qwen3_5", "qwen3_5_moe")
+
+
+def cache_home() -> Path:
+    """The root of everything flash_planner caches on disk (compiled graphs, built engine
+    segments, fetched peer sources): $FLASH_PLANNER_CACHE, else $XDG_CACHE_HOME/flash_planner,
+    else ~/.cache/flash_planner."""
+    if os.environ.get("FLASH_PLANNER_CACHE"):
+        return Path(os.environ["FLASH_PLANNER_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flash_planner"
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

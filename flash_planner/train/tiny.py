@@ -20,6 +20,7 @@ import torch
 
 from .tokenizer import train_tokenizer
 
+QWEN_EOS = 151645  # <|im_end|>
 KINDS = ("hybrid", "hybrid_vl", "dense", "hybrid_moe", "hybrid_moe_vl", "dense_moe")
 # The MoE kinds' expert shapes: 8 experts, 2 per token; the 35B-A3B has 256, 8 per token
 MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
@@ -111,7 +112,8 @@ def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "t
                           seed: int = 0, max_shard_size: str | None = None,
                           rotary: float = 0.5, init: float | None = None,
                           mtp: bool = False, experts: tuple[int, int] | None = None,
-                          layers: int | None = None, attention_every: int = 2) -> Path:
+                          layers: int | None = None, attention_every: int = 2,
+                          qwen_vocab: bool = False) -> Path:
     """Write a random-weight checkpoint + tokenizer to `path` and return it.
 
     init: the weights' initializer_range (default per size). Larger values give logits a
@@ -120,6 +122,8 @@ def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "t
     layers: the depth (default per size); attention_every: in the hybrid kinds, every n-th
     layer is full attention and the others Gated DeltaNet (Qwen3.5/3.6 use 4: 3 GDN, then 1
     attention).
+    qwen_vocab: the real Qwen3 tokenizer and its 151,936-row embedding (`qwen_vocab.py`;
+    fetched once) instead of the small trained BPE.
     """
     import transformers
 
@@ -129,9 +133,15 @@ def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "t
         raise ValueError(f"size must be one of {tuple(SIZES)}, got {size!r}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    ids = train_tokenizer(CORPUS * 4, path, vocab_size=min(SIZES[size]["vocab"], 512) - 16)
-    vocab = max(SIZES[size]["vocab"], ids["vocab_size"])
-    eos = ids["eos_id"]
+    if qwen_vocab:
+        from .qwen_vocab import QWEN_VOCAB_SIZE, copy_tokenizer
+
+        copy_tokenizer(path)
+        vocab, eos = QWEN_VOCAB_SIZE, QWEN_EOS
+    else:
+        ids = train_tokenizer(CORPUS * 4, path, vocab_size=min(SIZES[size]["vocab"], 512) - 16)
+        vocab = max(SIZES[size]["vocab"], ids["vocab_size"])
+        eos = ids["eos_id"]
     torch.manual_seed(seed)
     moe = dict(MOE, **(dict(zip(("num_experts", "num_experts_per_tok"), experts))
                        if experts else {}))

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from ..cache import InferenceState
+from ..config import cache_home
 from .layers import rope_cos_sin
 from .moe import RoutingRecord, SparseMoeBlock
 
@@ -79,12 +80,10 @@ _USER_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 
 def compile_cache_dir(configured: str | None = None) -> Path:
     """Where compiled graphs persist across starts: the configured directory, else
-    $TORCHINDUCTOR_CACHE_DIR as the user set it, else $XDG_CACHE_HOME/flash_planner/
-    torch_compile (~/.cache by default)."""
+    $TORCHINDUCTOR_CACHE_DIR as the user set it, else torch_compile under `cache_home()`."""
     if configured or _USER_CACHE:
         return Path(configured or _USER_CACHE).expanduser()
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "flash_planner" / "torch_compile"
+    return cache_home() / "torch_compile"
 
 
 # The three graphs: their arguments are modules and tensors only (Python numbers would be

@@ -9,12 +9,11 @@ Quantized weights are refused by onnxruntime/tensorrt with a clear error (`auto`
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from importlib.util import find_spec
 from pathlib import Path
 
-from ..config import DENSE_BACKENDS
+from ..config import DENSE_BACKENDS, cache_home
 from ..models.target import TargetModel, TorchDense
 from ..weights.linear import QuantLinear
 
@@ -22,8 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("FLASH_PLANNER_CACHE") or Path.home() / ".cache" / "flash_planner"
-    return Path(root) / "segments"
+    return cache_home() / "segments"
 
 
 def make_dense(model: TargetModel, backend: str, cache_dir: str | Path | None = None,
