@@ -1,10 +1,12 @@
 """The plan grammar's own cost: compile time and work per verify row, at two vocabulary sizes.
 
-Two tokenizers: the demo's (1,024 tokens) and a byte-level BPE of Qwen's size (151,643
-tokens + the added ones), trained here on this machine's Python sources with the demo's own
-trainer (`train/tokenizer.py`), because Qwen's tokenizer.json cannot be downloaded here. Mask
-cost depends on the vocabulary's size and on how its tokens overlap JSON, so the second
-figure is an estimate of the order of Qwen's, not Qwen's.
+Three tokenizers: the demo's (1,024 tokens); the real Qwen3 vocabulary (151,643 BPE tokens
++ Qwen3's 26 added ones, built from the GGUF vocabulary in the llama-cpp-python sdist by
+`train/qwen_vocab.py`; fetched once); and the stand-in used before that existed, a byte-level
+BPE of Qwen's size trained here on this machine's Python sources with the demo's own trainer
+(`train/tokenizer.py`; `--no-stand-in` skips it). Mask cost depends on the vocabulary's size
+and on how its tokens overlap JSON; the two large ones show how far the stand-in's estimate
+was from Qwen's own figure.
 
 For each held-out plan (the answer after `</think>`) the loop's grammar work is replayed as
 the speculative loop does it with blocks of `--block` rows that the target accepted whole:
@@ -13,7 +15,8 @@ row per verify row) and `commit()`. Printed per tokenizer: compile time, microse
 verify row, and what a full 16-row block costs next to a Thor 27B NVFP4 forward (~55 ms,
 FACTS.md section 11): the share of a cycle the grammar would take if it did not overlap.
 
-    python bench/grammar.py [--n 200] [--block 16] [--qwen-vocab 151643] [--json]
+    python bench/grammar.py [--n 200] [--block 16] [--qwen-vocab 151643] [--no-stand-in]
+                            [--json]
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from flash_planner.planning.plan_grammar import compile_plan_grammar
 from flash_planner.planning.presets import default_skills_path
 from flash_planner.planning.skills import SkillCatalog
 from flash_planner.train.corpus import answer_text, make_corpus
+from flash_planner.train.qwen_vocab import qwen_tokenizer_dir
 from flash_planner.train.tokenizer import load_tokenizer, train_tokenizer
 
 DEMO = Path(__file__).resolve().parents[1] / "flash_planner/assets/demo/target"
@@ -92,27 +96,34 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=200, help="held-out plans")
     parser.add_argument("--block", type=int, default=16, help="verify rows per cycle")
-    parser.add_argument("--qwen-vocab", type=int, default=151643, help="BPE tokens to train")
+    parser.add_argument("--qwen-vocab", type=int, default=151643,
+                        help="tokens of the stand-in BPE to train")
+    parser.add_argument("--no-stand-in", action="store_true",
+                        help="skip training the Qwen-size stand-in BPE")
     parser.add_argument("--corpus-mb", type=float, default=40.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     catalog = SkillCatalog.from_yaml(default_skills_path())
     answers = [split_answer(answer_text(ex))[1]
                for ex in make_corpus(0, n_train=0, n_heldout=args.n)[1]]
-    tokenizers = {"demo": load_tokenizer(DEMO)}
+    tokenizers = {"demo": load_tokenizer(DEMO),
+                  "qwen3": load_tokenizer(qwen_tokenizer_dir(progress=print))}
+    train_s = 0.0
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        train_tokenizer(python_sources(int(args.corpus_mb * 2**20)), tmp,
-                        vocab_size=args.qwen_vocab)
-        train_s = time.perf_counter() - t0
-        tokenizers["bpe-qwen-size"] = load_tokenizer(tmp)
+        if not args.no_stand_in:
+            t0 = time.perf_counter()
+            train_tokenizer(python_sources(int(args.corpus_mb * 2**20)), tmp,
+                            vocab_size=args.qwen_vocab)
+            train_s = time.perf_counter() - t0
+            tokenizers["bpe-qwen-size"] = load_tokenizer(tmp)
         results = {name: measure(tok, catalog, answers, args.block)
                    for name, tok in tokenizers.items()}
     if args.json:
         print(json.dumps({"n": len(answers), "block": args.block, "results": results}))
         return 0
     print(f"plan grammar work on {len(answers)} held-out answers in blocks of {args.block} "
-          f"rows (the Qwen-size BPE trained in {train_s:.0f} s)")
+          f"rows" + (f" (the Qwen-size stand-in BPE trained in {train_s:.0f} s)"
+                     if train_s else ""))
     head = (f"{'tokenizer':<15}{'vocab':>8}{'compile ms':>11}{'mask us/row':>12}"
             f"{'walk us/row':>12}{'block ms':>9}{'of 55 ms':>9}")
     print(head + "\n" + "-" * len(head))

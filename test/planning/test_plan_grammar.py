@@ -1,10 +1,11 @@
 """The plan grammar from the skill catalog (planning/plan_grammar.py) and what it guarantees.
 
 Grammar-level checks walk xgrammar's matcher token by token over the model's own tokenizer
-(the demo's, and a Qwen3-shaped one). End-to-end checks run the planner service: on the
-demo with an adversarial task set, and on random-weight models, which under the grammar can
-still only write a valid plan, a refusal, or run out of tokens mid-answer (reported as
-truncated, never as a plan).
+(the demo's, a Qwen3-shaped one, and the real Qwen3 vocabulary at its padded size 151,936).
+End-to-end checks run the planner service: on the demo with an adversarial task set, and on
+random-weight models (one with the real Qwen3 vocabulary), which under the grammar can still
+only write a valid plan, a refusal, or run out of tokens mid-answer (reported as truncated,
+never as a plan).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from flash_planner.planning.request import PlanRequest
 from flash_planner.planning.service import PlannerConfig, PlannerService
 from flash_planner.planning.skills import Argument, CatalogError, Skill, SkillCatalog
 from flash_planner.train.corpus import answer_text, make_corpus
+from flash_planner.train.qwen_vocab import QWEN_VOCAB_SIZE
 from flash_planner.train.tokenizer import load_tokenizer
 
 TIMEOUT = 300
@@ -49,9 +51,11 @@ def demo_tok():
     return load_tokenizer(DEMO)
 
 
-@pytest.fixture(scope="module")
-def grammar(catalog, demo_tok):
-    return compile_plan_grammar(catalog, compiler_for(demo_tok, 1024))
+@pytest.fixture(scope="module", params=["demo", "qwen3-real"])
+def grammar(request, catalog, demo_tok, qwen_tok):
+    if request.param == "demo":
+        return compile_plan_grammar(catalog, compiler_for(demo_tok, 1024))
+    return compile_plan_grammar(catalog, compiler_for(qwen_tok, QWEN_VOCAB_SIZE))
 
 
 def accepts(grammar, text: str, finish: bool = True) -> bool:
@@ -119,10 +123,14 @@ def test_a_catalog_the_grammar_cannot_express_names_the_skill(catalog, demo_tok)
         compile_plan_grammar(bad, compiler_for(demo_tok, 1024))
 
 
-def test_a_qwen3_shaped_tokenizer_keeps_its_control_tokens_out_of_answers(
-        catalog, demo_tok, tmp_path):
-    tok = qwen3_shaped_tokenizer(demo_tok, tmp_path / "qwen3")
-    vocab = 1024 + 64           # room past the added tokens, as real lm_heads pad
+@pytest.mark.parametrize("which", ["qwen3", "qwen3-real"])
+def test_a_qwen3_tokenizer_keeps_its_control_tokens_out_of_answers(
+        which, catalog, demo_tok, qwen_tok, tmp_path):
+    if which == "qwen3":
+        tok = qwen3_shaped_tokenizer(demo_tok, tmp_path / "qwen3")
+        vocab = 1024 + 64       # room past the added tokens, as real lm_heads pad
+    else:
+        tok, vocab = qwen_tok, QWEN_VOCAB_SIZE
     g = compile_plan_grammar(catalog, compiler_for(tok, vocab))
     plan = '{"plan": [{"skill": "pick", "args": {"object": "cup"}}]}'
     assert accepts(g, "\n\n" + plan)
@@ -175,10 +183,13 @@ def test_every_adversarial_answer_parses_and_validates(demo_engine, catalog, thi
         service.stop()
 
 
-@pytest.mark.parametrize("kind", ["hybrid", "dense"])
+@pytest.mark.parametrize("kind", ["hybrid", "dense", "hybrid-qwen3-real"])
 def test_a_random_model_under_the_grammar_never_returns_an_invalid_plan(
         checkpoints, make_engine, catalog, kind):
-    engine = make_engine(checkpoints(kind), max_context=1024)
+    """The last kind: the real Qwen3 vocabulary and its 151,936-row head, end to end."""
+    path = (checkpoints("hybrid", qwen_vocab=True) if kind.endswith("qwen3-real")
+            else checkpoints(kind))
+    engine = make_engine(path, max_context=1024)
     services = {c: PlannerService(engine, catalog, PlannerConfig(constrain=c,
                                                                  max_new_tokens=96))
                 for c in (True, False)}
@@ -204,6 +215,8 @@ def test_a_random_model_under_the_grammar_never_returns_an_invalid_plan(
         if result.finish_reason == "length":    # what was written is a grammar prefix
             _, answer = split_answer(result.raw_text)
             assert accepts(grammar, answer, finish=False), result.raw_text
+    if kind == "hybrid-qwen3-real":
+        assert engine.model_config.vocab_size == QWEN_VOCAB_SIZE
     if kind == "hybrid":
         assert any(r.refusal for r in failures[True])
         assert all(json.loads(r.raw_text.strip())["refusal"] == r.refusal.strip()

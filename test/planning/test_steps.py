@@ -43,6 +43,29 @@ def test_each_step_is_found_as_its_object_closes_wherever_the_text_is_cut(catalo
         assert TEXT[got[0][0]:].startswith(", {\"skill\": \"say\"")
 
 
+def test_steps_close_at_their_token_in_the_real_qwen_vocabulary(catalog, qwen_tok):
+    """Token by token through the engine's incremental detokenizer, as the service streams:
+    multi-byte characters cut across tokens and Qwen's think markers included."""
+    from flash_planner.engine.generate import TextStream
+
+    say = {"skill": "say", "args": {"text": "杯子 🤖 done"}}
+    text = TEXT[:-2] + ', {"skill": "say", "args": {"text": "杯子 🤖 done"}}]}'
+    ids = qwen_tok.encode(text, add_special_tokens=False)
+    assert qwen_tok.convert_tokens_to_ids("</think>") in ids
+    stream, published, found = StepStream(catalog), [], []
+    text_stream = TextStream(qwen_tok, published)
+    for at, token in enumerate(ids):
+        published.append(token)
+        found += [(at, step) for step in stream.feed(text_stream.delta(at == len(ids) - 1))]
+    assert [step for _, step in found] == STEPS + [say]
+    assert qwen_tok.decode(ids) == text
+    # each step is found at the token holding its closing brace (Qwen merges "}}," into
+    # one token), never later
+    closes = [end for end, _ in _closing_points(text, catalog, 1)]
+    for (at, _), end in zip(found, closes, strict=True):
+        assert len(qwen_tok.decode(ids[:at])) < end <= len(qwen_tok.decode(ids[:at + 1]))
+
+
 def test_no_thinking_a_refusal_and_an_invalid_step(catalog):
     plain = TEXT[TEXT.index("\n\n{") + 2:]
     assert [s for _, s in _closing_points(plain, catalog, 3)] == STEPS
