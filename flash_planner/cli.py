@@ -1,9 +1,13 @@
 """`flash-planner`: the command line of the planner and its engine.
 
-    flash-planner plan TASK [--context TEXT] [--model PRESET|DIR] [options]
-    flash-planner generate --model PRESET|DIR (--prompt TEXT | --prompt-ids 1,2,3) [options]
-    flash-planner build-engines --model PRESET|DIR [--backend onnxruntime|tensorrt]
+    flash-planner plan TASK [--context TEXT] [--model PRESET|DIR|REPO] [options]
+    flash-planner generate --model PRESET|DIR|REPO (--prompt TEXT | --prompt-ids 1,2,3)
+    flash-planner fetch PRESET|REPO[@REVISION] ...   (download into the Hugging Face cache)
+    flash-planner build-engines --model PRESET|DIR|REPO [--backend onnxruntime|tensorrt]
     flash-planner smoke    (writes a tiny random checkpoint and generates from it)
+
+REPO is a Hugging Face repo id (org/name, optionally @revision); `plan` and `generate` read
+it from the local cache and download only with --allow-download.
 
 Exit codes: 0 success, 1 no valid plan / the run failed, 2 bad input or usage. Expected
 failures print one line on stderr, never a traceback.
@@ -42,8 +46,14 @@ def _prompt_ids(text: str) -> list[int]:
     return ids
 
 
+def _add_download_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-download", action="store_true", help="fetch a model named by a "
+                   "Hugging Face repo id that is not in the local cache (default: cache only)")
+
+
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     """Engine options; None means 'the preset's or the engine's default'."""
+    _add_download_arg(p)
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"])
     p.add_argument("--kv-dtype", choices=["auto", "fp32", "bf16", "fp16", "fp8"])
     p.add_argument("--device", help="auto | cpu | cuda[:N]")
@@ -67,8 +77,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                           help="every forward eager")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     spec = p.add_argument_group("speculative decoding")
-    spec.add_argument("--drafter", metavar="DIR", help="DFlash drafter directory (turns "
-                      "speculation on)")
+    spec.add_argument("--drafter", metavar="DIR|REPO", help="DFlash drafter directory or "
+                      "repo id (turns speculation on)")
     spec.add_argument("--method", choices=METHODS,
                       help="proposer: the DFlash drafter, the checkpoint's own MTP head, "
                       "auto (each cycle to the faster of those loaded; the default) or none")
@@ -93,9 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="plan a task: a validated JSON plan of skills")
     plan.add_argument("task")
     plan.add_argument("--context", default="", help="scene description")
-    plan.add_argument("--model", metavar="PRESET|DIR", default="demo",
-                      help="model preset or checkpoint directory (default: the embedded "
-                      "demo planner)")
+    plan.add_argument("--model", metavar="PRESET|DIR|REPO", default="demo",
+                      help="model preset, checkpoint directory or Hugging Face repo id "
+                      "(default: the embedded demo planner)")
     plan.add_argument("--skills", metavar="YAML", help="skill catalog (default: "
                       "config/skills.yaml)")
     thinking = plan.add_mutually_exclusive_group()
@@ -109,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_args(plan)
 
     gen = sub.add_parser("generate", help="greedy generation from a model")
-    gen.add_argument("--model", required=True, metavar="PRESET|DIR")
+    gen.add_argument("--model", required=True, metavar="PRESET|DIR|REPO")
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT")
     src.add_argument("--prompt-ids", type=_prompt_ids, metavar="1,2,3")
@@ -121,8 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stop string (repeatable)")
     _add_engine_args(gen)
 
+    fetch = sub.add_parser("fetch", help="download models into the Hugging Face cache ahead "
+                           "of time (a preset's target and drafter, or repo ids)")
+    fetch.add_argument("models", nargs="+", metavar="PRESET|REPO[@REVISION]")
+    fetch.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
     build = sub.add_parser("build-engines", help="export (and build) every dense segment")
-    build.add_argument("--model", required=True, metavar="PRESET|DIR")
+    build.add_argument("--model", required=True, metavar="PRESET|DIR|REPO")
+    _add_download_arg(build)
     build.add_argument("--backend", choices=["onnxruntime", "tensorrt"], default="tensorrt")
     build.add_argument("--segment-cache", metavar="DIR")
     build.add_argument("--device", help="auto | cpu | cuda[:N]")
@@ -147,6 +163,7 @@ def _load_engine(args: argparse.Namespace, model: str, progress=_progress_to_std
     preset = resolve_model(model)
     block = getattr(args, "block_size", None)
     config = preset.engine_config(
+        allow_download=args.allow_download, progress=progress,
         dtype=args.dtype, kv_dtype=getattr(args, "kv_dtype", None), device=args.device,
         weights=getattr(args, "weights", None), max_context=getattr(args, "max_context", None),
         prefill_chunk=getattr(args, "prefill_chunk", None),
@@ -243,6 +260,31 @@ def _plan(args: argparse.Namespace) -> int:
     return EXIT_OK if result.success else EXIT_FAILED
 
 
+def _fetch(args: argparse.Namespace) -> int:
+    """Every repo the named presets (or repo ids) come from, into the Hugging Face cache;
+    huggingface_hub draws its progress bars on stderr."""
+    from .planning import sources
+    from .planning.presets import PresetError, resolve_model
+
+    repos = []
+    for model in args.models:
+        preset = resolve_model(model)
+        if not preset.repos():
+            raise PresetError(f"{model} names local directories only "
+                              f"({preset.target_path}): nothing to fetch")
+        repos += [r for r in preset.repos() if r not in repos]
+    fetched = {}
+    for repo in repos:
+        fetched[str(repo)] = sources.resolve(str(repo), allow_download=True,
+                                             progress=_progress_to_stderr)
+    if args.json:
+        print(json.dumps({"cache": str(sources.hub_cache()), "models": fetched}))
+    else:
+        for repo, path in fetched.items():
+            print(f"{repo}: {path}")
+    return EXIT_OK
+
+
 def _build_engines(args: argparse.Namespace) -> int:
     print(f"building dense segments of {args.model} with {args.backend} ...", flush=True)
     engine, _ = _load_engine(args, args.model,
@@ -280,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             return _plan(args)
         if args.command == "build-engines":
             return _build_engines(args)
+        if args.command == "fetch":
+            return _fetch(args)
         return _smoke(args)
     except UsageError as exc:
         print(f"flash-planner: {exc}", file=sys.stderr)

@@ -3,7 +3,9 @@
 The config directory is found, in order, from `FLASH_PLANNER_CONFIG`, a source checkout
 (editable installs, colcon --symlink-install), `<prefix>/share/flash_planner/config` (pip and
 colcon installs), or the ament index when ROS is sourced. Preset paths starting with
-`@assets/` point into the installed package's own data (the embedded demo model).
+`@assets/` point into the installed package's own data (the embedded demo model); a path
+that is a Hugging Face repo id (`org/name[@revision]`) resolves through huggingface_hub's
+cache (`sources.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import yaml
 
 from ..engine.config import EngineConfig
+from . import sources
 
 
 class PresetError(ValueError):
@@ -93,22 +96,34 @@ class ModelPreset:
         except TypeError as exc:
             raise PresetError(f"{path}: {exc}") from exc
 
-    def engine_config(self, **overrides: Any) -> EngineConfig:
-        values = dict(model_path=asset_path(self.target_path),
-                      drafter_path=asset_path(self.drafter_path),
+    def repos(self) -> list[sources.RepoSource]:
+        """The Hugging Face repos this preset's target and drafter come from."""
+        found = (sources.parse(self.target_path), sources.parse(self.drafter_path))
+        return [s for s in found if s is not None]
+
+    def engine_config(self, allow_download: bool = False, progress=None,
+                      **overrides: Any) -> EngineConfig:
+        """The engine's config, repo ids (the preset's or an override's) resolved to local
+        snapshots: downloaded only when `allow_download`, else a model missing from the
+        cache raises SourceError naming the command that fetches it."""
+        values = dict(model_path=self.target_path, drafter_path=self.drafter_path,
                       dtype=self.dtype, kv_dtype=self.kv_dtype, weights=self.weights,
                       max_context=self.max_context,
                       block_size=self.block_size, window=self.window, method=self.method,
                       mtp_steps=self.mtp_steps, compile=self.compile)
         values.update({k: v for k, v in overrides.items() if v is not None})
+        for key in ("model_path", "drafter_path"):
+            values[key] = sources.resolve(asset_path(values[key]), allow_download, progress)
         return EngineConfig(**values)
 
 
 def resolve_model(model: str) -> ModelPreset:
-    """A model given as a checkpoint directory or as a preset name."""
+    """A model given as a checkpoint directory, a Hugging Face repo id or a preset name."""
     path = Path(model).expanduser()
     if path.is_dir():
         return ModelPreset(name=path.name, target_path=str(path))
-    if os.sep in model or model.startswith("."):
+    if sources.parse(model) is not None:
+        return ModelPreset(name=model, target_path=model)
+    if os.sep in model or model.startswith((".", "~")):
         raise PresetError(f"model directory {model} does not exist")
     return ModelPreset.load(model)

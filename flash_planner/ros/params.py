@@ -40,8 +40,13 @@ PARAMS: tuple[Param, ...] = (
     # model
     _p("model.preset", "demo", "Model preset in config/models (demo, qwen3_6_27b, ...); "
        "'' = model.path only."),
-    _p("model.path", "", "Target checkpoint directory; overrides the preset's target."),
-    _p("model.drafter_path", "", "DFlash drafter directory; overrides the preset's drafter."),
+    _p("model.path", "", "Target checkpoint directory or Hugging Face repo id (org/name"
+       "[@revision]); overrides the preset's target."),
+    _p("model.drafter_path", "", "DFlash drafter directory or repo id; overrides the preset's "
+       "drafter."),
+    _p("model.allow_download", False, "Fetch a repo id missing from the Hugging Face cache at "
+       "configure; false (a robot's default): cache only, fetch ahead with "
+       "`flash-planner fetch`."),
     _p("model.dtype", "auto", "Weight dtype; auto = the preset's, else bf16 on CUDA, fp32 on CPU.",
        choices=("auto", "fp32", "bf16", "fp16")),
     _p("model.device", "auto", "auto, cpu, cuda or cuda:N."),
@@ -150,14 +155,18 @@ def validated(values: dict[str, Any]) -> dict[str, Value]:
 
 def _model(v: dict[str, Value]):
     """The model preset the model.* parameters describe."""
+    from ..planning import sources
     from ..planning.presets import ModelPreset, resolve_model
 
     if not v["model.preset"] and not v["model.path"]:
         raise ValueError("no model: set model.preset (a config/models preset, e.g. demo) or "
                          "model.path (a checkpoint directory)")
-    path = str(Path(v["model.path"]).expanduser()) if v["model.path"] else ""
-    if path and not Path(path).is_dir():
-        raise ValueError(f"model.path: directory {path} does not exist")
+    path = v["model.path"]
+    if path and sources.parse(path) is None:
+        path = str(Path(path).expanduser())
+        if not Path(path).is_dir():
+            raise ValueError(f"model.path: directory {path} does not exist (nor is it a "
+                             "Hugging Face repo id, org/name)")
     try:
         preset = resolve_model(v["model.preset"]) if v["model.preset"] else None
     except ValueError as exc:
@@ -166,11 +175,14 @@ def _model(v: dict[str, Value]):
         preset = ModelPreset(name=Path(path).name, target_path=path)
     elif path:  # another target: the preset's drafter was made for the preset's target
         preset = replace(preset, target_path=path, drafter_path=None)
-    if v["model.drafter_path"]:
-        drafter = Path(v["model.drafter_path"]).expanduser()
-        if not drafter.is_dir():
-            raise ValueError(f"model.drafter_path: directory {drafter} does not exist")
-        preset = replace(preset, drafter_path=str(drafter))
+    drafter = v["model.drafter_path"]
+    if drafter and sources.parse(drafter) is None:
+        drafter = str(Path(drafter).expanduser())
+        if not Path(drafter).is_dir():
+            raise ValueError(f"model.drafter_path: directory {drafter} does not exist (nor is "
+                             "it a Hugging Face repo id, org/name)")
+    if drafter:
+        preset = replace(preset, drafter_path=drafter)
     return preset
 
 
@@ -192,6 +204,7 @@ def build_configs(values: dict[str, Any]):
     preset = _model(v)
     try:
         engine = preset.engine_config(
+            allow_download=v["model.allow_download"],
             dtype=None if v["model.dtype"] == "auto" else v["model.dtype"],
             kv_dtype=None if v["engine.kv_dtype"] == "auto" else v["engine.kv_dtype"],
             device=v["model.device"], max_context=v["engine.max_context"] or None,

@@ -6,12 +6,29 @@ from pathlib import Path
 
 import pytest
 import yaml
+from local_hub import LocalHub, Repo, hub_env
 
 from flash_planner.ros import params
 from flash_planner.ros.params import PARAMS, build_configs
 
 REPO = Path(__file__).resolve().parents[2]
 YAML = REPO / "config" / "planner.yaml"
+QWEN3_4B = ("Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def qwen3_4b_in_the_cache(tmp_path_factory, checkpoints):
+    """The qwen3_4b preset's two repos (tiny stand-ins) in a Hugging Face cache of this
+    module's own, fetched through huggingface_hub from a loopback Hub; returns the cache."""
+    cache = tmp_path_factory.mktemp("hf") / "hub"
+    repos = {name: Repo.from_dir(checkpoints("dense"), name) for name in QWEN3_4B}
+    with LocalHub(repos) as hub, hub_env(cache, hub.endpoint):
+        from flash_planner.planning import sources
+
+        for name in QWEN3_4B:
+            sources.resolve(name, allow_download=True)
+    with hub_env(cache):
+        yield cache
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -49,8 +66,8 @@ def test_table_is_well_formed():
 
 def test_preset_gives_the_preset_engine_config():
     engine, planner, skills = build_configs({"model.preset": "qwen3_4b"})
-    assert engine.model_path == "/models/Qwen3-4B"
-    assert engine.drafter_path == "/models/Qwen3-4B-DFlash"
+    assert "/models--Qwen--Qwen3-4B/snapshots/" in engine.model_path
+    assert "/models--z-lab--Qwen3-4B-DFlash-b16/snapshots/" in engine.drafter_path
     assert (engine.dtype, engine.kv_dtype, engine.max_context) == ("bf16", "bf16", 8192)
     assert engine.block_size == 16 and engine.window == 128 and engine.window_seed
     assert planner.policy == "queue" and planner.queue_depth == 4 and planner.deadline_s is None
