@@ -6,11 +6,11 @@ VENV       ?= .venv
 # Pinned and installed first: an unpinned torch requirement would pull GB of CUDA wheels.
 TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.installed
-LINT_PATHS := flash_planner kernels test bench launch setup.py
+LINT_PATHS := flash_planner kernels test bench launch tools setup.py
 
 DEMO_TASK  ?= bring the red cup from the kitchen table to the sink
 
-.PHONY: all venv ros-env test demo demo-model bench bench-peer bench-ros kernels-report lint lint-fix clean distclean
+.PHONY: all venv ros-env thor-deps thor-image test demo demo-model bench bench-peer bench-ros kernels-report lint lint-fix clean distclean
 
 all: test
 
@@ -33,7 +33,21 @@ ROS_ENV    := build/ros_env
 ros-env: $(STAMP)
 	tools/ros_env.sh $(VENV) $(ROS_ENV)
 
-test: ros-env
+# The Thor image's Python dependencies resolve for Python 3.12 manylinux aarch64 from wheels
+# (a pip dry run: nothing is installed; see tools/thor_deps.py).
+thor-deps: $(STAMP)
+	$(VENV)/bin/python tools/thor_deps.py
+
+# The Thor image (docker/thor/Dockerfile): build it on the Thor, or where docker can build
+# linux/arm64 images (THOR_BASE picks the NGC PyTorch release; docs/thor.md).
+THOR_IMAGE ?= flash-planner:thor
+THOR_BASE  ?= nvcr.io/nvidia/pytorch:25.10-py3
+thor-image:
+	@command -v docker >/dev/null || { echo "thor-image: docker is not installed"; exit 1; }
+	docker build --platform linux/arm64 --build-arg BASE_IMAGE=$(THOR_BASE) \
+		-f docker/thor/Dockerfile -t $(THOR_IMAGE) .
+
+test: ros-env thor-deps
 	. $(ROS_ENV)/env.sh && TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -q -rs test
 
 # Plan a sample task with the embedded demo model (shipped in flash_planner/assets/demo).

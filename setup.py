@@ -38,6 +38,7 @@ setup(
         "jsonschema",
         "xgrammar>=0.2.8",
         "numpy",
+        "huggingface_hub",
     ],
     # compressed-tensors writes the tests' compressed-tensors checkpoints (its own packing);
     # gguf reads the real Qwen vocabulary out of llama.cpp's GGUF file (train/qwen_vocab.py)
