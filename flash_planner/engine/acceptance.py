@@ -5,6 +5,11 @@ after row i's input, so draft d_i is judged by row i-1) and return the accepted 
 device tensor; the loop's one host copy per cycle reads it together with the tokens. The
 committed tokens are d_1..d_n followed by the bonus token argmax(row n).
 
+Both decide a block with `decide(drafts, logits, position) -> (n, picks)`: the count and, per
+row, the token published after n accepted drafts (`picks[n]`; here the row's argmax;
+`position` is the first row's token position, which sampling's noise depends on). The
+sampled requests' policy (`sampling.SampledAcceptance`) has the same `decide`.
+
 - `StrictAcceptance`: d_i accepted iff it equals argmax(row i-1) and every earlier draft was
   accepted. Greedy speculative decoding with it is lossless.
 - `RelaxedThinking`: inside `<think> ... </think>`, d_i is also accepted when fewer than k
@@ -31,7 +36,17 @@ def _accepted(drafts: torch.Tensor, logits: torch.Tensor, relaxed: torch.Tensor,
     return accepted_prefix(ok[0])
 
 
-class StrictAcceptance:
+class ArgmaxPicks:
+    """`decide` for the greedy policies: their accepted count, then each row's argmax."""
+
+    def decide(self, drafts: torch.Tensor, logits: torch.Tensor, position: int = 0
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = (self.accept(drafts, logits) if drafts.numel()
+             else torch.zeros((), dtype=torch.long, device=logits.device))
+        return n, logits.argmax(dim=-1)
+
+
+class StrictAcceptance(ArgmaxPicks):
     relaxed = False
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
@@ -77,7 +92,7 @@ class ThinkTracker:
                 self.thinking = False
 
 
-class RelaxedThinking(ThinkTracker):
+class RelaxedThinking(ThinkTracker, ArgmaxPicks):
     relaxed = True
 
     def __init__(self, think_open: int, think_close: int, topk: int = 3, delta: float = 1.0):

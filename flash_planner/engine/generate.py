@@ -27,6 +27,7 @@ from .engine import Engine
 from .methods import METHODS
 from .prefix import take
 from .proposer import Proposer
+from .sampling import SampledAcceptance, Sampling
 from .speculative import NonFiniteLogits, commit_cycle, run_cycle
 from .telemetry import GenerationStats, PhaseTimer, now_ms
 
@@ -48,6 +49,7 @@ class GenerationSettings:
     relaxed_delta: float = 1.0
     enable_thinking: bool | None = None  # passed to the chat template for message prompts
     profile_phases: bool = False        # exact per-phase split on CUDA (adds syncs)
+    sampling: Sampling | None = None    # per-phase sampling and seed; None or 0 = greedy
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
@@ -63,6 +65,13 @@ class GenerationSettings:
             raise ValueError(f"relaxed_topk must be >= 1, got {self.relaxed_topk!r}")
         if self.relaxed_delta < 0:
             raise ValueError(f"relaxed_delta must be >= 0, got {self.relaxed_delta!r}")
+        if self.relaxed_thinking and self.sampled:
+            raise ValueError("relaxed thinking acceptance is defined for greedy decoding only: "
+                             "turn it off to sample, or set both phases' temperature to 0")
+
+    @property
+    def sampled(self) -> bool:
+        return self.sampling is not None and not self.sampling.greedy
 
 
 class CancelToken:
@@ -243,6 +252,9 @@ def _interrupted(cancel: CancelToken | None, deadline: float | None) -> str | No
 
 
 def make_policy(engine: Engine, settings: GenerationSettings):
+    if settings.sampled:
+        return SampledAcceptance(settings.sampling, engine.model_config.vocab_size,
+                                 engine.device, think_token_ids(engine.tokenizer))
     if not settings.relaxed_thinking:
         return StrictAcceptance()
     ids = think_token_ids(engine.tokenizer)
@@ -259,7 +271,8 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
              policy: StrictAcceptance | RelaxedThinking | None = None,
              constraint: Constraint | None = None,
              prefix: Sequence[int] | None = None) -> GenerationResult:
-    """Greedy decoding of `prompt`, speculative when a proposer is available.
+    """Greedy (or, with `settings.sampling`, sampled) decoding of `prompt`, speculative
+    when a proposer is available.
 
     `proposer` overrides the engine's own (tests and benchmarks pass a replay proposer);
     `policy` overrides the acceptance policy the settings describe; `constraint` (a fresh
@@ -302,7 +315,8 @@ def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,
             constraint: Constraint | None, prefix: Sequence[int] | None) -> GenerationResult:
     """Prefill and the decode loop of `generate` (arguments checked and resolved there)."""
     stats = GenerationStats(prompt_tokens=len(ids), moe_layers=len(engine.model.moe_blocks),
-                            compiled=engine.compile_report is not None)
+                            compiled=engine.compile_report is not None,
+                            seed=getattr(policy, "seed", None))
     timer = PhaseTimer(sync=settings.profile_phases)
     engine.state.reset()
     logits, taps = prefill_prompt(engine, ids, prefix, proposer, stats)
@@ -317,8 +331,9 @@ def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,
     if constraint is not None:
         with timer.phase("grammar"):
             bitmask = constraint.masks([])
-    first, finite = torch.stack((masked(logits[None], bitmask)[0].argmax(),
-                                 torch.isfinite(logits).all())).tolist()
+    _, picks = policy.decide(logits.new_zeros(0, dtype=torch.long),
+                             masked(logits[None], bitmask), len(ids))
+    first, finite = torch.stack((picks[0], torch.isfinite(logits).all().long())).tolist()
     if not finite:
         raise NonFiniteLogits(len(ids) - 1)
     new = [first]

@@ -9,8 +9,9 @@ at position `start`:
 2. verify: one target forward over [anchor, d_1..d_k] that records per-step GDN checkpoints
    and the proposer's taps; a constraint's masks are built while it runs and applied to its
    logits;
-3. accept: the policy counts accepted drafts n on the device; one host copy brings back
-   n, the drafts and the target's argmaxes together;
+3. accept: the policy decides the accepted count n and the token after it (the row's
+   argmax, or a sample: `sampling.py`) on the device; one host copy brings back n, the
+   drafts and those tokens together;
 4. commit (after the caller's stop rules chose how many new tokens to publish, `keep`):
    keep rows (the anchor and d_1..d_{keep-1}) are committed to the target state, which rolls
    the GDN/conv state back to that step in O(1) and rewinds the KV length; the same rows go
@@ -87,13 +88,12 @@ def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
         # finiteness of the raw logits: masking puts -inf where the grammar forbids
         finite = torch.isfinite(raw).all(dim=-1).long()
         logits = masked(raw, bitmask)
-        n = policy.accept(drafts, logits) if k else torch.zeros((), dtype=torch.long,
-                                                                 device=device)
+        n, picks = policy.decide(drafts, logits, start + 1)
         # The one host sync of the cycle: the count, all candidate tokens, whether each
         # row's logits are finite and (MoE) the experts the block touched, in one copy.
         experts = (routing.distinct_per_layer(model.moe_blocks[0].num_experts).sum().view(1)
                    if routing is not None else n.new_zeros(1))
-        host = torch.cat((n.view(1), drafts, logits.argmax(dim=-1), finite,
+        host = torch.cat((n.view(1), drafts, picks, finite,
                           experts.to(n.device, torch.long))).tolist()
     n, d, a, ok = host[0], host[1:1 + k], host[1 + k:2 + 2 * k], host[2 + 2 * k:-1]
     if not all(ok[:n + 1]):  # a row that decides a published token

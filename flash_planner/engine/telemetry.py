@@ -70,6 +70,7 @@ class GenerationStats:
     forced_tokens: int | None = None
     grammar_cut_drafts: int | None = None
     thinking_budget_hit: bool | None = None
+    seed: int | None = None         # sampled requests: the seed that reproduces them
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -129,6 +130,11 @@ class GenerationStats:
             "method_cycles": dict(self.method_cycles),
             "method_accepted": dict(self.method_accepted),
             **({"experts_per_verify": self.experts_per_verify} if self.moe_layers else {}),
+            "sampled": self.seed is not None,
+            **({} if self.seed is None else {
+                "seed": self.seed,
+                "acceptance_rate": round(self.accepted / self.drafted, 4)
+                if self.drafted else 0.0}),
             "constrained": self.forced_tokens is not None,
             **({} if self.forced_tokens is None else {
                 "forced_tokens": self.forced_tokens,
