@@ -96,6 +96,45 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     spec.add_argument("--relaxed-delta", type=float, default=1.0)
 
 
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "presence_penalty",
+                  "frequency_penalty", "repetition_penalty")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling (default: the preset's; temperature 0 = greedy)")
+    g.add_argument("--sampling", metavar="MODE|JSON", help="greedy, model (the checkpoint's "
+                   "generation_config.json), card (the Qwen3 cards' values per phase), or a "
+                   "JSON object of settings for both phases or per phase under \"thinking\" "
+                   "and \"answer\"")
+    for name in SAMPLING_FLAGS:
+        kind = int if name == "top_k" else float
+        g.add_argument("--" + name.replace("_", "-"), type=kind, metavar="X",
+                       help=f"{name} of both phases, over --sampling")
+    g.add_argument("--seed", type=int, help="makes a sampled run reproducible")
+
+
+def _sampling(args: argparse.Namespace, engine, base) -> object:
+    """The run's Sampling: --sampling (or the preset's `base`) resolved with the model's
+    defaults, the single-setting flags over both phases, then --seed."""
+    from dataclasses import replace
+
+    from .engine.sampling import Sampling, resolve_sampling
+    from .planning.request import sampling_spec
+
+    spec = sampling_spec(args.sampling, "--sampling") if args.sampling else base
+    sampling = resolve_sampling(spec, Sampling(), engine.generation_defaults,
+                                "--sampling" if args.sampling else "the preset's sampling")
+    flat = {name: getattr(args, name) for name in SAMPLING_FLAGS
+            if getattr(args, name) is not None}
+    if flat:
+        try:
+            sampling = Sampling(replace(sampling.thinking, **flat),
+                                replace(sampling.answer, **flat), sampling.seed)
+        except ValueError as exc:
+            raise ValueError(f"--{str(exc).replace('_', '-')}") from None
+    return sampling.with_seed(args.seed)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="flash-planner", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -117,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--stream", action="store_true", help="print each plan step the moment "
                       "it closes, one JSON line {\"index\", \"skill\", \"args\"} each")
     _add_engine_args(plan)
+    _add_sampling_args(plan)
 
     gen = sub.add_parser("generate", help="greedy generation from a model")
     gen.add_argument("--model", required=True, metavar="PRESET|DIR|REPO")
@@ -130,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
                      help="stop string (repeatable)")
     _add_engine_args(gen)
+    _add_sampling_args(gen)
 
     fetch = sub.add_parser("fetch", help="download models into the Hugging Face cache ahead "
                            "of time (a preset's target and drafter, or repo ids)")
@@ -149,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.add_argument("--prompt", default="pick up the red cup and place it on the table")
     smoke.add_argument("--max-new-tokens", type=int, default=64)
     _add_engine_args(smoke)
+    _add_sampling_args(smoke)
     return parser
 
 
@@ -200,6 +242,7 @@ def _generate(args: argparse.Namespace, model: str) -> int:
     engine, preset = _load_engine(args, model)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens,
                                   ignore_eos=args.ignore_eos, stop_strings=tuple(args.stop),
+                                  sampling=_sampling(args, engine, "greedy"),
                                   **_spec_settings(args, preset))
     prompt = args.prompt_ids if getattr(args, "prompt_ids", None) else args.prompt
     if getattr(args, "chat", False):
@@ -218,6 +261,8 @@ def _generate(args: argparse.Namespace, model: str) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from .planning.presets import default_skills_path
     from .planning.request import PlanRequest
     from .planning.service import PlannerConfig, PlannerService
@@ -229,6 +274,7 @@ def _plan(args: argparse.Namespace) -> int:
                           ).checked(limits.max_task_chars, limits.max_context_chars)
     catalog = SkillCatalog.from_yaml(args.skills or default_skills_path())
     engine, preset = _load_engine(args, args.model)
+    request = replace(request, sampling=_sampling(args, engine, preset.sampling))
     service = PlannerService(engine, catalog, PlannerConfig(
         constrain=not args.no_constrain, refusal_hint=preset.refusal_hint,
         **_spec_settings(args, preset)))

@@ -51,6 +51,8 @@ PLAN = {
         ("string", "context"),
         ("int32", "max_new_tokens"),
         ("bool", "enable_thinking"),
+        ("string", "sampling"),
+        ("int64", "seed"),
     ],
     "result": [
         ("bool", "success"),

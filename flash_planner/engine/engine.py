@@ -7,6 +7,7 @@ reports the bytes it holds. Requests that cannot fit are refused before prefill 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from .models.compiled_drafts import StaticDrafter, StaticHead
 from .prefix import PrefixCache
 from .proposer import Proposer
 from .proposers import WHY_MISSING, ProposerBytes, build_proposers
+from .sampling import GREEDY, SamplingParams
 from .trt.backends import make_dense
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,19 @@ class MemoryReport:
                 f"target forward reads {self.weights_per_forward / mib:.1f} MiB of weights")
 
 
+def read_generation_defaults(path: Path) -> SamplingParams:
+    """The sampling settings of `path`/generation_config.json (greedy when it is absent; a
+    file we cannot use is logged and read as greedy, it never blocks loading)."""
+    file = path / "generation_config.json"
+    if not file.is_file():
+        return GREEDY
+    try:
+        return SamplingParams.from_generation_config(json.loads(file.read_text()))
+    except (OSError, ValueError, TypeError) as exc:
+        log.warning("%s: ignored (%s); the model's default sampling is greedy", file, exc)
+        return GREEDY
+
+
 class Engine:
     def __init__(self, config: EngineConfig, checkpoint: Checkpoint, state: InferenceState,
                  device: torch.device, dtype: torch.dtype,
@@ -72,6 +87,8 @@ class Engine:
         self.compile_report: CompileReport | None = None   # None: every forward is eager
         self.prefix_cache = (PrefixCache(config.prefix_cache_entries) if config.prefix_cache
                              else None)
+        # the checkpoint's own sampling defaults (generation_config.json; `sampling: model`)
+        self.generation_defaults = read_generation_defaults(Path(config.model_path))
 
     @property
     def seed_tap_ids(self) -> tuple[int, ...]:

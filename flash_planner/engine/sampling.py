@@ -120,6 +120,66 @@ class Sampling:
     def greedy(self) -> bool:
         return self.thinking.greedy and self.answer.greedy
 
+    def with_seed(self, seed: int | None) -> Sampling:
+        return self if seed is None else Sampling(self.thinking, self.answer, seed)
+
+    def as_dict(self) -> dict[str, Any]:
+        phases = {name: {f.name: getattr(getattr(self, name), f.name)
+                         for f in fields(SamplingParams)} for name in ("thinking", "answer")}
+        return {**phases, "seed": self.seed}
+
+
+SAMPLING_MODES = ("greedy", "model", "card")
+
+
+def resolve_sampling(spec: Any, base: Sampling, model: SamplingParams | None = None,
+                     where: str = "sampling") -> Sampling:
+    """The Sampling a spec asks for, on top of `base`.
+
+    spec: None or "" (base unchanged); "greedy"; "model" (the checkpoint's
+    generation_config.json, both phases; `model`); "card" (the Qwen3 cards' thinking-mode
+    values while thinking, their non-thinking values after); a Sampling; or a mapping whose
+    SamplingParams keys set both phases, `thinking` / `answer` (a mapping or a mode name)
+    set one phase, and `seed` sets the seed. Errors name `where` and the setting."""
+    if spec is None or spec == "":
+        return base
+    if isinstance(spec, Sampling):
+        return spec
+    if isinstance(spec, str):
+        if spec not in SAMPLING_MODES:
+            raise ValueError(f"{where} must be one of {SAMPLING_MODES} or a mapping of "
+                             f"settings, got {spec!r}")
+        if spec == "model":
+            defaults = model or GREEDY
+            return Sampling(defaults, defaults, base.seed)
+        if spec == "card":
+            return Sampling(QWEN3_THINKING, QWEN3_ANSWER, base.seed)
+        return Sampling(GREEDY, GREEDY, base.seed)
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{where} must be a mode name or a mapping, got "
+                         f"{type(spec).__name__}")
+    spec = dict(spec)
+    phases = {name: spec.pop(name) for name in ("thinking", "answer") if name in spec}
+    seed = spec.pop("seed", base.seed)
+    out = base
+    if spec:                                       # flat settings: both phases
+        both = SamplingParams.from_dict(spec, where)
+        out = Sampling(both, both, out.seed)
+    for name, value in phases.items():
+        if isinstance(value, str):
+            phase = getattr(resolve_sampling(value, out, model, f"{where}.{name}"), name)
+        elif isinstance(value, Mapping):
+            phase = SamplingParams.from_dict(value, f"{where}.{name}")
+        else:
+            raise ValueError(f"{where}.{name} must be a mode name or a mapping, got "
+                             f"{type(value).__name__}")
+        out = Sampling(**{**{"thinking": out.thinking, "answer": out.answer}, name: phase},
+                       seed=out.seed)
+    try:
+        return Sampling(out.thinking, out.answer, seed)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
 
 def process(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None,
             generated: torch.Tensor | None = None) -> torch.Tensor:

@@ -79,6 +79,9 @@ class ModelPreset:
     relaxed_thinking: bool = False
     refusal_hint: bool = True      # tell the model the refusal shape (PlannerConfig)
     compile: str = "auto"          # off | on | auto (EngineConfig.compile: on CUDA by default)
+    # how requests sample unless they say (PlannerConfig.sampling): a mode, greedy | model |
+    # card, or a mapping per phase; model = the checkpoint's generation_config.json
+    sampling: Any = "model"
 
     @classmethod
     def load(cls, name: str) -> ModelPreset:

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.methods import METHODS
+from ..engine.sampling import Sampling
 
 REQUEST_FIELDS = ("id", "task", "context", "max_new_tokens", "enable_thinking", "deadline_s",
-                  "speculative", "method")
+                  "speculative", "method", "sampling", "seed")
 
 
 class RequestError(ValueError):
@@ -47,6 +48,17 @@ def _check_text(value: Any, name: str, limit: int, required: bool) -> str:
     return value
 
 
+def sampling_spec(value: Any, where: str) -> Any:
+    """A sampling spec as given, with a JSON object sent as text (an action goal's string,
+    a node parameter) parsed into a dict; RequestError names `where` when it is not JSON."""
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise RequestError(f"{where} is not valid JSON: {exc}") from None
+    return value
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     task: str
@@ -57,6 +69,10 @@ class PlanRequest:
     deadline_s: float | None = None        # None: the service's default
     speculative: bool | None = None        # None: the service's default (A/B, soak)
     method: str | None = None              # auto | dflash | mtp | none; None: the engine's
+    # sampling: None (the service's), a mode (greedy | model | card), a mapping of settings
+    # (both phases, or per phase under "thinking" / "answer"), or an engine Sampling
+    sampling: Any = None
+    seed: int | None = None                # makes a sampled request reproducible
 
     def checked(self, max_task_chars: int, max_context_chars: int) -> PlanRequest:
         """This request with validated text fields, or RequestError."""
@@ -74,10 +90,18 @@ class PlanRequest:
         for name in ("enable_thinking", "speculative"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise RequestError(f"{name} must be true or false")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(
+                self.seed, int) or not 0 <= self.seed < 2**63):
+            raise RequestError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        sampling = sampling_spec(self.sampling, "sampling")
+        if sampling is not None and not isinstance(sampling, (str, dict, Sampling)):
+            raise RequestError("sampling must be a mode name (greedy, model, card) or an "
+                               f"object of settings, got {type(sampling).__name__}")
         if self.method is not None and self.method not in METHODS:
             raise RequestError(f"method must be one of {', '.join(METHODS)}, "
                                f"got {self.method!r}")
-        return dataclasses.replace(self, task=task.strip(), context=context.strip())
+        return dataclasses.replace(self, task=task.strip(), context=context.strip(),
+                                   sampling=sampling)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PlanRequest:

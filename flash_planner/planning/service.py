@@ -20,13 +20,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from ..engine.cache import ContextOverflowError
 from ..engine.chat import encode_chat_parts
 from ..engine.engine import Engine
 from ..engine.generate import CancelToken, GenerationSettings, generate
 from ..engine.grammar import JsonGrammarCompiler
+from ..engine.sampling import Sampling, resolve_sampling
 from ..engine.speculative import NonFiniteLogits
 from .parse import PlanError, PlanRefused, parse_plan
 from .plan_grammar import compile_plan_grammar
@@ -62,6 +64,9 @@ class PlannerConfig:
     # the prompt names the refusal shape (prompt.REFUSAL_HINT); the CLI and the node take the
     # model preset's choice (true but for the demo, which was trained without it)
     refusal_hint: bool = False
+    # how requests sample unless they say: a mode (greedy | model | card) or a mapping
+    # (engine.sampling.resolve_sampling); "model" = the checkpoint's generation_config.json
+    sampling: Any = "greedy"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -73,6 +78,10 @@ class PlannerConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.deadline_s is not None and self.deadline_s <= 0:
             raise ValueError(f"deadline_s must be positive, got {self.deadline_s!r}")
+        base = resolve_sampling(self.sampling, Sampling(), None, "planner.sampling")
+        if self.relaxed_thinking and self.sampling != "model" and not base.greedy:
+            raise ValueError("planner.sampling samples, and relaxed thinking acceptance is "
+                             "defined for greedy decoding only: use one or the other")
 
 
 @dataclass(frozen=True)
@@ -217,6 +226,7 @@ class PlannerService:
         try:
             ticket.request = request = request.checked(self.config.max_task_chars,
                                                        self.config.max_context_chars)
+            ticket.request = request = replace(request, sampling=self._sampling(request))
         except RequestError as exc:
             self._finish(ticket, _failed(request, f"invalid request: {exc}"))
             return ticket
@@ -310,6 +320,23 @@ class PlannerService:
             except Exception:  # a broken listener must not break the service
                 log.exception("on_result listener failed")
 
+    def _sampling(self, request: PlanRequest) -> Sampling:
+        """The request's sampling over the service's default; RequestError names what is
+        wrong."""
+        defaults = self.engine.generation_defaults
+        try:
+            base = resolve_sampling(self.config.sampling, Sampling(), defaults,
+                                    "planner.sampling")
+            sampling = resolve_sampling(request.sampling, base, defaults, "sampling")
+            sampling = sampling.with_seed(request.seed)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        if self.config.relaxed_thinking and not sampling.greedy:
+            raise RequestError("this request samples, and relaxed thinking acceptance "
+                               "(speculative.relaxed_thinking) is defined for greedy decoding "
+                               "only: send temperature 0 or turn relaxed thinking off")
+        return sampling
+
     def _settings(self, request: PlanRequest, waited_s: float) -> GenerationSettings:
         cfg = self.config
         deadline = request.deadline_s if request.deadline_s is not None else cfg.deadline_s
@@ -320,7 +347,7 @@ class PlannerService:
             method=request.method,
             relaxed_thinking=cfg.relaxed_thinking,
             relaxed_topk=cfg.relaxed_topk, relaxed_delta=cfg.relaxed_delta,
-            enable_thinking=self._thinking(request))
+            enable_thinking=self._thinking(request), sampling=request.sampling)
 
     def _thinking(self, request: PlanRequest) -> bool:
         return (self.config.enable_thinking if request.enable_thinking is None

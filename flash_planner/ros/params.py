@@ -90,6 +90,10 @@ PARAMS: tuple[Param, ...] = (
     # planner
     _p("planner.skills_file", "", "Skill catalog YAML; '' = the installed config/skills.yaml."),
     _p("planner.enable_thinking", True, "Thinking phase for ~/task requests that do not say."),
+    _p("planner.sampling", "", "How requests that do not say sample: '' = the preset's; greedy; "
+       "model (the checkpoint's generation_config.json); card (the Qwen3 cards' values per "
+       "phase); or a JSON object of settings for both phases or per phase ('thinking', "
+       "'answer'), e.g. {\"thinking\": \"card\", \"answer\": {\"temperature\": 0}}."),
     _p("planner.constrain", True, "Decode the answer under the skill catalog's plan grammar "
        "(every answer parses); false = validate only afterwards."),
     _p("planner.answer_reserve", 160, "Constrained: tokens of max_new_tokens kept for the "
@@ -192,6 +196,7 @@ def build_configs(values: dict[str, Any]):
     Zero / "auto" values defer to the model preset. Raises ValueError naming the parameter.
     """
     from ..planning.presets import default_skills_path
+    from ..planning.request import sampling_spec
     from ..planning.service import PlannerConfig
 
     v = validated(values)
@@ -230,6 +235,7 @@ def build_configs(values: dict[str, Any]):
         deadline_s=v["planner.deadline_s"] or None, speculative=v["speculative.enabled"],
         relaxed_thinking=v["speculative.relaxed_thinking"] or preset.relaxed_thinking,
         refusal_hint=preset.refusal_hint,
+        sampling=sampling_spec(v["planner.sampling"], "planner.sampling") or preset.sampling,
         relaxed_topk=v["speculative.relaxed_topk"], relaxed_delta=v["speculative.relaxed_delta"])
     skills = v["planner.skills_file"]
     skills_path = Path(skills).expanduser() if skills else default_skills_path()

@@ -7,6 +7,7 @@ test. The worker is held busy by a feedback callback that waits on an event.
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -176,3 +177,26 @@ def test_load_builds_the_engine_and_warm_up_generates(hybrid_dir):
     result = service.plan(PlanRequest("open the drawer", enable_thinking=False), timeout=TIMEOUT)
     assert result.telemetry["new_tokens"] > 0
     service.stop()
+
+
+def test_sampled_requests_from_task_json_reproduce_and_bad_settings_are_refused(make_service):
+    service = make_service(constrain=False, sampling={"temperature": 0.9, "top_k": 8})
+    text = json.dumps({"task": "open the fridge", "seed": 11,
+                       "sampling": {"answer": {"temperature": 1.2, "top_p": 0.9}}})
+    runs = [service.plan(PlanRequest.from_text(text), timeout=TIMEOUT) for _ in range(2)]
+    assert runs[0].raw_text == runs[1].raw_text
+    assert runs[0].telemetry["sampled"] and runs[0].telemetry["seed"] == 11
+    other = service.plan(PlanRequest("open the fridge", seed=12), timeout=TIMEOUT)
+    assert other.raw_text != runs[0].raw_text
+    greedy = [service.plan(PlanRequest("open the fridge", sampling="greedy"), timeout=TIMEOUT)
+              for _ in range(2)]
+    assert greedy[0].raw_text == greedy[1].raw_text and not greedy[0].telemetry["sampled"]
+    for sampling, error in [({"top_k": -3}, "sampling: top_k must be an integer >= 0"),
+                            ("warm", "sampling must be one of ('greedy', 'model', 'card')"),
+                            ({"answer": 3}, "sampling.answer must be a mode name or a map")]:
+        bad = service.plan(PlanRequest("open the fridge", sampling=sampling), timeout=TIMEOUT)
+        assert not bad.success and bad.error.startswith("invalid request: " + error), bad.error
+    assert not service.plan(PlanRequest("x", seed=-1), timeout=TIMEOUT).success
+    relaxed = make_service(relaxed_thinking=True)
+    refused = relaxed.plan(PlanRequest("open the fridge", sampling="card"), timeout=TIMEOUT)
+    assert "relaxed thinking acceptance" in refused.error

@@ -107,10 +107,11 @@ class Harness:
         self.transition("configure", "activate")
 
     def goal(self, task: str = "bring the red cup from the kitchen table to the sink",
-             max_new_tokens: int = 0, thinking: bool = True, client=None, on_feedback=None):
+             max_new_tokens: int = 0, thinking: bool = True, client=None, on_feedback=None,
+             sampling: str = "", seed: int = 0):
         """Send a goal; returns its accepted goal handle."""
         goal = self.Plan.Goal(task=task, context="", max_new_tokens=max_new_tokens,
-                              enable_thinking=thinking)
+                              enable_thinking=thinking, sampling=sampling, seed=seed)
         handle = result_of((client or self.client).send_goal_async(
             goal, feedback_callback=on_feedback))
         assert handle.accepted

@@ -105,6 +105,26 @@ def test_goal_streams_feedback_and_succeeds_with_the_plan(harness, period_ms):
     assert next(p for p in h.plans if p["id"] == request_id)["plan"] == steps
 
 
+def test_a_goal_samples_its_thought_reproducibly_and_bad_settings_are_refused(harness):
+    h = harness(**{"planner.sampling": '{"answer": {"temperature": 0}}'})
+    h.bring_up()
+    sampling = '{"thinking": {"temperature": 0.6, "top_p": 0.95, "top_k": 20}}'
+    results = [result_of(h.goal(sampling=sampling, seed=5).get_result_async()).result
+               for _ in range(2)]
+    assert all(r.success for r in results), [r.error for r in results]
+    assert results[0].raw_text == results[1].raw_text       # the seed reproduces it
+    assert results[0].plan_json == results[1].plan_json
+    request_id = results[0].telemetry.request_id
+    assert wait_for(lambda: any(p["id"] == request_id for p in h.plans))
+    telemetry = next(p for p in h.plans if p["id"] == request_id)["telemetry"]
+    assert telemetry["sampled"] is True and telemetry["seed"] == 5
+    bad = result_of(h.goal(sampling='{"thinking": {"top_p": 0}}').get_result_async())
+    assert bad.status == GoalStatus.STATUS_ABORTED
+    assert bad.result.error == ("invalid request: sampling.thinking: top_p must be a number "
+                                "in (0.0, 1.0], got 0")
+    assert result_of(h.goal().get_result_async()).result.success      # still serving
+
+
 def test_cancel_mid_goal_then_the_next_goal_is_served(endless):
     h = endless()
     handle = h.running_goal()

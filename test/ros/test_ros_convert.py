@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from live import requires_ros
 
-from flash_planner.planning.request import PlanResult
+from flash_planner.planning.request import PlanResult, RequestError
 from flash_planner.planning.service import PlanFeedback
 from flash_planner.ros import convert
 from flash_planner.ros.interface_spec import read_action, read_fields
@@ -96,15 +96,22 @@ def test_feedback_fields():
 
 def test_goal_to_request_reads_every_goal_field():
     assert {name for _, name in ACTION["goal"]} == {"task", "context", "max_new_tokens",
-                                                    "enable_thinking"}
+                                                    "enable_thinking", "sampling", "seed"}
     goal = SimpleNamespace(task="pick up the cup", context="cup on table", max_new_tokens=0,
-                           enable_thinking=False)
+                           enable_thinking=False, sampling="", seed=0)
     req = convert.goal_to_request(goal, "abc")
     assert (req.task, req.context, req.id) == ("pick up the cup", "cup on table", "abc")
     assert req.max_new_tokens is None and req.enable_thinking is False
+    assert req.sampling is None and req.seed is None            # the node's defaults
     goal.max_new_tokens, goal.enable_thinking = 64, True
+    goal.sampling, goal.seed = '{"thinking": "card", "answer": {"temperature": 0}}', 42
     req = convert.goal_to_request(goal, "abc")
-    assert req.max_new_tokens == 64 and req.enable_thinking is True
+    assert req.max_new_tokens == 64 and req.enable_thinking is True and req.seed == 42
+    checked = req.checked(100, 100)
+    assert checked.sampling == {"thinking": "card", "answer": {"temperature": 0}}
+    goal.sampling = '{"temperature": 0.7'
+    with pytest.raises(RequestError, match="sampling is not valid JSON"):
+        convert.goal_to_request(goal, "abc").checked(100, 100)
 
 
 def test_goal_request_id_is_the_uuid_hex():

@@ -151,6 +151,20 @@ def test_unknown_parameter_is_refused():
         build_configs({"model.preset": "qwen3_4b", "model.presett": "x"})
 
 
+def test_sampling_comes_from_the_parameter_or_the_preset():
+    _, planner, _ = build_configs({"planner.sampling": '{"thinking": "card"}'})
+    assert planner.sampling == {"thinking": "card"}
+    _, planner, _ = build_configs({"model.preset": "qwen3_4b"})
+    assert planner.sampling == {"thinking": "card", "answer": {"temperature": 0}}
+    assert build_configs({})[1].sampling == "model"                   # the demo preset's
+    with pytest.raises(ValueError, match="planner.sampling is not valid JSON"):
+        build_configs({"planner.sampling": '{"temperature": '})
+    with pytest.raises(ValueError, match="planner.sampling: temperature must be a number"):
+        build_configs({"planner.sampling": '{"temperature": -2}'})
+    with pytest.raises(ValueError, match="relaxed thinking acceptance is defined for greedy"):
+        build_configs({"planner.sampling": "card", "speculative.relaxed_thinking": True})
+
+
 def test_dense_backend_reaches_the_engine_config():
     for backend in ("torch", "onnxruntime", "tensorrt", "auto"):
         engine, _, _ = build_configs({"model.preset": "qwen3_4b",
