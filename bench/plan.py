@@ -30,8 +30,15 @@ DFlash tokens per cycle, decode tokens/s and its ratio to full precision (on CPU
 quantized Linears run the torch reference, which dequantizes every weight per call: this
 measures that path's cost, not a GPU kernel), and the weight bytes one target forward reads.
 
+Table 5 (`--sampled`, instead of the others): plain, dflash, mtp and auto under the plan
+grammar, greedy and sampled (`+sampled`: thinking at the Qwen3 card's thinking values, T 0.6,
+top-p 0.95, top-k 20, the answer greedy; seed = the prompt's index), in turn per prompt:
+valid and exact plans, tokens/s and its ratio to the same method greedy, tokens per cycle
+overall, while thinking and in the answer, and the share of drafts accepted.
+
     python bench/plan.py --constrained [--n 500] [--threads 1] [--json]
     python bench/plan.py --weights [--n 500] [--threads 1] [--json]
+    python bench/plan.py --sampled [--n 500] [--threads 1] [--json]
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from decode import token_clock_class
 from flash_planner.engine.engine import Engine
 from flash_planner.engine.generate import GenerationSettings, encode_prompt, generate
 from flash_planner.engine.grammar import JsonGrammarCompiler
+from flash_planner.engine.sampling import GREEDY, QWEN3_THINKING, Sampling
 from flash_planner.planning.parse import PlanError, parse_plan
 from flash_planner.planning.plan_grammar import compile_plan_grammar
 from flash_planner.planning.presets import ModelPreset, default_skills_path
@@ -64,6 +72,9 @@ MODES = {"plain": ("none", False), "dflash": ("dflash", False), "mtp": ("mtp", F
          "mtp+relaxed": ("mtp", True)}
 KIND_MODES = ("plain", "dflash", "mtp", "auto")
 GRAMMAR = "+grammar"
+SAMPLED = "+sampled"
+# the planner's useful pair: a sampled thought, a greedy plan under the grammar
+THOUGHT_SAMPLED = Sampling(QWEN3_THINKING, GREEDY)
 
 
 @dataclass
@@ -90,12 +101,16 @@ class Tally:
     accept_hist: list = field(default_factory=list)
     forced: int = 0
     grammar_ms: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
 
     def add(self, out, prompt: Prompt, catalog) -> None:
         s = out.stats
         self.n += 1
         self.forced += s.forced_tokens or 0
         self.grammar_ms += s.phase_ms["grammar"]
+        self.drafted += s.drafted
+        self.accepted += s.accepted
         self.tokens += s.new_tokens - 1
         self.decode_s += s.decode_ms / 1000
         self.ttft_ms += s.ttft_ms
@@ -130,12 +145,13 @@ class Tally:
                 "ttft_ms": self.ttft_ms / max(self.n, 1),
                 "cycle_share": {m: c / total for m, c in self.method_cycles.items()},
                 "accept_hist": self.accept_hist, "forced_per_plan": self.forced / max(self.n, 1),
+                "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
                 "grammar_share": self.grammar_ms / 1000 / self.decode_s if self.decode_s else 0}
 
 
 def run_one(engine, prompt: Prompt, mode: str, tally: Tally, think_close: int, catalog,
-            grammar=None):
-    method, relaxed = MODES[mode.removesuffix(GRAMMAR)]
+            grammar=None, seed: int = 0):
+    method, relaxed = MODES[mode.removesuffix(SAMPLED).removesuffix(GRAMMAR)]
     thinking = {"on": prompt.thinking, "calls": 0}
 
     def on_token(ids, _delta):
@@ -149,8 +165,10 @@ def run_one(engine, prompt: Prompt, mode: str, tally: Tally, think_close: int, c
         if think_close in ids:
             thinking["on"] = False
 
-    settings = GenerationSettings(**prompt.settings, method=method, relaxed_thinking=relaxed)
-    constraint = grammar.constraint() if mode.endswith(GRAMMAR) else None
+    sampling = THOUGHT_SAMPLED.with_seed(seed) if mode.endswith(SAMPLED) else None
+    settings = GenerationSettings(**prompt.settings, method=method, relaxed_thinking=relaxed,
+                                  sampling=sampling)
+    constraint = (grammar.constraint() if GRAMMAR in mode else None)
     tally.add(generate(engine, prompt.messages, settings, on_token, constraint=constraint),
               prompt, catalog)
 
@@ -180,6 +198,35 @@ def constrained_table(engine, plans, catalog, close: int, as_json: bool) -> int:
         print(f"{r['mode']:<16}{r['valid_pct']:>8.1f}{r['exact_pct']:>8.1f}{r['tok_s']:>8.0f}"
               f"{r['x_plain']:>6.2f}x{r['tokens_per_cycle']:>8.2f}{r['forced_per_plan']:>12.1f}"
               f"{100 * r['grammar_share']:>10.1f}")
+    return 0
+
+
+def sampled_table(engine, plans, catalog, close: int, as_json: bool) -> int:
+    """Table 5: each method under the grammar, greedy and with a sampled thought."""
+    grammar = compile_plan_grammar(catalog, JsonGrammarCompiler.for_engine(engine))
+    modes = [m + GRAMMAR + s for m in KIND_MODES for s in ("", SAMPLED)]
+    tallies = {m: Tally(m) for m in modes}
+    for i, p in enumerate(plans):
+        for mode, tally in tallies.items():
+            run_one(engine, p, mode, tally, close, catalog, grammar, seed=i)
+    rows = []
+    for mode, tally in tallies.items():
+        base = tallies[mode.removesuffix(SAMPLED)]
+        rows.append(tally.row(base.tokens / base.decode_s))
+    if as_json:
+        print(json.dumps({"n": len(plans), "sampled": rows}))
+        return 0
+    print(f"demo planner on {len(plans)} held-out tasks under the plan grammar, "
+          f"{torch.get_num_threads()} thread(s), fp32 CPU; +sampled = thinking at T 0.6, top-p "
+          "0.95, top-k 20, the answer greedy; x = vs the same method greedy")
+    head = (f"{'mode':<24}{'valid %':>8}{'exact %':>8}{'tok/s':>8}{'x':>7}{'tok/cyc':>8}"
+            f"{'think':>7}{'answer':>7}{'accepted':>9}")
+    print(head + "\n" + "-" * len(head))
+    for r in rows:
+        print(f"{r['mode']:<24}{r['valid_pct']:>8.1f}{r['exact_pct']:>8.1f}{r['tok_s']:>8.0f}"
+              f"{r['x_plain']:>6.2f}x{r['tokens_per_cycle']:>8.2f}"
+              f"{r['tokens_per_cycle_think']:>7.2f}{r['tokens_per_cycle_answer']:>7.2f}"
+              f"{100 * r['acceptance']:>8.1f}%")
     return 0
 
 
@@ -307,6 +354,8 @@ def main(argv=None) -> int:
                         help="table 3 only: each method without and with the plan grammar")
     parser.add_argument("--weights", action="store_true",
                         help="table 4 only: the demo quantized at load in fp8, nvfp4, int4")
+    parser.add_argument("--sampled", action="store_true",
+                        help="table 5 only: greedy against a sampled thought, grammar on")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
@@ -327,8 +376,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
 
     plans = [plan_prompt(ex, catalog) for ex in heldout[:args.n]]
-    if args.constrained:
-        code = constrained_table(engine, plans, catalog, close, args.json)
+    if args.constrained or args.sampled:
+        table = constrained_table if args.constrained else sampled_table
+        code = table(engine, plans, catalog, close, args.json)
         if not args.json:
             print(f"wall time {time.perf_counter() - t0:.1f} s")
         return code
