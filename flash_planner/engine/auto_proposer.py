@@ -151,6 +151,11 @@ class AutoProposer(Proposer):
         for p in self.proposers.values():
             p.use_prefix_state(states)
 
+    def set_picker(self, picker) -> None:
+        super().set_picker(picker)
+        for p in self.proposers.values():
+            p.set_picker(picker)
+
     def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
         phase = self._phase()
         cand = self.choose(phase)

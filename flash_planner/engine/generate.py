@@ -299,6 +299,8 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
     policy.reset(ids)
     if constraint is not None:
         constraint.reset(ids)
+    if proposer is not None:
+        proposer.set_picker(getattr(policy, "pick", None))
     try:
         return _decode(engine, ids, settings, on_token, cancel, proposer, policy, t0, deadline,
                        constraint, prefix)
@@ -307,6 +309,9 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
         # uncommitted rows: clear the state now (the proposer is re-seeded by `begin`).
         engine.state.reset()
         raise
+    finally:
+        if proposer is not None:
+            proposer.set_picker(None)
 
 
 def _decode(engine: Engine, ids: list[int], settings: GenerationSettings,

@@ -112,11 +112,11 @@ class MTPProposer(Proposer):
         self.state.commit(out.shape[1])
         self.pending_hidden, self.pending_tokens = [], []
         out = out[:, -1:]
-        drafts = [self._draft(out)]
-        for _ in range(num - 1):
+        drafts = [self._draft(out, start + 1)]
+        for i in range(num - 1):
             out = self.head(self.embed(drafts[-1])[None], out, self.state)
             self.state.commit(1)
-            drafts.append(self._draft(out))
+            drafts.append(self._draft(out, start + 2 + i))
         self.state.truncate(start)       # entries from drafts: dropped before the verify
         return torch.cat(drafts)
 
@@ -128,8 +128,8 @@ class MTPProposer(Proposer):
             self.head(self.embed(tokens[at:end])[None], hidden[:, at:end], self.state)
             self.state.commit(end - at)
 
-    def _draft(self, out: torch.Tensor) -> torch.Tensor:
-        return (out[0] @ self.lm_head_weight.T).argmax(dim=-1)        # [1]
+    def _draft(self, out: torch.Tensor, position: int) -> torch.Tensor:
+        return self.pick(out[0] @ self.lm_head_weight.T, position)     # [1]
 
     @torch.inference_mode()
     def commit(self, tokens: Sequence[int], taps: torch.Tensor | None, start: int) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -27,6 +27,16 @@ class Proposer:
     seed_rows: int = 0              # prompt-tail rows whose taps `begin` wants
     catchup_ms: float = 0.0         # the last propose's time on rows of cycles it did not
                                     # draft (auto's switching cost, kept out of its estimates)
+    # How drafts are read off the proposer's logits [n, V] for positions position..+n-1:
+    # None = argmax (greedy drafts); a sampled request sets its policy's `pick`, which
+    # draws them with the noise verification will use (sampling.py), so drafts agree more
+    picker: Callable[[torch.Tensor, int], torch.Tensor] | None = None
+
+    def set_picker(self, picker: Callable[[torch.Tensor, int], torch.Tensor] | None) -> None:
+        self.picker = picker
+
+    def pick(self, logits: torch.Tensor, position: int) -> torch.Tensor:
+        return logits.argmax(dim=-1) if self.picker is None else self.picker(logits, position)
 
     def begin(self, prompt_ids: Sequence[int], taps: torch.Tensor | None) -> None:
         """A new request; taps [1, m, n*hidden] of the prompt's last m tokens (or None)."""
@@ -115,11 +125,12 @@ class DFlashProposer(Proposer):
         ids = torch.cat((anchor, anchor.new_full((self.block_size - 1,), mask)))
         ctx_kv, ctx_pos = self.window.context(anchor.device, self.lm_head_weight.dtype)
         static = self.drafter.static
-        if static is not None and static.accepts(ids, ctx_pos.shape[0]):
+        if static is not None and self.picker is None and static.accepts(ids,
+                                                                         ctx_pos.shape[0]):
             return static.propose(ids, start, ctx_kv, ctx_pos)[:num]
         hidden = self.drafter(self.embed(ids)[None], start, ctx_kv, ctx_pos)   # [1, B, H]
         logits = self.drafter.draft_logits(hidden[0, 1:num + 1], self.lm_head_weight)
-        return logits.argmax(dim=-1)
+        return self.pick(logits, start + 1)
 
     def commit(self, tokens: Sequence[int], taps: torch.Tensor | None, start: int) -> None:
         if taps is None:

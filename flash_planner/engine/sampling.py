@@ -286,6 +286,17 @@ class SampledAcceptance(ThinkTracker):
             out[r].uniform_(generator=self.generator)
         return -torch.log(-torch.log(out.clamp_(min=1e-20)))
 
+    def pick(self, logits: torch.Tensor, position: int) -> torch.Tensor:
+        """Drafts from a proposer's logits [n, V] for positions position..+n-1: each the
+        argmax of the proposer's processed log-probabilities plus the very noise its
+        verification will use, so a proposer close to the target drafts what the target
+        will pick (q processed with the current phase's settings, penalties left out: q only
+        sets how often drafts are kept, never which tokens are published)."""
+        params = self.sampling.thinking if self.thinking else self.sampling.answer
+        q = process(logits, params)
+        return (torch.log(q) + self.noise(position, q.shape[0], q.shape[1], q.device)
+                ).argmax(dim=-1)
+
     def decide(self, drafts: torch.Tensor, logits: torch.Tensor, position: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """(accepted count, the token each row publishes): row i is the token at `position`
