@@ -3,6 +3,7 @@
     flash-planner plan TASK [--context TEXT] [--model PRESET|DIR|REPO] [options]
     flash-planner generate --model PRESET|DIR|REPO (--prompt TEXT | --prompt-ids 1,2,3)
     flash-planner fetch PRESET|REPO[@REVISION] ...   (download into the Hugging Face cache)
+    flash-planner serve [--model PRESET|DIR|REPO] [--host 127.0.0.1] [--port 8000]
     flash-planner build-engines --model PRESET|DIR|REPO [--backend onnxruntime|tensorrt]
     flash-planner smoke    (writes a tiny random checkpoint and generates from it)
 
@@ -177,6 +178,25 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("models", nargs="+", metavar="PRESET|REPO[@REVISION]")
     fetch.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the planner "
+                           "(chat completions, /v1/plans, /health, /metrics)")
+    serve.add_argument("--model", metavar="PRESET|DIR|REPO", default="demo")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback "
+                       "only; 0.0.0.0 exposes it to the network)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", metavar="NAME",
+                       help="the model id clients name (default: the preset or repo)")
+    serve.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/* "
+                       "(default: $FLASH_PLANNER_API_KEY when set)")
+    serve.add_argument("--skills", metavar="YAML", help="skill catalog for /v1/plans")
+    serve.add_argument("--queue-depth", type=int, default=8,
+                       help="requests waiting at most; more get 429")
+    serve.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    serve.add_argument("--max-prompt-chars", type=int, default=32_000)
+    serve.add_argument("--max-tokens", type=int, default=512,
+                       help="a chat completion's default max_tokens")
+    _add_engine_args(serve)
+
     build = sub.add_parser("build-engines", help="export (and build) every dense segment")
     build.add_argument("--model", required=True, metavar="PRESET|DIR|REPO")
     _add_download_arg(build)
@@ -306,6 +326,41 @@ def _plan(args: argparse.Namespace) -> int:
     return EXIT_OK if result.success else EXIT_FAILED
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import os
+
+    import uvicorn
+
+    from .planning.presets import default_skills_path, resolve_model
+    from .planning.service import PlannerConfig, PlannerService
+    from .planning.skills import SkillCatalog
+    from .server.app import ServerState, create_app
+
+    for name in ("port", "queue_depth", "max_body_bytes", "max_prompt_chars", "max_tokens"):
+        if getattr(args, name) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    preset = resolve_model(args.model)
+    catalog = SkillCatalog.from_yaml(args.skills or default_skills_path())
+    state = ServerState(model_name=args.served_model_name or args.model,
+                        api_key=args.api_key or os.environ.get("FLASH_PLANNER_API_KEY") or None,
+                        max_body_bytes=args.max_body_bytes,
+                        max_prompt_chars=args.max_prompt_chars,
+                        default_max_tokens=args.max_tokens)
+
+    def load() -> PlannerService:
+        engine, _ = _load_engine(args, args.model)
+        service = PlannerService(engine, catalog, PlannerConfig(
+            queue_depth=args.queue_depth, refusal_hint=preset.refusal_hint,
+            sampling=preset.sampling, **_spec_settings(args, preset)))
+        service.start()
+        service.warm_up()
+        _progress_to_stderr(f"serving {state.model_name} on http://{args.host}:{args.port}")
+        return service
+
+    uvicorn.run(create_app(state, load), host=args.host, port=args.port, log_level="warning")
+    return EXIT_OK
+
+
 def _fetch(args: argparse.Namespace) -> int:
     """Every repo the named presets (or repo ids) come from, into the Hugging Face cache;
     huggingface_hub draws its progress bars on stderr."""
@@ -370,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
             return _build_engines(args)
         if args.command == "fetch":
             return _fetch(args)
+        if args.command == "serve":
+            return _serve(args)
         return _smoke(args)
     except UsageError as exc:
         print(f"flash-planner: {exc}", file=sys.stderr)

@@ -32,9 +32,10 @@ from packaging.utils import canonicalize_name
 
 HERE = Path(__file__).resolve().parent
 LOCK = HERE / "requirements-thor.txt"
-# What the runtime imports (setup.py's install_requires but the container's own)
+# What the runtime imports (setup.py's install_requires but the container's own, and the
+# `serve` extra)
 ROOTS = ("transformers", "safetensors", "tokenizers", "pyyaml", "jsonschema", "xgrammar",
-         "numpy", "huggingface-hub")
+         "numpy", "huggingface-hub", "fastapi", "uvicorn", "prometheus-client")
 # Provided by NVIDIA's JetPack container (or not needed on aarch64); never pip-installed
 PROVIDED = re.compile(r"^(torch|triton|tensorrt.*|nvidia-.*|cuda-.*)$")
 PYTHON = "3.12"

@@ -97,11 +97,24 @@ class PlanFeedback:
 FeedbackCallback = Callable[[PlanFeedback], None]
 
 
+@dataclass(frozen=True)
+class Completion:
+    """A generic generation that shares the planner's queue (the server's chat completions):
+    the prompt (chat messages or ids), its settings, an optional grammar constraint factory,
+    and a token callback `on_token(ids, delta)` called from the worker."""
+    prompt: Any
+    settings: GenerationSettings
+    constraint: Callable[[], Any] | None = None
+    on_token: Callable[[list[int], str], None] | None = None
+
+
 class PlanTicket:
     """A submitted request; `result()` blocks until it is finished."""
 
-    def __init__(self, request: PlanRequest, on_feedback: FeedbackCallback | None):
+    def __init__(self, request: PlanRequest, on_feedback: FeedbackCallback | None,
+                 completion: Completion | None = None):
         self.request = request
+        self.completion = completion
         self.on_feedback = on_feedback
         self.cancel_token = CancelToken()
         self.submitted = time.monotonic()
@@ -279,6 +292,24 @@ class PlannerService:
                                           f"'{request_id}'")
         self._end_queued(queued, "cancelled while queued")
 
+    def submit_completion(self, request_id: str, completion: Completion) -> PlanTicket:
+        """Queue a generic generation under the same policy as plans (a full queue or a
+        'reject' policy while busy resolves the ticket at once with the reason). Its result
+        carries the text, finish reason and telemetry; success means it ran."""
+        request = PlanRequest(task="(completion)", id=request_id)
+        ticket = PlanTicket(request, None, completion)
+        preempted: list[PlanTicket] = []
+        with self._lock:
+            reason = self._admission(request, preempted)
+            if reason is None:
+                self._queue.append(ticket)
+                self._lock.notify_all()
+        for old in preempted:
+            self._end_queued(old, f"preempted by request {request.id}")
+        if reason is not None:
+            self._finish(ticket, _failed(request, reason))
+        return ticket
+
     def plan(self, request: PlanRequest, on_feedback: FeedbackCallback | None = None,
              timeout: float | None = None) -> PlanResult:
         """Submit and wait: the blocking form."""
@@ -353,7 +384,27 @@ class PlannerService:
         return (self.config.enable_thinking if request.enable_thinking is None
                 else request.enable_thinking)
 
+    def _complete(self, ticket: PlanTicket) -> PlanResult:
+        job, request = ticket.completion, ticket.request
+        telemetry = {"queue_wait_ms": round((time.monotonic() - ticket.submitted) * 1000, 3)}
+        try:
+            out = generate(self.engine, job.prompt, job.settings, on_token=job.on_token,
+                           cancel=ticket.cancel_token,
+                           constraint=job.constraint() if job.constraint else None)
+        except (ContextOverflowError, ValueError) as exc:
+            return _failed(request, f"cannot generate: {exc}", telemetry=telemetry)
+        except NonFiniteLogits as exc:
+            return _failed(request, str(exc), finish_reason="error", telemetry=telemetry)
+        telemetry.update(out.stats.as_dict())
+        if out.finish_reason == "cancelled":
+            return _failed(request, ticket.cancel_reason, raw_text=out.text,
+                           finish_reason="cancelled", telemetry=telemetry)
+        return PlanResult(request.id, request.task, True, raw_text=out.text,
+                          finish_reason=out.finish_reason, telemetry=telemetry)
+
     def _run(self, ticket: PlanTicket) -> PlanResult:
+        if ticket.completion is not None:
+            return self._complete(ticket)
         request = ticket.request
         waited = time.monotonic() - ticket.submitted
         telemetry = {"queue_wait_ms": round(waited * 1000, 3)}

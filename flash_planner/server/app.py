@@ -1,0 +1,333 @@
+"""`flash-planner serve`: an OpenAI-compatible HTTP server (FastAPI) on the planner's queue.
+
+Endpoints: POST /v1/chat/completions (openai_api.py), POST /v1/plans (our planner end to
+end, as `~/plan` answers it; `stream` sends each step as it closes), GET /v1/models,
+GET /health, GET /metrics (Prometheus text). Every request runs through the same
+PlannerService queue the ROS node uses, so its policy and depth hold here: a full queue (or
+'reject' while busy) answers 429 at once. The model loads in the background after the
+socket opens; until it has, /health says `loading` and requests get 503.
+
+Safe by default: it binds loopback unless told otherwise, `/v1/*` needs the bearer key when
+one is set (--api-key or $FLASH_PLANNER_API_KEY), bodies over `max_body_bytes` get 413 and
+prompts over `max_prompt_chars` too. Errors use OpenAI's shape
+`{"error": {"message", "type", "param", "code"}}`. A client that disconnects mid-stream
+cancels its request, which stops within one speculative cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from ..engine.generate import GenerationSettings
+from ..engine.grammar import GrammarError, JsonGrammarCompiler
+from ..planning.request import PlanRequest, PlanResult, RequestError
+from ..planning.service import Completion, PlannerService
+from .metrics import Metrics
+from .openai_api import (
+    ApiError,
+    ChatRequest,
+    ReasoningStream,
+    bad,
+    chunk_body,
+    completion_body,
+    parse_chat,
+)
+
+log = logging.getLogger(__name__)
+BUSY = ("queue full", "busy with request")
+
+
+@dataclass
+class ServerState:
+    model_name: str
+    api_key: str | None = None
+    max_body_bytes: int = 1 << 20
+    max_prompt_chars: int = 32_000
+    default_max_tokens: int = 512
+    service: PlannerService | None = None
+    error: str | None = None                  # why loading failed
+    grammars: dict[str, Any] = field(default_factory=dict)
+
+    def ready(self) -> PlannerService:
+        if self.service is None:
+            why = f"the model failed to load: {self.error}" if self.error else \
+                "the model is still loading"
+            raise ApiError(503, why, "service_unavailable", code="not_ready")
+        return self.service
+
+    def grammar(self, schema: dict[str, Any]):
+        key = json.dumps(schema, sort_keys=True)
+        if key not in self.grammars:
+            if len(self.grammars) >= 32:
+                self.grammars.pop(next(iter(self.grammars)))
+            try:
+                compiler = JsonGrammarCompiler.for_engine(self.ready().engine)
+                self.grammars[key] = compiler.compile(schema)
+            except GrammarError as exc:
+                raise bad(f"response_format: {exc}", "response_format") from None
+        return self.grammars[key]
+
+
+def _status_of(result: PlanResult) -> int:
+    """The HTTP status of a request the service did not run: 429 busy, 400 invalid."""
+    if result.error.startswith(BUSY):
+        return 429
+    if result.error.startswith("the planner service is not running"):
+        return 503
+    return 400
+
+
+def _refused(result: PlanResult) -> ApiError:
+    status = _status_of(result)
+    kind = {429: "rate_limit_exceeded", 503: "service_unavailable"}.get(status,
+                                                                       "invalid_request_error")
+    return ApiError(status, result.error, kind)
+
+
+def _sse(data: Any) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+class _Relay:
+    """Worker-thread events into the request's event loop: deltas, steps, the result."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, kind: str, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, item))
+
+    def when_done(self, ticket) -> None:
+        threading.Thread(target=lambda: self.put("done", ticket.result()), daemon=True).start()
+
+
+def create_app(state: ServerState, load: Callable[[], PlannerService] | None = None
+               ) -> FastAPI:
+    """The app; `load` (run in a thread at startup) returns the started PlannerService."""
+
+    def lifespan(app):
+        class Span:
+            async def __aenter__(self):
+                if load is not None:
+                    threading.Thread(target=_load, daemon=True, name="model-load").start()
+
+            async def __aexit__(self, *exc):
+                if state.service is not None:
+                    state.service.stop()
+        return Span()
+
+    def _load() -> None:
+        try:
+            service = load()
+            service.on_result = metrics.finished
+            state.service = service
+        except Exception as exc:      # reported by /health and every request's 503
+            log.exception("loading the model failed")
+            state.error = f"{type(exc).__name__}: {exc}"
+
+    app = FastAPI(title="flash_planner", lifespan=lifespan, docs_url=None, redoc_url=None)
+    metrics = app.state.metrics = Metrics(lambda: (state.service.queue_depth + state.service.busy)
+                      if state.service else 0.0,
+                      lambda: 1.0 if state.service is not None else 0.0)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        metrics.observe(request.url.path, exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        return JSONResponse(ApiError(exc.status_code, str(exc.detail), "invalid_request_error"
+                                     ).body(), status_code=exc.status_code)
+
+    def check_key(request: Request) -> None:
+        if state.api_key is not None:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {state.api_key}".encode()):
+                raise ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
+                               "authentication_error", code="invalid_api_key")
+
+    async def body_of(request: Request) -> Any:
+        check_key(request)
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > state.max_body_bytes:
+            raise ApiError(413, f"the request body is {declared} bytes, the limit is "
+                           f"{state.max_body_bytes}", code="request_too_large")
+        raw = await request.body()
+        if len(raw) > state.max_body_bytes:
+            raise ApiError(413, f"the request body is {len(raw)} bytes, the limit is "
+                           f"{state.max_body_bytes}", code="request_too_large")
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise bad(f"the request body is not valid JSON: {exc}") from None
+
+    @app.get("/health")
+    async def health():
+        if state.service is not None:
+            return {"status": "ok", "model": state.model_name,
+                    "queue_depth": state.service.queue_depth, "busy": state.service.busy}
+        body = {"status": "error" if state.error else "loading", "model": state.model_name}
+        if state.error:
+            body["error"] = state.error
+        return JSONResponse(body, status_code=503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.text(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        check_key(request)
+        return {"object": "list", "data": [{"id": state.model_name, "object": "model",
+                                            "created": 0, "owned_by": "flash_planner"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await body_of(request)
+        service = state.ready()
+        chat = parse_chat(body, state.model_name)
+        chars = sum(len(m["content"]) for m in chat.messages)
+        if chars > state.max_prompt_chars:
+            raise ApiError(413, f"the prompt is {chars} characters, the limit is "
+                           f"{state.max_prompt_chars}", param="messages",
+                           code="context_length_exceeded")
+        grammar = state.grammar(chat.schema) if chat.schema is not None else None
+        cid = "chatcmpl-" + uuid.uuid4().hex[:24]
+        if chat.stream:
+            return await _chat_stream(service, chat, cid, grammar)
+        ticket = service.submit_completion(cid, _completion(chat, grammar))
+        result = await asyncio.to_thread(ticket.result)
+        _check_ran(result, ticket)
+        metrics.observe("/v1/chat/completions", 200, result.telemetry)
+        return completion_body(cid, state.model_name, result.raw_text, result.finish_reason,
+                               result.telemetry)
+
+    def _completion(chat: ChatRequest, grammar, on_token=None) -> Completion:
+        settings = GenerationSettings(
+            max_new_tokens=chat.max_tokens or state.default_max_tokens,
+            stop_strings=chat.stop, enable_thinking=chat.enable_thinking,
+            sampling=None if chat.sampling.greedy else chat.sampling)
+        return Completion(chat.messages, settings, grammar.constraint if grammar else None,
+                          on_token)
+
+    def _check_ran(result: PlanResult, ticket) -> None:
+        if result.success:
+            return
+        if result.finish_reason == "":                # never ran: busy, full or stopping
+            raise _refused(result)
+        if result.error.startswith("cannot generate"):
+            raise bad(result.error.removeprefix("cannot generate: "), "messages")
+        raise ApiError(500, result.error, "server_error")
+
+    async def _chat_stream(service, chat: ChatRequest, cid: str, grammar):
+        relay = _Relay()
+        ticket = service.submit_completion(
+            cid, _completion(chat, grammar, lambda ids, delta: relay.put("delta", delta)))
+        if ticket.done():
+            _check_ran(ticket.result(), ticket)
+        relay.when_done(ticket)
+        model = state.model_name
+
+        async def events() -> AsyncIterator[str]:
+            split = ReasoningStream()
+            try:
+                yield _sse(chunk_body(cid, model, {"role": "assistant", "content": ""}))
+                while True:
+                    kind, item = await relay.queue.get()
+                    if kind == "delta":
+                        reasoning, content = split.feed(item)
+                        if reasoning:
+                            yield _sse(chunk_body(cid, model, {"reasoning_content": reasoning}))
+                        if content:
+                            yield _sse(chunk_body(cid, model, {"content": content}))
+                        continue
+                    for key, rest in zip(("reasoning_content", "content"),
+                                         split.feed("", final=True)):
+                        if rest:
+                            yield _sse(chunk_body(cid, model, {key: rest}))
+                    result: PlanResult = item
+                    status = 200 if result.success else 500
+                    metrics.observe("/v1/chat/completions", status, result.telemetry)
+                    if not result.success:
+                        yield _sse(ApiError(500, result.error, "server_error").body())
+                    else:
+                        yield _sse(chunk_body(cid, model, {}, result.finish_reason))
+                        if chat.include_usage:
+                            usage = chunk_body(cid, model, {}, usage_of=result.telemetry)
+                            usage["choices"] = []
+                            yield _sse(usage)
+                    yield _sse("[DONE]")
+                    return
+            finally:
+                if not ticket.done():                 # the client went away: stop decoding
+                    try:
+                        service.cancel(cid)
+                    except ValueError:
+                        pass
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/plans")
+    async def plans(request: Request):
+        body = await body_of(request)
+        service = state.ready()
+        if not isinstance(body, dict):
+            raise bad("the request body must be a JSON object")
+        stream = body.pop("stream", False)
+        if not isinstance(stream, bool):
+            raise bad("stream must be true or false", "stream")
+        try:
+            plan_request = PlanRequest.from_dict(body)
+        except RequestError as exc:
+            raise bad(str(exc)) from None
+        if not stream:
+            ticket = service.submit(plan_request)
+            result = await asyncio.to_thread(ticket.result)
+            if not result.success and result.finish_reason == "":
+                if result.error.startswith(("invalid request", *BUSY, "the planner")):
+                    raise _refused(result)
+            metrics.observe("/v1/plans", 200, result.telemetry)
+            return result.as_dict()
+        relay = _Relay()
+        ticket = service.submit(plan_request, lambda fb: relay.put("steps", fb.steps))
+        if ticket.done() and not ticket.result().success \
+                and ticket.result().finish_reason == "":
+            raise _refused(ticket.result())
+        relay.when_done(ticket)
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                while True:
+                    kind, item = await relay.queue.get()
+                    if kind == "steps":
+                        for index, step in item:
+                            yield _sse({"index": index, "step": step})
+                        continue
+                    metrics.observe("/v1/plans", 200, item.telemetry)
+                    yield _sse(item.as_dict())
+                    yield _sse("[DONE]")
+                    return
+            finally:
+                if not ticket.done():
+                    try:
+                        service.cancel(ticket.id)
+                    except ValueError:
+                        pass
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
