@@ -156,6 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
                       "the catalog's plan grammar (it is only validated afterwards)")
     plan.add_argument("--stream", action="store_true", help="print each plan step the moment "
                       "it closes, one JSON line {\"index\", \"skill\", \"args\"} each")
+    plan.add_argument("--backend", choices=["local", "remote", "remote_or_local"],
+                      help="where the plan is made (default: the preset's, local)")
+    plan.add_argument("--remote-url", metavar="URL", help="an OpenAI-compatible server's base "
+                      "URL (e.g. http://gpu-box:8000/v1); its key from "
+                      "$FLASH_PLANNER_REMOTE_KEY")
+    plan.add_argument("--remote-model", metavar="NAME", help="the model id it serves")
+    plan.add_argument("--remote-timeout", type=float, default=30.0, metavar="S",
+                      help="the longest silence inside the remote's stream")
     _add_engine_args(plan)
     _add_sampling_args(plan)
 
@@ -240,6 +248,19 @@ def _load_engine(args: argparse.Namespace, model: str, progress=_progress_to_std
     return Engine.load(config, progress=progress), preset
 
 
+def _backend(args: argparse.Namespace, preset) -> dict:
+    from .planning.remote import RemoteConfig
+
+    backend = args.backend or preset.backend
+    if backend == "local":
+        return {"backend": "local"}
+    url, model = args.remote_url or preset.remote_url, args.remote_model or preset.remote_model
+    if not url or not model:
+        raise UsageError(f"--backend {backend} needs --remote-url and --remote-model")
+    return {"backend": backend, "remote": RemoteConfig(url, model,
+                                                       read_timeout_s=args.remote_timeout)}
+
+
 def _spec_settings(args: argparse.Namespace, preset) -> dict:
     return dict(speculative=not args.no_spec,
                 relaxed_thinking=args.relaxed_thinking or preset.relaxed_thinking,
@@ -297,7 +318,7 @@ def _plan(args: argparse.Namespace) -> int:
     request = replace(request, sampling=_sampling(args, engine, preset.sampling))
     service = PlannerService(engine, catalog, PlannerConfig(
         constrain=not args.no_constrain, refusal_hint=preset.refusal_hint,
-        **_spec_settings(args, preset)))
+        **_backend(args, preset), **_spec_settings(args, preset)))
     service.start()
 
     def print_steps(feedback) -> None:

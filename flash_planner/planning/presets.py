@@ -82,6 +82,11 @@ class ModelPreset:
     # how requests sample unless they say (PlannerConfig.sampling): a mode, greedy | model |
     # card, or a mapping per phase; model = the checkpoint's generation_config.json
     sampling: Any = "model"
+    # where plans are made (PlannerConfig.backend): local | remote | remote_or_local, and the
+    # remote's base url and model id (its key comes from the environment, never a preset)
+    backend: str = "local"
+    remote_url: str = ""
+    remote_model: str = ""
 
     @classmethod
     def load(cls, name: str) -> ModelPreset:

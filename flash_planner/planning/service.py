@@ -31,8 +31,9 @@ from ..engine.grammar import JsonGrammarCompiler
 from ..engine.sampling import Sampling, resolve_sampling
 from ..engine.speculative import NonFiniteLogits
 from .parse import PlanError, PlanRefused, parse_plan
-from .plan_grammar import compile_plan_grammar
+from .plan_grammar import answer_schema, compile_plan_grammar
 from .prompt import build_messages
+from .remote import BACKENDS, RemoteConfig, RemoteError, RemotePlanner
 from .request import PlanRequest, PlanResult, RequestError
 from .skills import SkillCatalog
 from .steps import StepStream
@@ -67,6 +68,12 @@ class PlannerConfig:
     # how requests sample unless they say: a mode (greedy | model | card) or a mapping
     # (engine.sampling.resolve_sampling); "model" = the checkpoint's generation_config.json
     sampling: Any = "greedy"
+    # where plans are made: local (this engine), remote (an OpenAI-compatible server,
+    # `remote`), remote_or_local (the remote, and this engine when it fails); with a
+    # deadline, remote_or_local leaves `remote_reserve_s` of it to the local engine
+    backend: str = "local"
+    remote: RemoteConfig | None = None
+    remote_reserve_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -78,6 +85,12 @@ class PlannerConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.deadline_s is not None and self.deadline_s <= 0:
             raise ValueError(f"deadline_s must be positive, got {self.deadline_s!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend != "local" and self.remote is None:
+            raise ValueError(f"backend {self.backend!r} needs a remote (url and model)")
+        if self.remote_reserve_s < 0:
+            raise ValueError(f"remote_reserve_s must be >= 0, got {self.remote_reserve_s!r}")
         base = resolve_sampling(self.sampling, Sampling(), None, "planner.sampling")
         if self.relaxed_thinking and self.sampling != "model" and not base.greedy:
             raise ValueError("planner.sampling samples, and relaxed thinking acceptance is "
@@ -155,6 +168,8 @@ class PlannerService:
         # compiled once, at configure: a catalog it cannot express fails here (CatalogError)
         self.grammar = (compile_plan_grammar(catalog, JsonGrammarCompiler.for_engine(engine))
                         if config.constrain else None)
+        self.remote = (RemotePlanner(config.remote) if config.backend != "local" else None)
+        self._schema = answer_schema(catalog)
         self._lock = threading.Condition()
         self._queue: collections.deque[PlanTicket] = collections.deque()
         self._running: PlanTicket | None = None
@@ -413,6 +428,11 @@ class PlannerService:
         if deadline is not None and waited >= deadline:
             return _failed(request, f"deadline of {deadline} s passed while queued",
                            finish_reason="deadline", telemetry=telemetry)
+        if self.remote is not None:
+            result = self._run_remote(ticket, deadline, telemetry)
+            if result is not None:
+                return result
+        telemetry["backend"] = "local"
         listener = _Listener(ticket, StepStream(self.catalog))
         try:
             ids, prefix = self.prompt(request.task, request.context, self._thinking(request))
@@ -449,6 +469,58 @@ class PlannerService:
             return _failed(request, str(exc), **base)
         return PlanResult(request.id, request.task, True, plan=steps, thinking=thinking,
                           **base)
+
+
+    def _run_remote(self, ticket: PlanTicket, deadline: float | None,
+                    telemetry: dict) -> PlanResult | None:
+        """The plan from the remote, or None to plan locally (remote_or_local, after a
+        failure, whose reason goes to telemetry `remote_error`)."""
+        request, cfg = ticket.request, self.config
+        fallback = cfg.backend == "remote_or_local"
+        end = None if deadline is None else ticket.submitted + deadline - (
+            cfg.remote_reserve_s if fallback else 0.0)
+        thinking = self._thinking(request)
+        max_new = request.max_new_tokens or cfg.max_new_tokens
+        messages = build_messages(self.catalog, request.task, request.context,
+                                  cfg.refusal_hint)
+        sampling = request.sampling if isinstance(request.sampling, Sampling) and \
+            not request.sampling.greedy else None
+        listener = _Listener(ticket, StepStream(self.catalog))
+        t0 = time.monotonic()
+        try:
+            text = self.remote.complete(
+                self.remote.body(messages, self._schema, max_new, thinking, sampling),
+                lambda delta: listener([], delta), end,
+                lambda: ticket.cancel_token.cancelled)
+            steps, thought = parse_plan(text, self.catalog)
+        except PlanRefused as exc:
+            latency = (time.monotonic() - t0) * 1000
+            self.remote.health.record(True, latency)
+            telemetry.update(backend="remote", remote_latency_ms=round(latency, 3))
+            return _failed(request, str(exc), refusal=exc.reason, raw_text=text,
+                           finish_reason="eos", telemetry=telemetry)
+        except (RemoteError, PlanError) as exc:
+            why = (f"the remote answered an invalid plan: {exc}" if isinstance(exc, PlanError)
+                   else str(exc))
+            self.remote.health.record(False, (time.monotonic() - t0) * 1000, why)
+            if ticket.cancel_token.cancelled:
+                return _failed(request, ticket.cancel_reason, finish_reason="cancelled",
+                               telemetry={**telemetry, "backend": "remote"})
+            if fallback and (deadline is None
+                             or time.monotonic() < ticket.submitted + deadline):
+                log.warning("request %s: remote failed (%s); planning locally", request.id,
+                            why)
+                telemetry["remote_error"] = why
+                return None
+            return _failed(request, f"remote backend: {why}", finish_reason="error",
+                           telemetry={**telemetry, "backend": "remote"})
+        latency = (time.monotonic() - t0) * 1000
+        self.remote.health.record(True, latency)
+        telemetry.update(backend="remote", remote_latency_ms=round(latency, 3))
+        if listener.first_step_ms is not None:
+            telemetry["first_step_ms"] = round(listener.first_step_ms, 3)
+        return PlanResult(request.id, request.task, True, plan=steps, thinking=thought,
+                          raw_text=text, finish_reason="eos", telemetry=telemetry)
 
 
 class _Listener:

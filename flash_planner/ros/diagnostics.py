@@ -193,12 +193,26 @@ def status(window: LatencyWindow | Summary, budgets: Budgets, queue_depth: int
     return level, message, values
 
 
+def remote_values(backend: str, health) -> KeyValues:
+    """What /diagnostics says of a remote backend: which backend plans, whether the remote
+    answered last time, its latency and last error, and how often it answered or failed."""
+    if health is None:
+        return [("backend", backend)]
+    last = "never tried" if health.ok is None else ("ok" if health.ok else "failed")
+    return [("backend", backend), ("remote", last),
+            ("remote latency ms", f"{health.last_latency_ms:.1f}"),
+            ("remote answered", str(health.answered)), ("remote failed", str(health.failed)),
+            ("remote last error", health.last_error or "-")]
+
+
 def node_status(state: str, load_error: str, window: LatencyWindow | None, budgets: Budgets,
-                queue_depth: int, model: str = "", compiled: str = ""
-                ) -> tuple[int, str, KeyValues]:
+                queue_depth: int, model: str = "", compiled: str = "",
+                backend: KeyValues = ()) -> tuple[int, str, KeyValues]:
     """The node's status: ERROR after a failed model load, OK while not serving, else `status`.
-    compiled: whether forwards run as compiled graphs, and what compiling them took."""
+    compiled: whether forwards run as compiled graphs, and what compiling them took;
+    backend: `remote_values`."""
     head = [("state", state), ("model", model)] + ([("compiled", compiled)] if compiled else [])
+    head += list(backend)
     if load_error:
         return ERROR, f"model failed to load: {load_error}", head
     if state != "active" or window is None:

@@ -42,7 +42,13 @@ def planner_node_class():
 
     from . import convert, params
     from .action_server import PlanActionServer
-    from .diagnostics import Budgets, DiagnosticsPublisher, LatencyWindow, node_status
+    from .diagnostics import (
+        Budgets,
+        DiagnosticsPublisher,
+        LatencyWindow,
+        node_status,
+        remote_values,
+    )
     from .topics import PlanTopics
 
     ok, failure = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
@@ -187,8 +193,11 @@ def planner_node_class():
                               self.get_parameter("diagnostics.latency_budget_ms").value)
             service = self._planner
             depth = service.queue_depth if service is not None else 0
+            backend = remote_values(service.config.backend,
+                                    service.remote.health if service.remote else None) \
+                if service is not None else ()
             return node_status(self._phase, self._load_error, self._window, budgets, depth,
-                               self._model, self._compiled)
+                               self._model, self._compiled, backend)
 
     return PlannerNode
 

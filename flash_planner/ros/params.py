@@ -94,6 +94,20 @@ PARAMS: tuple[Param, ...] = (
        "model (the checkpoint's generation_config.json); card (the Qwen3 cards' values per "
        "phase); or a JSON object of settings for both phases or per phase ('thinking', "
        "'answer'), e.g. {\"thinking\": \"card\", \"answer\": {\"temperature\": 0}}."),
+    _p("planner.backend", "", "Where plans are made: '' = the preset's (local); local; remote "
+       "(an OpenAI-compatible server: vLLM, SGLang, another robot's flash-planner serve); "
+       "remote_or_local (the remote, this engine when it fails or is late).",
+       choices=("", "local", "remote", "remote_or_local")),
+    _p("planner.remote_url", "", "The remote's base URL, e.g. http://gpu-box:8000/v1."),
+    _p("planner.remote_model", "", "The model id the remote serves."),
+    _p("planner.remote_key_env", "FLASH_PLANNER_REMOTE_KEY", "Name of the environment "
+       "variable holding the remote's API key (the key itself is never a parameter)."),
+    _p("planner.remote_connect_timeout_s", 2.0, "Connecting to the remote, seconds.",
+       range=(0.01, 600.0)),
+    _p("planner.remote_timeout_s", 30.0, "The longest silence inside the remote's stream.",
+       range=(0.01, 3600.0)),
+    _p("planner.remote_reserve_s", 1.0, "remote_or_local with a deadline: seconds of it kept "
+       "for the local engine.", range=(0.0, 600.0)),
     _p("planner.constrain", True, "Decode the answer under the skill catalog's plan grammar "
        "(every answer parses); false = validate only afterwards."),
     _p("planner.answer_reserve", 160, "Constrained: tokens of max_new_tokens kept for the "
@@ -190,6 +204,26 @@ def _model(v: dict[str, Value]):
     return preset
 
 
+def _backend(v: dict[str, Value], preset) -> dict[str, Any]:
+    """PlannerConfig's backend fields from the planner.* parameters (else the preset's)."""
+    from ..planning.remote import RemoteConfig
+
+    backend = v["planner.backend"] or preset.backend
+    if backend == "local":
+        return {"backend": "local"}
+    url = v["planner.remote_url"] or preset.remote_url
+    model = v["planner.remote_model"] or preset.remote_model
+    try:
+        remote = RemoteConfig(url, model, v["planner.remote_key_env"],
+                              v["planner.remote_connect_timeout_s"],
+                              v["planner.remote_timeout_s"])
+    except ValueError as exc:
+        raise ValueError(f"planner.backend {backend} needs planner.remote_url and "
+                         f"planner.remote_model (or the preset's): {exc}") from None
+    return {"backend": backend, "remote": remote,
+            "remote_reserve_s": v["planner.remote_reserve_s"]}
+
+
 def build_configs(values: dict[str, Any]):
     """(EngineConfig, PlannerConfig, skills path) from parameter values (missing = default).
 
@@ -236,6 +270,7 @@ def build_configs(values: dict[str, Any]):
         relaxed_thinking=v["speculative.relaxed_thinking"] or preset.relaxed_thinking,
         refusal_hint=preset.refusal_hint,
         sampling=sampling_spec(v["planner.sampling"], "planner.sampling") or preset.sampling,
+        **_backend(v, preset),
         relaxed_topk=v["speculative.relaxed_topk"], relaxed_delta=v["speculative.relaxed_delta"])
     skills = v["planner.skills_file"]
     skills_path = Path(skills).expanduser() if skills else default_skills_path()

@@ -1,0 +1,123 @@
+"""The remote backend (planning/remote.py) through the planner service: plans made by an
+OpenAI-compatible server (our own `flash-planner serve`, over real HTTP), and the local
+fallback when the remote is unreachable, errors, stalls, is cut off, is too slow for the
+deadline, or answers a plan the catalog rejects. Every request gets exactly one answer."""
+
+from __future__ import annotations
+
+import pytest
+from stub_remote import VALID_PLAN, StubRemote
+from test_serve import KEY, Server
+
+from flash_planner.engine.engine import Engine
+from flash_planner.planning.presets import ModelPreset, default_skills_path
+from flash_planner.planning.remote import RemoteConfig
+from flash_planner.planning.request import PlanRequest
+from flash_planner.planning.service import PlannerConfig, PlannerService
+from flash_planner.planning.skills import SkillCatalog
+
+TASK = "bring the red cup from the kitchen table to the sink"
+TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return Engine.load(ModelPreset.load("demo").engine_config(device="cpu", dtype="fp32"))
+
+
+@pytest.fixture
+def planner(demo):
+    services = []
+
+    def make(url: str, backend: str = "remote_or_local", **remote):
+        service = PlannerService(demo, SkillCatalog.from_yaml(default_skills_path()),
+                                 PlannerConfig(backend=backend, remote=RemoteConfig(
+                                     url, "demo", **remote), remote_reserve_s=1.0))
+        service.start()
+        services.append(service)
+        return service
+
+    yield make
+    for service in services:
+        service.stop()
+
+
+def _plan(service, **request):
+    feedback = []
+    result = service.plan(PlanRequest(TASK, **request), on_feedback=feedback.append,
+                          timeout=TIMEOUT)
+    return result, [s for f in feedback for s in f.steps]
+
+
+def test_a_served_instance_plans_and_its_steps_stream_back(planner, monkeypatch):
+    monkeypatch.setenv("FLASH_PLANNER_API_KEY", KEY)     # the key comes from the environment
+    server = Server().wait_ready()
+    try:
+        service = planner(server.url + "/v1", key_env="FLASH_PLANNER_API_KEY")
+        result, steps = _plan(service)
+        assert result.success, result.error
+        assert result.telemetry["backend"] == "remote"
+        assert result.telemetry["remote_latency_ms"] > 0
+        assert [step for _, step in steps] == result.plan
+        assert result.thinking          # the served model's thought came back
+        assert service.remote.health.ok and service.remote.health.answered == 1
+        server.stop()
+        # the server is gone: the next request falls back, answered once
+        result, _ = _plan(service)
+        assert result.success and result.telemetry["backend"] == "local"
+        assert "unreachable" in result.telemetry["remote_error"]
+        assert service.remote.health.ok is False
+    finally:
+        if server.proc.poll() is None:
+            server.stop()
+
+
+@pytest.mark.parametrize("mode,why", [
+    ("error", "answered HTTP 500"),
+    ("stall", "stalled for 0.5 s"),
+    ("cut", "closed its stream before [DONE]"),
+    ("invalid", "the remote answered an invalid plan: step 1: unknown skill 'fly'"),
+])
+def test_each_remote_failure_falls_back_to_the_local_engine(planner, mode, why):
+    stub = StubRemote(mode)
+    try:
+        service = planner(stub.url, read_timeout_s=0.5)
+        result, _ = _plan(service)
+        assert result.success, result.error
+        assert result.telemetry["backend"] == "local"
+        assert why in result.telemetry["remote_error"], result.telemetry["remote_error"]
+        assert len(stub.requests) == 1
+        body = stub.requests[0]
+        assert body["response_format"]["type"] == "json_schema" and body["stream"] is True
+        assert body["messages"][-1]["content"].endswith(TASK)
+        # remote only: the same failure is the answer, with the reason
+        only = planner(stub.url, backend="remote", read_timeout_s=0.5)
+        failed, _ = _plan(only)
+        assert not failed.success and failed.error.startswith("remote backend: ")
+        assert why in failed.error
+    finally:
+        stub.close()
+
+
+def test_a_remote_too_slow_for_the_deadline_leaves_time_to_plan_locally(planner):
+    stub = StubRemote("slow", period=0.1)          # keeps talking, never finishes
+    try:
+        service = planner(stub.url, read_timeout_s=5.0)
+        result, _ = _plan(service, deadline_s=4.0)
+        assert result.success, result.error
+        assert result.telemetry["backend"] == "local"
+        assert "deadline" in result.telemetry["remote_error"]
+    finally:
+        stub.close()
+
+
+def test_a_valid_remote_plan_is_validated_like_a_local_one(planner):
+    stub = StubRemote("valid")
+    try:
+        result, steps = _plan(planner(stub.url))
+        assert result.success and result.plan == VALID_PLAN["plan"]
+        assert result.telemetry["backend"] == "remote"
+        assert result.thinking == "Go to the sink, then say so."
+        assert [s for _, s in steps] == VALID_PLAN["plan"]
+    finally:
+        stub.close()
