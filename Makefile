@@ -58,23 +58,23 @@ demo: $(STAMP)
 demo-model: $(STAMP)
 	$(VENV)/bin/python -m flash_planner.train.build_demo
 
-# The benchmarks (timings are printed, never asserted).
+# The benchmarks (timings are printed, never asserted); the charts go to docs/img.
 bench: $(STAMP)
 	$(VENV)/bin/pip install -q matplotlib
 	$(VENV)/bin/python bench/decode.py --threads 1
 	$(VENV)/bin/python bench/spec.py
-	$(VENV)/bin/python bench/plan.py
+	$(VENV)/bin/python bench/plan.py --png-dir docs/img
 	$(VENV)/bin/python bench/plan.py --constrained
 	$(VENV)/bin/python bench/grammar.py
-	$(VENV)/bin/python bench/latency.py
-	$(VENV)/bin/python bench/weight_bytes.py
+	$(VENV)/bin/python bench/latency.py --png-dir docs/img
+	$(VENV)/bin/python bench/weight_bytes.py --png-dir docs/img
 	$(VENV)/bin/python bench/moe_lengths.py
 	$(VENV)/bin/python bench/overhead.py --cold-and-warm
 
 # Ours against llama.cpp, side by side: llama.cpp is built once from the pinned
 # llama-cpp-python source distribution (needs cmake and g++; cached, see bench/peer.py).
 bench-peer: $(STAMP)
-	$(VENV)/bin/python bench/peer.py
+	$(VENV)/bin/python bench/peer.py --png-dir docs/img
 
 # The ROS layer's cost: the same tasks through the planner service and the Plan action.
 bench-ros: ros-env

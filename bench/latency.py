@@ -25,6 +25,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -80,6 +81,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--thor-prefill-tps", type=float, default=300.0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--png-dir", type=Path, default=None,
+                        help="write the chart there (make bench: docs/img)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     catalog = SkillCatalog.from_yaml(default_skills_path())
@@ -116,6 +119,16 @@ def main(argv=None) -> int:
         thor.append({"prefix_tokens": tokens, "snapshot_mb": snapshot_bytes_27b(tokens) / 2**20,
                      "restore_ms": restore_ms,
                      "prefill_ms": tokens / args.thor_prefill_tps * 1000})
+    if args.png_dir is not None:
+        from charts import grouped_bars
+
+        parts = {"TTFT": "ttft", "first step": "first_step", "whole plan": "total"}
+        print(grouped_bars(args.png_dir / "prefix_cache_latency.png",
+                           f"prefix snapshot on and off: mean ms ({args.n} held-out tasks)",
+                           list(parts),
+                           {name: [rows[name][key]["mean"] for key in parts.values()]
+                            for name in rows}, "ms", "bench/latency.py; first step = the "
+                           "first plan step streamed", "{:.1f}"))
     if args.json:
         print(json.dumps({"n": args.n, "rows": rows, "ratios": ratios, "prefix_tokens": prefix,
                           "snapshot_bytes": snap_bytes, "thor": thor}))

@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--png-dir", type=Path, default=None,
+                        help="write the chart there (make bench-peer: docs/img)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
@@ -280,6 +282,19 @@ def main(argv: list[str] | None = None) -> int:
     report = {"llama_cpp": llama_cpp_version(), "threads": args.threads,
               "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": rows,
               "wall_s": time.perf_counter() - t0}
+    if args.png_dir is not None:
+        from charts import grouped_bars
+
+        shapes = [r["shape"] for r in rows]
+        print(grouped_bars(args.png_dir / "peer_decode.png",
+                           f"greedy decode ms per token, ours against llama.cpp "
+                           f"({args.threads} thread, fp32, Qwen vocabulary)", shapes,
+                           {"llama.cpp": [r["llama_cpp"]["decode_ms"] for r in rows],
+                            "ours eager": [r["eager"]["decode_ms"] for r in rows],
+                            "ours compiled": [r["compiled"]["decode_ms"] for r in rows]},
+                           "ms per token (lower is better)", "bench/peer.py; hybridN = N "
+                           "layers at hidden 64, wide16 = hidden 640, moe40 = 40 MoE layers; "
+                           "tokens checked equal first", "{:.1f}"))
     if args.json:
         print(json.dumps(report))
     else:

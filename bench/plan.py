@@ -22,7 +22,7 @@ with the plan grammar (`+grammar`) on the held-out tasks, in turn per prompt: va
 plans, tokens/s, the ratio to the same method without the grammar, tokens per cycle, tokens
 per plan that jump-forward published, and the grammar's share of decode time.
 
-    python bench/plan.py [--n 500] [--kind-n 40] [--threads 1] [--png PATH] [--json]
+    python bench/plan.py [--n 500] [--kind-n 40] [--threads 1] [--png-dir DIR] [--json]
 Table 4 (`--weights`, instead of the others): the demo pair quantized at load (target and
 drafter) in fp8, nvfp4 and int4 beside full precision (fp32 here: bf16 on CPU is emulated),
 plain and dflash in turn per prompt over one engine per format: valid and exact plans,
@@ -315,31 +315,26 @@ def prompt_kinds(heldout, catalog, n: int) -> dict[str, list[Prompt]]:
     return kinds
 
 
-def write_png(rows, path: Path) -> str:
-    try:
-        import matplotlib
-    except ImportError:
-        return "matplotlib is not installed (pip install matplotlib): no chart written"
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def write_charts(rows, kinds, n: int, out: Path) -> list[str]:
+    """Tokens/s by method and prompt kind; tokens per cycle by phase per method."""
+    from charts import grouped_bars
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.bar([r["mode"] for r in rows], [r["tok_s"] for r in rows], color="#4a7ab8")
-    left.set_ylabel("decode tokens/s")
-    left.set_title("demo planner, held-out tasks (CPU, fp32)")
-    left.tick_params(axis="x", rotation=30)
-    for r in rows:
-        if r["mode"] in ("dflash", "mtp", "auto"):
-            hist = r["accept_hist"]
-            right.plot(range(len(hist)), [c / sum(hist) for c in hist], marker="o",
-                       label=r["mode"])
-    right.set_xlabel("accepted drafts per cycle")
-    right.set_ylabel("share of cycles")
-    right.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return f"chart written to {path}"
+    where = f"demo planner, fp32 CPU, {torch.get_num_threads()} thread(s)"
+    lines = [grouped_bars(
+        out / "speed_by_kind.png", f"decode tokens/s by method and prompt kind ({where})",
+        list(kinds), {m: [next(r["tok_s"] for r in data["rows"] if r["mode"] == m)
+                          for data in kinds.values()] for m in KIND_MODES},
+        "decode tokens/s", f"bench/plan.py: {n} held-out tasks, "
+        f"{next(iter(kinds.values()))['n']} prompts per kind")]
+    spec = [r for r in rows if r["mode"] not in ("transformers", "plain")]
+    lines.append(grouped_bars(
+        out / "tokens_per_cycle.png", f"tokens per cycle while thinking and in the answer "
+        f"({n} held-out tasks)", [r["mode"] for r in spec],
+        {"thinking": [r["tokens_per_cycle_think"] for r in spec],
+         "answer": [r["tokens_per_cycle_answer"] for r in spec]},
+        "tokens per cycle", "bench/plan.py; strict acceptance is lossless, relaxed accepts "
+        "top-3 drafts inside <think>", "{:.2f}"))
+    return lines
 
 
 def main(argv=None) -> int:
@@ -348,7 +343,8 @@ def main(argv=None) -> int:
     parser.add_argument("--kind-n", type=int, default=40, help="prompts per kind, table 2")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-transformers", action="store_true")
-    parser.add_argument("--png", type=Path, default=Path("bench/out/plan.png"))
+    parser.add_argument("--png-dir", type=Path, default=None,
+                        help="write the charts there (make bench: docs/img)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--constrained", action="store_true",
                         help="table 3 only: each method without and with the plan grammar")
@@ -430,7 +426,8 @@ def main(argv=None) -> int:
         share = data["rows"][KIND_MODES.index("auto")]["cycle_share"]
         split = "/".join(f"{100 * share.get(m, 0):.0f}" for m in ("dflash", "mtp", "none"))
         print(f"{kind:<12}{cells}{split:>26}")
-    print(write_png(rows, args.png))
+    if args.png_dir is not None:
+        print("\n".join(write_charts(rows, kinds, len(plans), args.png_dir)))
     print(f"wall time {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from pathlib import Path
 
 import torch
 
@@ -218,9 +219,23 @@ def main() -> None:
                     help="DFlash tokens per cycle to scale the floor by (default: the demo's "
                     "measured figure, bench/plan.py)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--png-dir", type=Path, default=None,
+                    help="write the chart there (make bench: docs/img)")
     args = ap.parse_args()
     table = rows(args.tokens_per_cycle)
     verify = verify_rows()
+    if args.png_dir is not None:
+        from charts import grouped_bars
+
+        models = list(dict.fromkeys(r["model"] for r in table))
+        formats = list(dict.fromkeys(r["format"] for r in table))
+        gb = {(r["model"], r["format"]): r["gb"] for r in table}
+        print(grouped_bars(args.png_dir / "bytes_per_forward.png",
+                           "weight bytes one target forward reads, by format (GB)", models,
+                           {f: [gb.get((m, f), 0.0) for m in models] for f in formats},
+                           "GB per forward", f"bench/weight_bytes.py; Thor floor "
+                           f"{THOR_GBPS:.0f} GB/s: ms per forward = GB / {THOR_GBPS / 1000:.3f}",
+                           "{:.1f}"))
     if args.json:
         print(json.dumps({"forward": table, "verify": verify}))
         return

@@ -44,3 +44,14 @@ def test_make_targets_exist(page: Path):
     named = set(MAKE.findall(page.read_text()))
     missing = sorted(named - _targets())
     assert not missing, f"{_page_id(page)} names make targets the Makefile lacks: {missing}"
+
+
+def test_every_committed_chart_is_shown_on_a_page():
+    shown = set()
+    for page in PAGES:
+        for target in LINK.findall(page.read_text()):
+            if target.endswith(".png"):
+                shown.add((page.parent / target).resolve())
+    charts = sorted((ROOT / "docs" / "img").glob("*.png"))
+    assert charts, "docs/img holds no chart"
+    assert not [c.name for c in charts if c.resolve() not in shown]
