@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from live import MISSING, requires_ros, result_of, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from stub_remote import VALID_PLAN, StubRemote  # noqa: E402
+from test_serve import KEY, Server  # noqa: E402
 
 if MISSING is None:
     from action_msgs.msg import GoalStatus
@@ -67,6 +69,39 @@ def test_the_remote_plans_then_every_failure_falls_back_once_per_goal(harness):
     values = dict(status[2])
     assert values["backend"] == "remote_or_local" and values["remote"] == "failed"
     assert values["remote answered"] == "1" and values["remote failed"] == "4"
+
+
+def test_a_served_instance_plans_and_a_kill_mid_stream_falls_back(harness, monkeypatch):
+    """Another robot's `flash-planner serve` plans for the node; killed while it streams a
+    plan, the goal is finished by the node's own engine, and answered once."""
+    monkeypatch.setenv("FLASH_PLANNER_REMOTE_KEY", KEY)
+    server = Server("--method", "none").wait_ready()
+    try:
+        h = harness(**_remote(server.url + "/v1"))
+        h.bring_up()
+        first = result_of(h.goal().get_result_async())
+        assert first.status == GoalStatus.STATUS_SUCCEEDED, first.result.error
+        streamed = threading.Event()
+
+        def kill_on_first_feedback(_msg):
+            if not streamed.is_set():
+                streamed.set()
+                server.proc.kill()          # mid-stream: the remote's plan is not done
+
+        second = result_of(h.goal(on_feedback=kill_on_first_feedback).get_result_async())
+        assert streamed.is_set()
+        assert second.status == GoalStatus.STATUS_SUCCEEDED, second.result.error
+        ids = [first.result.telemetry.request_id, second.result.telemetry.request_id]
+        assert wait_for(lambda: all(i in _plans_by_id(h) for i in ids))
+        by_id = _plans_by_id(h)
+        assert [len(by_id[i]) for i in ids] == [1, 1]
+        assert by_id[ids[0]][0]["telemetry"]["backend"] == "remote"
+        telemetry = by_id[ids[1]][0]["telemetry"]
+        assert telemetry["backend"] == "local", telemetry
+        assert "stream" in telemetry["remote_error"], telemetry["remote_error"]
+    finally:
+        if server.proc.poll() is None:
+            server.stop()
 
 
 @pytest.mark.parametrize("bad", [{"planner.backend": "remote"},
