@@ -125,11 +125,11 @@ class DFlashProposer(Proposer):
         ids = torch.cat((anchor, anchor.new_full((self.block_size - 1,), mask)))
         ctx_kv, ctx_pos = self.window.context(anchor.device, self.lm_head_weight.dtype)
         static = self.drafter.static
-        if static is not None and self.picker is None and static.accepts(ids,
-                                                                         ctx_pos.shape[0]):
-            return static.propose(ids, start, ctx_kv, ctx_pos)[:num]
-        hidden = self.drafter(self.embed(ids)[None], start, ctx_kv, ctx_pos)   # [1, B, H]
-        logits = self.drafter.draft_logits(hidden[0, 1:num + 1], self.lm_head_weight)
+        if static is not None and static.accepts(ids, ctx_pos.shape[0]):
+            logits = static.propose(ids, start, ctx_kv, ctx_pos)[:num]
+        else:
+            hidden = self.drafter(self.embed(ids)[None], start, ctx_kv, ctx_pos)  # [1, B, H]
+            logits = self.drafter.draft_logits(hidden[0, 1:num + 1], self.lm_head_weight)
         return self.pick(logits, start + 1)
 
     def commit(self, tokens: Sequence[int], taps: torch.Tensor | None, start: int) -> None:

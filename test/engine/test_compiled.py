@@ -21,6 +21,7 @@ from flash_planner.engine.generate import CancelToken, GenerationSettings, gener
 from flash_planner.engine.grammar import JsonGrammarCompiler
 from flash_planner.engine.models.compiled import row_buckets, span_bounds
 from flash_planner.engine.proposer import ReplayProposer
+from flash_planner.engine.sampling import QWEN3_THINKING, Sampling
 from flash_planner.train.tiny import write_tiny_drafter
 
 PROMPT = "open the top drawer, take the blue screwdriver"
@@ -72,9 +73,10 @@ def pairs(checkpoints, make_engine, tmp_path_factory, compile_cache):
     return get
 
 
-def _generate(engine, method, n=40, **kwargs):
+def _generate(engine, method, n=40, sampling=None, **kwargs):
     prompt = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
-    settings = GenerationSettings(n, ignore_eos="constraint" not in kwargs, method=method)
+    settings = GenerationSettings(n, ignore_eos="constraint" not in kwargs, method=method,
+                                  sampling=sampling)
     return generate(engine, prompt, settings, **kwargs)
 
 
@@ -124,6 +126,20 @@ def test_compiled_tokens_equal_eager(pairs, kind, method, kv, dtype):
         assert head.calls - head_before >= got.stats.cycles
     if method == "dflash":  # and so did every DFlash proposal
         assert drafter.calls - drafter_before == got.stats.method_cycles["dflash"]
+
+
+@pytest.mark.parametrize("method", ["dflash", "mtp"])
+def test_a_sampled_request_gives_the_eager_tokens_compiled(pairs, method):
+    """Sampling draws from the same noise, and the compiled drafter hands its logits to the
+    sampled pick: the same tokens, and the DFlash proposals still ran compiled."""
+    eager, compiled = pairs("hybrid")
+    drafter = compiled.proposers["dflash"].drafter.static
+    before = drafter.calls
+    sampling = Sampling(QWEN3_THINKING, QWEN3_THINKING, seed=4)
+    ref, got = (_generate(e, method, sampling=sampling) for e in (eager, compiled))
+    assert got.token_ids == ref.token_ids and got.stats.seed == 4
+    if method == "dflash":
+        assert drafter.calls - before == got.stats.method_cycles["dflash"] > 0
 
 
 @pytest.mark.parametrize("method", ["none", "dflash", "mtp"])

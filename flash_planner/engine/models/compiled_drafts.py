@@ -74,7 +74,7 @@ def _mtp_head(head: nn.Module, caches: tuple[tuple[torch.Tensor, ...], ...],
 
 
 class StaticDrafter:
-    """The DFlash drafter's proposal (block forward, logits, argmax) as one compiled graph:
+    """The DFlash drafter's proposal (block forward and logits) as one compiled graph:
     the block is the proposer's fixed block size and the context window is padded to its
     capacity, its empty rows at a position no block precedes (so the drafter's own mask
     hides them)."""
@@ -107,8 +107,9 @@ class StaticDrafter:
 
     def propose(self, ids: torch.Tensor, start: int, ctx_kv, ctx_pos: torch.Tensor
                 ) -> torch.Tensor:
-        """Drafts [block_size - 1] for the block ids [block_size] at `start`, over the
-        window's per-layer (k, v) [1, n, Hkv, D] at positions ctx_pos [n]."""
+        """Draft logits [block_size - 1, V] for the block ids [block_size] at `start`, over
+        the window's per-layer (k, v) [1, n, Hkv, D] at positions ctx_pos [n] (the proposer
+        picks the drafts: argmax, or a sampled request's draw)."""
         self.calls += 1
         n = ctx_pos.shape[0]
         for (k, v), (ck, cv) in zip(self.ctx_kv, ctx_kv):
@@ -118,8 +119,8 @@ class StaticDrafter:
         self.ctx_pos[n:].fill_(EMPTY_POSITION)
         self.ids.copy_(ids)
         self.start.fill_(start)
-        drafts = run_graph(self.captured, self._forward)
-        return drafts.clone() if self.captured is not None else drafts
+        logits = run_graph(self.captured, self._forward)
+        return logits.clone() if self.captured is not None else logits
 
     def _forward(self) -> torch.Tensor:
         return self.graph(self.drafter, self.embed, self.lm_head_weight, self.ids, self.start,
@@ -148,4 +149,4 @@ EMPTY_POSITION = 1 << 40
 def _dflash_drafts(drafter: nn.Module, embed: nn.Embedding, lm_head_weight: torch.Tensor,
                    ids: torch.Tensor, start: torch.Tensor, ctx_kv, ctx_pos: torch.Tensor):
     hidden = drafter(embed(ids)[None], start, ctx_kv, ctx_pos)          # [1, B, H]
-    return drafter.draft_logits(hidden[0, 1:], lm_head_weight).argmax(dim=-1)
+    return drafter.draft_logits(hidden[0, 1:], lm_head_weight)
