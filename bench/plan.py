@@ -173,18 +173,23 @@ def run_one(engine, prompt: Prompt, mode: str, tally: Tally, think_close: int, c
               prompt, catalog)
 
 
+def paired_rows(engine, plans, catalog, close: int, modes: list[str], base_of) -> list[dict]:
+    """Each mode in turn per prompt (the plan grammar compiled once; seed = the prompt's
+    index); each row's x is against the mode `base_of(mode)` names."""
+    grammar = compile_plan_grammar(catalog, JsonGrammarCompiler.for_engine(engine))
+    tallies = {m: Tally(m) for m in modes}
+    for i, p in enumerate(plans):
+        for mode, tally in tallies.items():
+            run_one(engine, p, mode, tally, close, catalog, grammar, seed=i)
+    return [t.row(tallies[base_of(m)].tokens / tallies[base_of(m)].decode_s)
+            for m, t in tallies.items()]
+
+
 def constrained_table(engine, plans, catalog, close: int, as_json: bool) -> int:
     """Table 3: each method without and with the plan grammar, in turn per prompt."""
-    grammar = compile_plan_grammar(catalog, JsonGrammarCompiler.for_engine(engine))
-    modes = [m + g for m in KIND_MODES for g in ("", GRAMMAR)]
-    tallies = {m: Tally(m) for m in modes}
-    for p in plans:
-        for mode, tally in tallies.items():
-            run_one(engine, p, mode, tally, close, catalog, grammar)
-    rows = []
-    for mode, tally in tallies.items():
-        base = tallies[mode.removesuffix(GRAMMAR)]
-        rows.append(tally.row(base.tokens / base.decode_s))
+    rows = paired_rows(engine, plans, catalog, close,
+                       [m + g for m in KIND_MODES for g in ("", GRAMMAR)],
+                       lambda mode: mode.removesuffix(GRAMMAR))
     if as_json:
         print(json.dumps({"n": len(plans), "constrained": rows}))
         return 0
@@ -203,16 +208,9 @@ def constrained_table(engine, plans, catalog, close: int, as_json: bool) -> int:
 
 def sampled_table(engine, plans, catalog, close: int, as_json: bool) -> int:
     """Table 5: each method under the grammar, greedy and with a sampled thought."""
-    grammar = compile_plan_grammar(catalog, JsonGrammarCompiler.for_engine(engine))
-    modes = [m + GRAMMAR + s for m in KIND_MODES for s in ("", SAMPLED)]
-    tallies = {m: Tally(m) for m in modes}
-    for i, p in enumerate(plans):
-        for mode, tally in tallies.items():
-            run_one(engine, p, mode, tally, close, catalog, grammar, seed=i)
-    rows = []
-    for mode, tally in tallies.items():
-        base = tallies[mode.removesuffix(SAMPLED)]
-        rows.append(tally.row(base.tokens / base.decode_s))
+    rows = paired_rows(engine, plans, catalog, close,
+                       [m + GRAMMAR + s for m in KIND_MODES for s in ("", SAMPLED)],
+                       lambda mode: mode.removesuffix(SAMPLED))
     if as_json:
         print(json.dumps({"n": len(plans), "sampled": rows}))
         return 0

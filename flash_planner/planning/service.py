@@ -258,6 +258,11 @@ class PlannerService:
         except RequestError as exc:
             self._finish(ticket, _failed(request, f"invalid request: {exc}"))
             return ticket
+        return self._enqueue(ticket)
+
+    def _enqueue(self, ticket: PlanTicket) -> PlanTicket:
+        """Queue a checked ticket under the queue policy, or resolve it with the reason."""
+        request = ticket.request
         preempted: list[PlanTicket] = []
         with self._lock:
             reason = self._admission(request, preempted)
@@ -311,19 +316,8 @@ class PlannerService:
         """Queue a generic generation under the same policy as plans (a full queue or a
         'reject' policy while busy resolves the ticket at once with the reason). Its result
         carries the text, finish reason and telemetry; success means it ran."""
-        request = PlanRequest(task="(completion)", id=request_id)
-        ticket = PlanTicket(request, None, completion)
-        preempted: list[PlanTicket] = []
-        with self._lock:
-            reason = self._admission(request, preempted)
-            if reason is None:
-                self._queue.append(ticket)
-                self._lock.notify_all()
-        for old in preempted:
-            self._end_queued(old, f"preempted by request {request.id}")
-        if reason is not None:
-            self._finish(ticket, _failed(request, reason))
-        return ticket
+        return self._enqueue(PlanTicket(PlanRequest(task="(completion)", id=request_id), None,
+                                        completion))
 
     def plan(self, request: PlanRequest, on_feedback: FeedbackCallback | None = None,
              timeout: float | None = None) -> PlanResult:
