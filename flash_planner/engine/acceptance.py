@@ -91,6 +91,16 @@ class ThinkTracker:
             elif tok == self.close:
                 self.thinking = False
 
+    def thinking_before(self, drafts: torch.Tensor) -> torch.Tensor:
+        """[k] bool: whether thinking is active when draft i is judged (after d_1..d_{i-1})."""
+        k = drafts.shape[0]
+        is_open, is_close = drafts == self.open, drafts == self.close
+        idx = torch.arange(k, device=drafts.device)
+        last = torch.where(is_open | is_close, idx, -1).cummax(dim=0).values
+        last = torch.cat((last.new_full((1,), -1), last[:-1]))         # events strictly before
+        from_event = is_open[last.clamp(min=0)]
+        return torch.where(last >= 0, from_event, torch.full_like(from_event, self.thinking))
+
 
 class RelaxedThinking(ThinkTracker, ArgmaxPicks):
     relaxed = True
@@ -102,16 +112,6 @@ class RelaxedThinking(ThinkTracker, ArgmaxPicks):
             raise ValueError(f"relaxed delta must be >= 0, got {delta}")
         super().__init__(think_open, think_close)
         self.topk, self.delta = topk, delta
-
-    def thinking_before(self, drafts: torch.Tensor) -> torch.Tensor:
-        """[k] bool: whether thinking is active when draft i is judged (after d_1..d_{i-1})."""
-        k = drafts.shape[0]
-        is_open, is_close = drafts == self.open, drafts == self.close
-        idx = torch.arange(k, device=drafts.device)
-        last = torch.where(is_open | is_close, idx, -1).cummax(dim=0).values
-        last = torch.cat((last.new_full((1,), -1), last[:-1]))         # events strictly before
-        from_event = is_open[last.clamp(min=0)]
-        return torch.where(last >= 0, from_event, torch.full_like(from_event, self.thinking))
 
     def accept(self, drafts: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         use_relaxed = self.thinking_before(drafts) & (drafts != self.close)

@@ -231,6 +231,7 @@ class SampledAcceptance(ThinkTracker):
         self.generator = torch.Generator(device=device)
         self._penalised = sampling.thinking.penalised or sampling.answer.penalised
         self.seen = self.generated = None
+        self._noise: tuple[int, torch.Tensor | None] = (0, None)   # the last rows drawn
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
         super().reset(prompt_ids)
@@ -253,15 +254,9 @@ class SampledAcceptance(ThinkTracker):
             self.generated += new
 
     def _phase_rows(self, drafts: torch.Tensor) -> torch.Tensor:
-        """[k+1] bool: whether row i (after the anchor and d_1..d_i) is inside thinking."""
-        state = torch.tensor([self.thinking], device=drafts.device)
-        if drafts.numel() == 0:
-            return state
-        is_open, is_close = drafts == self.open, drafts == self.close
-        idx = torch.arange(drafts.shape[0], device=drafts.device)
-        last = torch.where(is_open | is_close, idx, -1).cummax(dim=0).values
-        after = torch.where(last >= 0, is_open[last.clamp(min=0)], state.expand_as(last))
-        return torch.cat((state, after))
+        """[k+1] bool: whether row i (after the anchor and d_1..d_i) is inside thinking: the
+        state before each of the drafts and one token more."""
+        return self.thinking_before(torch.cat((drafts, drafts.new_full((1,), -1))))
 
     def distribution(self, drafts: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """p [k+1, V]: row i's processed next-token distribution."""
@@ -279,12 +274,22 @@ class SampledAcceptance(ThinkTracker):
 
     def noise(self, position: int, rows: int, vocab: int, device) -> torch.Tensor:
         """[rows, vocab] Gumbel noise for positions position..position+rows-1, each row a
-        function of (seed, its position) alone."""
-        out = torch.empty(rows, vocab, device=device)
-        for r in range(rows):
-            self.generator.manual_seed((self.seed + (position + r) * _MIX) % 2**63)
-            out[r].uniform_(generator=self.generator)
-        return -torch.log(-torch.log(out.clamp_(min=1e-20)))
+        function of (seed, its position) alone. The rows a proposer's `pick` drew for a
+        cycle's drafts are kept, so its verification draws only the one row more."""
+        start, kept = self._noise
+        offset = position - start
+        if kept is not None and 0 <= offset < kept.shape[0]:
+            have = kept[offset:offset + rows]             # noise depends on (seed, position)
+        else:
+            have = torch.empty(0, vocab, device=device)
+        extra = torch.empty(rows - have.shape[0], vocab, device=device)
+        for r in range(extra.shape[0]):
+            at = position + have.shape[0] + r
+            self.generator.manual_seed((self.seed + at * _MIX) % 2**63)
+            extra[r].uniform_(generator=self.generator)
+        out = torch.cat((have, -torch.log(-torch.log(extra.clamp_(min=1e-20)))))
+        self._noise = (position, out)
+        return out
 
     def pick(self, logits: torch.Tensor, position: int) -> torch.Tensor:
         """Drafts from a proposer's logits [n, V] for positions position..+n-1: each the
