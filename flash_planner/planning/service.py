@@ -169,6 +169,9 @@ class PlannerService:
         self.grammar = (compile_plan_grammar(catalog, JsonGrammarCompiler.for_engine(engine))
                         if config.constrain else None)
         self.remote = (RemotePlanner(config.remote) if config.backend != "local" else None)
+        # requests that do not say sample this way ("model" read from the checkpoint)
+        self._base_sampling = resolve_sampling(config.sampling, Sampling(),
+                                               engine.generation_defaults, "planner.sampling")
         self._schema = answer_schema(catalog)
         self._lock = threading.Condition()
         self._queue: collections.deque[PlanTicket] = collections.deque()
@@ -363,11 +366,9 @@ class PlannerService:
     def _sampling(self, request: PlanRequest) -> Sampling:
         """The request's sampling over the service's default; RequestError names what is
         wrong."""
-        defaults = self.engine.generation_defaults
         try:
-            base = resolve_sampling(self.config.sampling, Sampling(), defaults,
-                                    "planner.sampling")
-            sampling = resolve_sampling(request.sampling, base, defaults, "sampling")
+            sampling = resolve_sampling(request.sampling, self._base_sampling,
+                                        self.engine.generation_defaults, "sampling")
             sampling = sampling.with_seed(request.seed)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
