@@ -18,14 +18,14 @@ from pathlib import Path
 
 from ..planning.presets import default_skills_path
 from ..planning.skills import SkillCatalog
-from .corpus import encode, make_corpus, render
+from .corpus import encode, heldout_sets, make_corpus, render
 from .drafter import DrafterSpec, train_drafter
 from .mtp import train_mtp
 from .target import TargetSpec, TrainSettings, train_target
 from .tokenizer import load_tokenizer, train_tokenizer
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "assets" / "demo"
-MTP_TRAIN_STEPS = 1200
+MTP_TRAIN_STEPS = 1000
 MTP_DEPTH = 3           # chain steps trained: the engine's default mtp_steps
 
 
@@ -34,8 +34,8 @@ def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_train
     t0 = time.perf_counter()
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     catalog = SkillCatalog.from_yaml(default_skills_path())
-    train, heldout = make_corpus(seed)
-    log(f"[corpus] {len(train)} train / {len(heldout)} held-out examples")
+    train, _ = make_corpus(seed, n_heldout=0)
+    log(f"[corpus] {len(train)} training examples")
     target_dir, drafter_dir = out / "target", out / "drafter"
     ids = train_tokenizer((render(ex, catalog=catalog) for ex in train[:5000]), target_dir)
     tok = load_tokenizer(target_dir)
@@ -66,20 +66,22 @@ def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_train
 
         engine = Engine.load(EngineConfig(str(target_dir), drafter_path=str(drafter_dir),
                                           device="cpu", dtype="fp32", max_context=1024))
-        score = evaluate(engine, heldout[:check], catalog)
-        log(f"[check] {check} held-out tasks: {score.summary()}")
-        for err in score.errors[:5]:
-            log(f"[check]   {err}")
+        for name, examples in heldout_sets(seed, check).items():
+            score = evaluate(engine, examples, catalog, refusal_hint=True)
+            log(f"[check] {name}, {check} held-out tasks: {score.summary()}")
+            for err in score.errors[:3]:
+                log(f"[check]   {err}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target-steps", type=int, default=1000)
-    parser.add_argument("--drafter-steps", type=int, default=1800)
+    parser.add_argument("--target-steps", type=int, default=1400)
+    parser.add_argument("--drafter-steps", type=int, default=3600)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--check", type=int, default=50, help="held-out tasks to check")
+    parser.add_argument("--check", type=int, default=40,
+                        help="tasks to check of each held-out set")
     # training steps of the head (not `flash-planner --mtp-steps`, its drafts per cycle)
     parser.add_argument("--mtp-train-steps", type=int, default=MTP_TRAIN_STEPS)
     only = parser.add_mutually_exclusive_group()

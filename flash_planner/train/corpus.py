@@ -1,11 +1,16 @@
 """Deterministic synthetic corpus of robot tasks and their JSON plans, for training from scratch.
 
-Two worlds (household, warehouse) of objects, places and openable containers. Task families:
+Three sources, mixed (OPEN_SHARE, REFUSE_SHARE): two closed worlds (household, warehouse) of
+objects, places and openable containers (`world.py`); open-vocabulary worlds, a fresh cast of
+names per task (`names.py`), so that plans copy names from the task instead of recalling
+them; and tasks the catalog cannot express, answered `{"refusal": REASON}` (`refusals.py`).
+Half of the training prompts name the refusal shape (HINT_SHARE). Task families:
 go, say, wait (1 step); open, close, pick (2 steps, 1 when the robot already stands there);
 fetch (4 steps; 2-5 depending on the scene); put into a container (5 steps; 3-4 depending on
 the scene); and compositions of two families joined by "then" (2-5 steps). An optional scene
 (the prompt's "Scene:" line) either changes the plan (where the object is, what the robot
-holds, where it stands, which container is already open) or is a distractor that does not.
+holds, where it stands, which container is already open) or is a distractor that does not;
+where the object is may also be said in the task ("take the box from the hall to ...").
 
 Argument strings are the object/place phrase as written in the task or scene ("red cup",
 "kitchen table", "shelf 3"); durations are JSON numbers. Each answer is a thinking block of one
@@ -18,7 +23,9 @@ Held-out split: for every family, the space of its combinations (the content slo
 enumerated and ranked by a fixed SHA-256 hash; the first HELDOUT_FRACTION of each family
 (at least 2) is held out. Training draws only the other combinations, the held-out split only
 these, with the same per-family quotas, so every family (the 1-step ones included) is well
-represented in both and no held-out combination key ever occurs in training.
+represented in both and no held-out combination key ever occurs in training. That is held-out
+set (a); `heldout_sets` adds (b), open-vocabulary tasks named only with held-out words, and
+(c), tasks to refuse with actions never refused in training.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import hashlib
 import json
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, lru_cache
 from itertools import product
 from typing import Any
@@ -35,14 +42,24 @@ from typing import Any
 from ..planning.presets import default_skills_path
 from ..planning.prompt import build_messages
 from ..planning.skills import SkillCatalog
-from .phrasing import make_scene, scene_text, task_text, thinking_text
+from .names import open_world
+from .phrasing import FROM_CLAUSES, SOURCE, make_scene, scene_text, task_text, thinking_text
+from .refusals import refusal_task
 from .tokenizer import EOS, THINK_CLOSE, THINK_OPEN, chat_prompt
-from .world import DURATIONS, SLOTS, WORLDS, Scene, World, family_parts, seconds_of
+from .world import DURATIONS, SLOTS, WORLDS, Entity, Scene, World, family_parts, seconds_of
 
 HELDOUT_FRACTION = 0.12
 HELDOUT_SALT = "flash_planner-heldout-v1"
 THINKING_OFF = 0.2
 MAX_STEPS = 5
+SOURCE_SHARE = 0.3    # pick/fetch/put tasks that say where the object is ("from the hall")
+# The training mix: closed-world tasks, open-vocabulary tasks, tasks to refuse.
+OPEN_SHARE, REFUSE_SHARE = 0.5, 0.15
+HINT_SHARE = 0.5      # training prompts that name the refusal shape (prompt.REFUSAL_HINT)
+REFUSE = "refuse"     # the family of refusals
+# The held-out sets: (a) the training worlds' held-out combinations, (b) open-vocabulary
+# tasks named only with held-out words, (c) tasks the catalog cannot express.
+HELDOUT_SETS = ("world", "unseen", "inexpressible")
 
 
 
@@ -82,11 +99,12 @@ PLANS: dict[str, Callable[..., list[dict]]] = {
                              + [_step("place", object=o, location=c)]),
 }
 COMPOSITIONS = ("go+say", "say+go", "go+wait", "wait+say", "go+open", "pick+go", "close+say",
-                "open+wait", "fetch+say", "fetch+wait")
+                "open+wait", "fetch+say", "fetch+wait", "fetch+go")
 # Relative frequency of each family in both splits.
 WEIGHTS = {"go": 8, "say": 6, "wait": 6, "open": 6, "close": 6, "pick": 7, "fetch": 13,
            "put": 9, "go+say": 4, "say+go": 3, "go+wait": 3, "wait+say": 3, "go+open": 3,
-           "pick+go": 3, "close+say": 3, "open+wait": 3, "fetch+say": 3, "fetch+wait": 2}
+           "pick+go": 3, "close+say": 3, "open+wait": 3, "fetch+say": 3, "fetch+wait": 2,
+           "fetch+go": 3}
 FAMILIES = tuple(WEIGHTS)
 
 
@@ -154,9 +172,11 @@ class Example:
     task: str
     context: str
     thinking: str | None      # None: a thinking-off example (empty think block in the prompt)
-    plan: list[dict]
+    plan: list[dict]          # [] for a refusal
     family: str
     combo: tuple
+    refusal: str = ""         # the reason, when the catalog cannot express the task
+    hint: bool = False        # the prompt names the refusal shape (training prompts only)
 
 
 def _plan(family: str, combo: tuple, sc: Scene) -> list[dict]:
@@ -168,25 +188,64 @@ def _plan(family: str, combo: tuple, sc: Scene) -> list[dict]:
     return steps
 
 
-def make_example(family: str, combo: tuple, rng: random.Random) -> Example:
-    """One example of a combination; phrasing, scene and thinking drawn from `rng`."""
-    world = rng.choice(_worlds_of(combo))
+def _source(family: str, combo: tuple, sc: Scene, world: World,
+            rng: random.Random) -> Entity | None:
+    """Where the first part's object is, said in the task rather than the scene (sometimes,
+    when the scene says nothing that matters)."""
+    part = family_parts(family)[0]
+    if sc.kind or part not in FROM_CLAUSES or rng.random() >= SOURCE_SHARE:
+        return None
+    source = rng.choice([p for p in world.places if p.name not in combo[1:]])
+    sc.location[combo[1]] = source.name
+    sc.kind = SOURCE
+    return source
+
+
+def make_example(family: str, combo: tuple, rng: random.Random,
+                 world: World | None = None) -> Example:
+    """One example of a combination; phrasing, scene and thinking drawn from `rng`. `world`
+    holds the combination's entities (default: a closed world that has them all)."""
+    world = world or rng.choice(_worlds_of(combo))
     for _ in range(20):
         sc = make_scene(family, combo[1:], world, rng)
+        source = _source(family, combo, sc, world, rng)
         steps = _plan(family, combo, sc)
         if len(steps) <= MAX_STEPS:
             break
     else:  # pragma: no cover - the scene kinds keep every family within MAX_STEPS
         raise AssertionError(f"{combo}: no scene keeps the plan within {MAX_STEPS} steps")
-    task = task_text(family, combo, rng)
+    task = task_text(family, combo, rng, world, source)
     thinking = None if rng.random() < THINKING_OFF else thinking_text(family, combo, sc, steps,
-                                                                   rng)
-    return Example(task, scene_text(sc, rng), thinking, steps, family, combo)
+                                                                   rng, world)
+    return Example(task, scene_text(sc, rng, world), thinking, steps, family, combo)
+
+
+def open_example(family: str, rng: random.Random, split: str) -> Example:
+    """A task of `family` in a freshly named open-vocabulary world (`names.py`)."""
+    world = open_world(rng, split)
+    if family == "wait":  # names nothing: the closed worlds' split of durations holds
+        return make_example(family, rng.choice(split_combos(family, split)), rng, world)
+    slots = [_slot_values(world, s, family) for p in family_parts(family) for s in SLOTS[p]]
+    return make_example(family, (family, *(rng.choice(v) for v in slots)), rng, world)
+
+
+def refusal_example(rng: random.Random, split: str) -> Example:
+    """A task the catalog cannot express (`refusals.py`), in a closed or open world (held
+    out: open worlds of held-out names only)."""
+    use_open = split == "heldout" or rng.random() < 0.6
+    world = open_world(rng, split) if use_open else rng.choice(WORLDS)
+    task, thinking, reason = refusal_task(world, rng, split)
+    context = rng.choice(world.remarks) if rng.random() < 0.25 else ""
+    if rng.random() < THINKING_OFF:
+        thinking = None
+    return Example(task, context, thinking, [], REFUSE, (REFUSE, reason), refusal=reason)
 
 
 def answer_text(example: Example) -> str:
-    """The assistant's text: thinking block (unless thinking-off), then the JSON plan."""
-    plan = json.dumps({"plan": example.plan})
+    """The assistant's text: thinking block (unless thinking-off), then the JSON plan (or
+    the refusal)."""
+    plan = json.dumps({"refusal": example.refusal} if example.refusal
+                      else {"plan": example.plan})
     if example.thinking is None:
         return plan
     return f"{THINK_OPEN}\n{example.thinking}\n{THINK_CLOSE}\n\n{plan}"
@@ -207,8 +266,9 @@ def _quotas(n: int) -> dict[str, int]:
     return counts
 
 
-def _generate(seed: int, split: str, n: int) -> list[Example]:
-    rng, out = _rng(seed, split), []
+def _world_examples(rng: random.Random, split: str, n: int) -> list[Example]:
+    """n closed-world examples of the split's combinations, families by WEIGHTS."""
+    out = []
     for family, count in _quotas(n).items():
         combos, seen = split_combos(family, split), set()
         for _ in range(count):
@@ -219,18 +279,46 @@ def _generate(seed: int, split: str, n: int) -> list[Example]:
                     break
             seen.add(key)
             out.append(ex)
+    return out
+
+
+def _open_examples(rng: random.Random, split: str, n: int) -> list[Example]:
+    return [open_example(family, rng, split)
+            for family, count in _quotas(n).items() for _ in range(count)]
+
+
+def _generate(seed: int, split: str, n: int) -> list[Example]:
+    """The training mix (closed world, open vocabulary, refusals; half the prompts with the
+    refusal hint), or held-out set (a)."""
+    rng = _rng(seed, split)
+    if split != "train":
+        out = _world_examples(rng, split, n)
+    else:
+        n_open, n_refuse = round(n * OPEN_SHARE), round(n * REFUSE_SHARE)
+        out = (_world_examples(rng, split, n - n_open - n_refuse)
+               + _open_examples(rng, split, n_open)
+               + [refusal_example(rng, split) for _ in range(n_refuse)])
+        out = [replace(ex, hint=rng.random() < HINT_SHARE) for ex in out]
     rng.shuffle(out)
     return out
 
 
 def make_corpus(seed: int = 0, n_train: int = 20000, n_heldout: int = 500
                 ) -> tuple[list[Example], list[Example]]:
-    """(train, heldout): deterministic for a seed; families in fixed proportions (WEIGHTS).
-
-    The held-out split uses only held-out combinations (see `heldout_combos`), which are
-    the same for every seed; training never sees them.
+    """(train, heldout): deterministic for a seed. The held-out split is set (a) of
+    `heldout_sets`: closed-world tasks of held-out combinations (see `heldout_combos`),
+    which are the same for every seed; training never sees them.
     """
     return _generate(seed, "train", n_train), _generate(seed, "heldout", n_heldout)
+
+
+def heldout_sets(seed: int = 0, n: int = 500) -> dict[str, list[Example]]:
+    """The three held-out sets of HELDOUT_SETS, n tasks each, deterministic for a seed."""
+    rng = _rng(seed, "heldout-open")
+    unseen = _open_examples(rng, "heldout", n)
+    rng.shuffle(unseen)
+    return {"world": _generate(seed, "heldout", n), "unseen": unseen,
+            "inexpressible": [refusal_example(rng, "heldout") for _ in range(n)]}
 
 
 def iter_examples(seed: int = 0, split: str = "train") -> Iterator[Example]:
@@ -255,7 +343,8 @@ def prompt_text(example: Example, tokenizer=None, catalog: SkillCatalog | None =
     With a tokenizer its own chat template renders it; without one, the same ChatML template
     in plain Python (for training the tokenizer itself).
     """
-    messages = build_messages(catalog or default_catalog(), example.task, example.context)
+    messages = build_messages(catalog or default_catalog(), example.task, example.context,
+                              refusal_hint=example.hint)
     thinking = example.thinking is not None
     if tokenizer is None:
         return chat_prompt(messages, add_generation_prompt=True, enable_thinking=thinking)

@@ -1,23 +1,49 @@
-"""Plan held-out tasks with the engine and score them: valid JSON, catalog-valid, exact."""
+"""Plan held-out tasks with the engine and score them: valid (a catalog-valid plan or a
+refusal), exact (the reference plan, or a refusal where one is expected), grounded (every
+string argument is written in the task or scene) and refused."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..engine.engine import Engine
 from ..engine.generate import GenerationSettings, generate
-from ..planning.parse import PlanError, parse_plan
+from ..engine.grammar import JsonSchemaGrammar
+from ..planning.parse import PlanError, PlanRefused, parse_plan
 from ..planning.prompt import build_messages
+from ..planning.service import PlannerConfig
 from ..planning.skills import SkillCatalog
 from .corpus import Example
+
+_ARTICLE = re.compile(r"^(?:the|a|an)(?:\s+|$)")
+
+
+def _words(text: str) -> str:
+    return " ".join(re.findall(r"\w+(?:[.'-]\w+)*", text.lower()))
+
+
+def grounded(steps: list[dict], task: str, context: str = "") -> bool:
+    """Every string argument occurs in the task or scene as whole words, modulo case and a
+    leading article: a plan that names something the request never mentioned is not."""
+    source = f" {_words(task)} {_words(context)} "
+    for step in steps:
+        for value in step["args"].values():
+            if isinstance(value, str):
+                words = _ARTICLE.sub("", _words(value))
+                if not words or f" {words} " not in source:
+                    return False
+    return True
 
 
 @dataclass
 class Score:
     n: int = 0
-    valid: int = 0                 # a catalog-valid plan
-    exact: int = 0                 # equal to the reference plan
+    valid: int = 0                 # a catalog-valid plan, or a refusal
+    exact: int = 0                 # equal to the reference plan (a refusal where one is due)
+    grounded: int = 0              # a plan whose string arguments all come from the request
+    refused: int = 0               # answered with a refusal
     new_tokens: int = 0
     cycles: int = 0
     decode_ms: float = 0.0
@@ -33,22 +59,33 @@ class Score:
     def tokens_per_cycle(self) -> float:
         return (self.new_tokens - self.n) / self.cycles if self.cycles else 0.0
 
+    def percent(self, name: str) -> float:
+        return 100 * getattr(self, name) / max(self.n, 1)
+
     def summary(self) -> str:
-        return (f"{self.valid}/{self.n} valid ({100 * self.valid / max(self.n, 1):.1f}%), "
-                f"{self.exact}/{self.n} exact ({100 * self.exact / max(self.n, 1):.1f}%), "
-                f"{self.tokens_per_s:.0f} tok/s, {self.tokens_per_cycle:.2f} tokens/cycle, "
+        counts = ", ".join(f"{getattr(self, k)}/{self.n} {k} ({self.percent(k):.1f}%)"
+                           for k in ("valid", "exact", "grounded", "refused"))
+        return (f"{counts}, {self.tokens_per_s:.0f} tok/s, "
+                f"{self.tokens_per_cycle:.2f} tokens/cycle, "
                 f"TTFT {self.ttft_ms / max(self.n, 1):.1f} ms")
 
 
 def evaluate(engine: Engine, examples: Sequence[Example], catalog: SkillCatalog,
              speculative: bool = True, relaxed: bool = False, max_new_tokens: int = 320,
+             refusal_hint: bool = False, grammar: JsonSchemaGrammar | None = None,
              on_result=None) -> Score:
+    """Plan each example and score it; `grammar` (the catalog's plan grammar) constrains the
+    answers as the planner service does, with the service's default thinking budget."""
     score = Score()
+    reserve = PlannerConfig().answer_reserve
     for ex in examples:
         settings = GenerationSettings(max_new_tokens=max_new_tokens, speculative=speculative,
                                       relaxed_thinking=relaxed,
                                       enable_thinking=ex.thinking is not None)
-        out = generate(engine, build_messages(catalog, ex.task, ex.context), settings)
+        messages = build_messages(catalog, ex.task, ex.context, refusal_hint)
+        constraint = (None if grammar is None
+                      else grammar.constraint(think_budget=max(0, max_new_tokens - reserve)))
+        out = generate(engine, messages, settings, constraint=constraint)
         s = out.stats
         score.n += 1
         score.new_tokens += s.new_tokens
@@ -57,11 +94,16 @@ def evaluate(engine: Engine, examples: Sequence[Example], catalog: SkillCatalog,
         score.ttft_ms += s.ttft_ms
         try:
             steps, _ = parse_plan(out.text, catalog, truncated=out.finish_reason == "length")
+        except PlanRefused:
+            score.valid += 1
+            score.refused += 1
+            score.exact += bool(ex.refusal)
         except PlanError as exc:
             score.errors.append(f"{ex.task!r}: {exc}")
         else:
             score.valid += 1
-            score.exact += steps == ex.plan
+            score.exact += steps == ex.plan and not ex.refusal
+            score.grounded += grounded(steps, ex.task, ex.context)
         if on_result is not None:
             on_result(ex, out)
     return score

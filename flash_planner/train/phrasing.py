@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import random
 
-from .world import ENTITIES, SLOTS, WORD_DURATIONS, Entity, Scene, World, family_parts, seconds_of
+from .world import SLOTS, WORD_DURATIONS, Entity, Scene, World, family_parts, seconds_of
 
 CLAUSES = {
     "go": ["go to {p}", "navigate to {p}", "drive to {p}", "head over to {p}", "move to {p}",
-           "make your way to {p}", "head to {p}", "go over to {p}"],
+           "make your way to {p}", "head to {p}", "go over to {p}", "return to {p}",
+           "go back to {p}"],
     "say": ['say "{t}"', 'announce "{t}"', 'tell everyone "{t}"', 'say "{t}" out loud',
             'tell the people nearby "{t}"', "say '{t}'", 'speak the words "{t}"',
             'let everyone know: "{t}"'],
@@ -28,6 +29,16 @@ CLAUSES = {
     "put": ["put {o} into {c}", "place {o} in {c}", "store {o} in {c}", "stow {o} inside {c}",
             "load {o} into {c}", "move {o} into {c}", "put {o} away in {c}"],
 }
+# Clauses that say where the object is ({l}): the first steps go there for it.
+FROM_CLAUSES = {
+    "pick": ["pick up {o} from {l}", "grab {o} {lp} {l}", "get {o} from {l}",
+             "pick up {o} {lp} {l}", "go to {l} and pick up {o}"],
+    "fetch": ["take {o} from {l} to {d}", "bring {o} from {l} to {d}",
+              "move {o} from {l} to {d}", "pick up {o} {lp} {l} and put it {dp} {d}",
+              "get {o} from {l} and leave it {dp} {d}", "carry {o} from {l} over to {d}"],
+    "put": ["pick up {o} {lp} {l} and put it in {c}", "take {o} from {l} and put it into {c}",
+            "put {o} from {l} into {c}", "get {o} from {l} and store it in {c}"],
+}
 # Whole-task sentences that are not imperative clauses (standalone tasks only).
 SENTENCES = {
     "go": ["I need you {pa} {p}", "your next stop is {p}", "{P} is where you should be"],
@@ -45,16 +56,17 @@ JOINERS = ["{a}, then {b}", "{a} and then {b}", "first {a}, then {b}", "{a}; aft
            "{a}. Then {b}", "{a}, and afterwards {b}", "{a}, and once done, {b}"]
 
 
-def _cap(text: str) -> str:
+def _cap(text: str, world: World) -> str:
     """Sentence case, except where the text starts with a bare entity name ("shelf 3 is ..."):
     names stay exactly as the plan's arguments write them."""
     head = text.split(":")[0]
-    if any(head == n or head.startswith(n + " ") for n in ENTITIES):
+    if any(head == n or head.startswith(n + " ") for n in world.by_name):
         return text
     return text[:1].upper() + text[1:]
 
 
-def _slots_text(family: str, values: tuple[str, ...], rng: random.Random) -> dict[str, str]:
+def _slots_text(family: str, values: tuple[str, ...], rng: random.Random,
+                world: World) -> dict[str, str]:
     """Template fields of one simple family's slot values."""
     out: dict[str, str] = {}
     for slot, value in zip(SLOTS[family], values):
@@ -67,27 +79,33 @@ def _slots_text(family: str, values: tuple[str, ...], rng: random.Random) -> dic
                 unit = "second" if value == "1" else rng.choice(["seconds"] * 6 + ["sec", "s"])
                 out["d"] = f"{value} {unit}"
         else:
-            e = ENTITIES[value]
+            e = world.entity(value)
             key = {"target": "p", "container": "c", "holder": "c", "object": "o",
                    "place": "d"}[slot]
             out[key] = e.ref
-            out[key.upper()] = _cap(e.ref)
+            out[key.upper()] = e.cap_ref
             out[key + "p"] = e.prep
             out[key + "a"] = "in" if e.prep == "in" and e.kind == "place" else "at"
     return out
 
 
-def task_text(family: str, combo: tuple, rng: random.Random) -> str:
+def task_text(family: str, combo: tuple, rng: random.Random, world: World,
+              source: Entity | None = None) -> str:
+    """The task sentence; `source` (where the first part's object is) is said in the task."""
     parts, values = family_parts(family), list(combo[1:])
     fields = []
     for part in parts:
         n = len(SLOTS[part])
-        fields.append(_slots_text(part, tuple(values[:n]), rng))
+        fields.append(_slots_text(part, tuple(values[:n]), rng, world))
         values = values[n:]
-    if len(parts) == 1 and family in SENTENCES and rng.random() < 0.15:
+    if source is not None:
+        fields[0].update(_entity_fields("l", source))
+    elif len(parts) == 1 and family in SENTENCES and rng.random() < 0.15:
         text = rng.choice(SENTENCES[family]).format(**fields[0])
-        return _cap(text) + rng.choice([".", ".", ""])
-    clauses = [rng.choice(CLAUSES[p]).format(**f) for p, f in zip(parts, fields)]
+        return _cap(text, world) + rng.choice([".", ".", ""])
+    first = FROM_CLAUSES if source is not None else CLAUSES
+    clauses = [rng.choice((first if i == 0 else CLAUSES)[p]).format(**f)
+               for i, (p, f) in enumerate(zip(parts, fields))]
     core = clauses[0] if len(clauses) == 1 else rng.choice(JOINERS).format(
         a=clauses[0], b=clauses[1])
     pattern, question = rng.choice(WRAPPERS)
@@ -95,7 +113,7 @@ def task_text(family: str, combo: tuple, rng: random.Random) -> str:
         pattern, question = "{c}", False
     text = pattern.format(c=core)
     if rng.random() < 0.75:
-        text = _cap(text)
+        text = _cap(text, world)
     if question:
         return text + "?"
     return text + rng.choice([".", ".", ".", "", "", "!"])
@@ -119,6 +137,7 @@ FACTS = {
     "open_container": ["{C} is already open", "{C} is open", "someone left {c} open",
                        "{C} is standing open"],
 }
+SOURCE = "source"   # a scene kind said in the task itself ("... from the hall ...")
 # Relevant scene kinds per family (about the first part's slots).
 SCENE_KINDS = {"pick": ("location", "inside_closed", "inside_open", "at_object"),
                "fetch": ("location", "inside_closed", "inside_open", "holding", "at_object"),
@@ -127,7 +146,7 @@ SCENE_KINDS = {"pick": ("location", "inside_closed", "inside_open", "at_object")
 
 
 def _entity_fields(prefix: str, e: Entity) -> dict[str, str]:
-    return {prefix: e.ref, prefix.upper(): _cap(e.ref), prefix + "p": e.prep,
+    return {prefix: e.ref, prefix.upper(): e.cap_ref, prefix + "p": e.prep,
             prefix + "n": e.name}
 
 
@@ -142,7 +161,7 @@ def _relevant(family: str, values: tuple, world: World, rng: random.Random,
     f: dict[str, str] = {}
     if kind in ("location", "inside_closed", "inside_open", "holding", "at_object"):
         obj = first[0]
-        f.update(_entity_fields("o", ENTITIES[obj]))
+        f.update(_entity_fields("o", world.entity(obj)))
         if kind == "location":
             avoid = set(values)
             loc = rng.choice([p for p in world.places if p.name not in avoid])
@@ -159,7 +178,7 @@ def _relevant(family: str, values: tuple, world: World, rng: random.Random,
             sc.at = obj
     else:
         cont = first[-1]
-        f.update(_entity_fields("c", ENTITIES[cont]))
+        f.update(_entity_fields("c", world.entity(cont)))
         if kind == "at_container":
             sc.at = cont
         else:
@@ -174,11 +193,11 @@ def _distractor(values: tuple, world: World, rng: random.Random) -> str:
     if roll < 0.35:
         obj = rng.choice([o for o in world.objects if o.name not in used])
         place = rng.choice([p for p in world.places if p.name not in used])
-        return f"{_cap(obj.ref)} is {place.prep} {place.ref}"
+        return f"{obj.cap_ref} is {place.prep} {place.ref}"
     if roll < 0.5:
         words = {w for v in values for w in v.split()}
         cont = rng.choice([c for c in world.containers if not words & set(c.name.split())])
-        return f"{_cap(cont.ref)} is {rng.choice(['closed', 'open'])}"
+        return f"{cont.cap_ref} is {rng.choice(['closed', 'open'])}"
     if roll < 0.6:
         return f"the battery is at {rng.randrange(15, 100)}%"
     return rng.choice(world.remarks)
@@ -197,14 +216,14 @@ def make_scene(family: str, values: tuple, world: World, rng: random.Random) -> 
     return sc
 
 
-def scene_text(sc: Scene, rng: random.Random) -> str:
+def scene_text(sc: Scene, rng: random.Random, world: World) -> str:
     if not sc.facts:
         return ""
     sep = rng.choice(["; ", ". ", ". "])
-    facts = [f if i == 0 or sep == "; " else _cap(f) for i, f in enumerate(sc.facts)]
+    facts = [f if i == 0 or sep == "; " else _cap(f, world) for i, f in enumerate(sc.facts)]
     text = sep.join(facts)
     if rng.random() < 0.6:
-        text = _cap(text)
+        text = _cap(text, world)
     return text + rng.choice([".", ".", ""])
 
 
@@ -256,6 +275,8 @@ SITUATIONS = {
     "open_container": ["{C} is already open, so I do not need to open it.",
                        "Since {c} is open, I can put {o} in directly.",
                        "No need to open {c}: it is already open."],
+    SOURCE: ["{O} is {lp} {l}, so I go to {l} for it.", "I get {o} from {l} first.",
+             "Since {o} is {lp} {l}, I head there to get it."],
 }
 IRRELEVANT = ["The scene does not change anything here.", "Nothing in the scene matters for this.",
               "The scene information is not relevant to the plan.",
@@ -279,73 +300,70 @@ OUTLINE_MANY = ["I will {list} and then {last}.", "First {list}, then {last}.",
 NUMBERS = {2: "Two", 3: "Three", 4: "Four", 5: "Five"}
 
 
-def _ref(name: str) -> str:
-    return ENTITIES[name].ref if name in ENTITIES else name
-
-
-def _verbalise(step: dict, rng: random.Random) -> str:
+def _verbalise(step: dict, rng: random.Random, world: World) -> str:
     skill, args = step["skill"], step["args"]
     template = rng.choice(VERBS[skill])
     if skill == "place":
-        loc = ENTITIES.get(args["location"])
-        return template.format(x=_ref(args["object"]), l=_ref(args["location"]),
-                               lp=loc.prep if loc else "at")
+        loc = world.entity(args["location"])
+        return template.format(x=world.entity(args["object"]).ref, l=loc.ref, lp=loc.prep)
     if skill == "wait":
         value = args["seconds"]
         text = json.dumps(value)
         if value == 1:
             return template.format(x=text).replace("seconds", "second")
         return template.format(x=text)
-    return template.format(x=_ref(next(iter(args.values()))))
+    if skill == "say":
+        return template.format(x=args["text"])
+    return template.format(x=world.entity(next(iter(args.values()))).ref)
 
 
-def _outline(steps: list[dict], rng: random.Random) -> str:
-    phrases = [_verbalise(s, rng) for s in steps]
+def _outline(steps: list[dict], rng: random.Random, world: World) -> str:
+    phrases = [_verbalise(s, rng, world) for s in steps]
     if len(phrases) == 1:
-        return _cap(rng.choice(OUTLINE_ONE).format(a=phrases[0]))
+        return _cap(rng.choice(OUTLINE_ONE).format(a=phrases[0]), world)
     template = rng.choice(OUTLINE_MANY)
     text = template.format(list=", ".join(phrases[:-1]), last=phrases[-1],
                            n=NUMBERS[len(phrases)])
-    return _cap(text)
+    return _cap(text, world)
 
 
-def _goal(family: str, combo: tuple, rng: random.Random) -> str:
+def _goal(family: str, combo: tuple, rng: random.Random, world: World) -> str:
     if "+" in family:
         return rng.choice(GOALS["pair"])
-    f = _slots_text(family, combo[1:], rng)
+    f = _slots_text(family, combo[1:], rng, world)
     if family == "wait":
         f["n"] = json.dumps(seconds_of(combo[1]))
         if combo[1] in WORD_DURATIONS and rng.random() < 0.5:
-            return f"{_cap(combo[1])} is {f['n']} seconds."
-    return _cap(rng.choice(GOALS[family]).format(**f))
+            return f"{_cap(combo[1], world)} is {f['n']} seconds."
+    return _cap(rng.choice(GOALS[family]).format(**f), world)
 
 
-def _situation(sc: Scene, combo: tuple, rng: random.Random) -> str:
+def _situation(sc: Scene, combo: tuple, rng: random.Random, world: World) -> str:
     f: dict[str, str] = {}
-    values = combo[1:]
-    obj = next((v for v in values if v in ENTITIES and ENTITIES[v].kind == "object"), None)
+    entities = [world.by_name.get(v) for v in combo[1:]]
+    obj = next((e for e in entities if e is not None and e.kind == "object"), None)
     if obj:
-        f.update(_entity_fields("o", ENTITIES[obj]))
+        f.update(_entity_fields("o", obj))
     if sc.location:
-        f.update(_entity_fields("l", ENTITIES[next(iter(sc.location.values()))]))
+        f.update(_entity_fields("l", world.entity(next(iter(sc.location.values())))))
     if sc.inside:
-        f.update(_entity_fields("c", ENTITIES[next(iter(sc.inside.values()))[0]]))
-    elif sc.at and ENTITIES[sc.at].kind == "container":
-        f.update(_entity_fields("c", ENTITIES[sc.at]))
+        f.update(_entity_fields("c", world.entity(next(iter(sc.inside.values()))[0])))
+    elif sc.at and world.entity(sc.at).kind == "container":
+        f.update(_entity_fields("c", world.entity(sc.at)))
     elif sc.open:
-        f.update(_entity_fields("c", ENTITIES[next(iter(sc.open))]))
-    return _cap(rng.choice(SITUATIONS[sc.kind]).format(**f))
+        f.update(_entity_fields("c", world.entity(next(iter(sc.open)))))
+    return _cap(rng.choice(SITUATIONS[sc.kind]).format(**f), world)
 
 
 def thinking_text(family: str, combo: tuple, sc: Scene, steps: list[dict],
-              rng: random.Random) -> str:
-    outline = _outline(steps, rng)
+                  rng: random.Random, world: World) -> str:
+    outline = _outline(steps, rng, world)
     if sc.kind:
-        return f"{_situation(sc, combo, rng)} {outline}"
+        return f"{_situation(sc, combo, rng, world)} {outline}"
     if sc.distractor and rng.random() < 0.4:
         return f"{rng.choice(IRRELEVANT)} {outline}"
     if rng.random() < 0.35:
         return outline
-    return f"{_goal(family, combo, rng)} {outline}"
+    return f"{_goal(family, combo, rng, world)} {outline}"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,12 @@ class Entity:
     @property
     def ref(self) -> str:
         return f"the {self.name}" if self.article else self.name
+
+    @property
+    def cap_ref(self) -> str:
+        """`ref` at the start of a sentence: "The red cup", but "shelf 3" (names keep their
+        case: the plan's arguments write them so)."""
+        return f"The {self.name}" if self.article else self.name
 
 
 def _objects(*names: str) -> tuple[Entity, ...]:
@@ -53,6 +60,13 @@ class World:
     @property
     def holders(self) -> tuple[Entity, ...]:
         return tuple(c for c in self.containers if c.holds)
+
+    @cached_property
+    def by_name(self) -> dict[str, Entity]:
+        return {e.name: e for e in (*self.objects, *self.places, *self.containers)}
+
+    def entity(self, name: str) -> Entity:
+        return self.by_name[name]
 
 
 HOUSEHOLD = World(
@@ -104,7 +118,6 @@ WAREHOUSE = World(
 )
 
 WORLDS = (HOUSEHOLD, WAREHOUSE)
-ENTITIES = {e.name: e for w in WORLDS for e in (*w.objects, *w.places, *w.containers)}
 WORD_DURATIONS = {"half a minute": 30, "a minute": 60, "one minute": 60, "two minutes": 120,
                   "ten seconds": 10, "five seconds": 5}
 NUMBER_DURATIONS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 45, 60, 90, 120, 180,

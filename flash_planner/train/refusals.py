@@ -1,0 +1,105 @@
+"""Tasks the skill catalog cannot express, and how the corpus answers them: a refusal.
+
+Three kinds: an action no skill performs ("polish the brass lamp", "lock locker 4"), the same
+after a clause the catalog can do ("go to the hall, then sweep the hall": a plan that does
+half the task is worse than none), and a task that names nothing to act on ("pick it up").
+The thinking says why; the answer is `{"refusal": REASON}`. Actions and vague phrasings
+fall on one side of a fixed SHA-256 split, so the held-out refusals use actions the model
+never saw refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+from .phrasing import CLAUSES, JOINERS, WRAPPERS
+from .world import World
+
+SALT = "flash_planner-refusal-v1"
+HELDOUT_SHARE = 0.25
+
+# "{x}" is what the action is done to: {o} an object, {p} a place, {c} a container.
+ACTIONS = (
+    "clean {o}", "wash {o}", "paint {o}", "repair {o}", "fix {o}", "cut {o}", "fold {o}",
+    "iron {o}", "charge {o}", "plug in {o}", "water {o}", "heat {o}", "cool down {o}",
+    "fill {o}", "empty {o}", "pour out {o}", "sort {o}", "label {o}", "polish {o}",
+    "dust {o}", "weigh {o}", "measure {o}", "photograph {o}", "scan {o}", "recycle {o}",
+    "throw {o}", "kick {o}", "hide {o}", "squeeze {o}", "spray {o}", "bake {o}", "boil {o}",
+    "fry {o}", "chop {o}", "slice {o}", "peel {o}", "stir {o}", "sew {o}", "wrap {o}",
+    "unwrap {o}", "tie up {o}", "sharpen {o}", "glue {o}", "sand {o}", "hammer {o}",
+    "switch on {o}", "turn off {o}", "count {o}", "shake {o}", "rinse {o}", "dry {o}",
+    "sweep {p}", "mop {p}", "vacuum {p}", "tidy up {p}", "decorate {p}", "patrol {p}",
+    "light up {p}", "guard {p}", "scrub {p}", "ventilate {p}", "photograph {p}",
+    "lock {c}", "unlock {c}", "repaint {c}", "knock on {c}", "oil {c}", "bolt {c}",
+    "sing a song", "dance", "order a pizza", "call an ambulance", "play some music",
+    "turn on the lights", "set an alarm", "send an email", "check the weather",
+    "take a nap", "make coffee", "cook dinner", "do the dishes", "feed the cat",
+)
+# Tasks with an action the catalog has but nothing named to act on.
+VAGUE = (
+    "pick it up", "grab that", "bring it here", "put it over there", "take that one",
+    "go there", "go over there", "open it", "close it", "shut that", "put it away",
+    "move this", "fetch it", "bring me that", "do it", "do that again", "carry it",
+    "hand it over", "drop it somewhere", "go somewhere", "pick something up",
+    "open something", "bring something", "take it back", "put that one in there",
+    "move it over here", "get that thing", "leave it there", "go back there",
+    "close the other one",
+)
+THOUGHTS = ["I have no skill to {v}.", "None of my skills can {v}.",
+            "The skills cannot {v}.", "There is no skill to {v}."]
+VAGUE_THOUGHTS = ["The task does not say what to act on.",
+                  "Nothing in the task names an object or a place.",
+                  "I cannot tell which object or place is meant."]
+PARTIAL = ["I could do the first part, but not the rest.", "Only part of this is possible.",
+           "Part of the task needs a skill I do not have."]
+CLOSING = ["So I refuse.", "I cannot plan this.", "I have to refuse this task.",
+           "So there is no plan."]
+VAGUE_REASON = "the task names nothing to act on"
+
+
+def _held(text: str) -> bool:
+    digest = hashlib.sha256(f"{SALT}|{text}".encode()).digest()
+    return digest[0] < HELDOUT_SHARE * 256
+
+
+def side(options: tuple[str, ...], split: str) -> tuple[str, ...]:
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    return tuple(o for o in options if _held(o) == (split == "heldout"))
+
+
+def verb_of(action: str) -> str:
+    """The action's words before what it acts on: "tie up {o}" -> "tie up"."""
+    return action.split(" {")[0]
+
+
+def refusal_task(world: World, rng: random.Random, split: str
+                 ) -> tuple[str, str, str]:
+    """(task, thinking, reason) of one task the catalog cannot express."""
+    roll = rng.random()
+    if roll < 0.2:
+        core = rng.choice(side(VAGUE, split))
+        thinking = f"{rng.choice(VAGUE_THOUGHTS)} {rng.choice(CLOSING)}"
+        reason = VAGUE_REASON
+    else:
+        action = rng.choice(side(ACTIONS, split))
+        fields = {"o": rng.choice(world.objects).ref, "p": rng.choice(world.places).ref,
+                  "c": rng.choice(world.containers).ref}
+        core = action.format(**fields)
+        verb = verb_of(action)
+        thinking = rng.choice(THOUGHTS).format(v=verb)
+        reason = f"no skill to {verb}"
+        if roll < 0.45:
+            clause = rng.choice(CLAUSES["go"]).format(p=rng.choice(world.places).ref)
+            a, b = (clause, core) if rng.random() < 0.7 else (core, clause)
+            core = rng.choice(JOINERS).format(a=a, b=b)
+            thinking = f"{rng.choice(PARTIAL)} {thinking}"
+        thinking = f"{thinking} {rng.choice(CLOSING)}"
+    pattern, question = rng.choice(WRAPPERS)
+    if ". " in core:
+        pattern, question = "{c}", False
+    text = pattern.format(c=core)
+    if rng.random() < 0.75:
+        text = text[:1].upper() + text[1:]
+    return text + ("?" if question else rng.choice([".", ".", "", "!"])), thinking, reason
