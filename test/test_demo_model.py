@@ -1,7 +1,9 @@
 """The shipped demo planner, end to end: tokenizer -> prompt -> speculative decode -> plan.
 
-These run the real embedded model (flash_planner/assets/demo) on held-out tasks, i.e.
-combinations of task family, objects and places that were never in its training data.
+These run the real embedded model (flash_planner/assets/demo) on held-out tasks: combinations
+of task family, objects and places of its training worlds that were never in its training
+data, tasks whose names never occur in training at all, and tasks it must refuse. The
+prompt names the refusal shape, as the demo preset does.
 """
 
 from __future__ import annotations
@@ -19,13 +21,17 @@ from flash_planner.planning.prompt import build_messages
 from flash_planner.planning.request import PlanRequest
 from flash_planner.planning.service import PlannerConfig, PlannerService
 from flash_planner.planning.skills import SkillCatalog
-from flash_planner.train.corpus import make_corpus
+from flash_planner.train.corpus import heldout_sets
+from flash_planner.train.evaluate import grounded
 
-HELD_OUT = make_corpus(0, n_train=0, n_heldout=40)[1]
+HELD_OUT = heldout_sets(0, 40)
 # One task of each of several families, thinking on and off, with and without a scene.
-CASES = [next(ex for ex in HELD_OUT if ex.family == family)
-         for family in ("fetch", "put", "go", "wait", "open", "go+say")
-         if any(ex.family == family for ex in HELD_OUT)]
+CASES = [next(ex for ex in HELD_OUT["world"] if ex.family == family)
+         for family in ("fetch", "put", "go", "wait", "open", "go+say")]
+# Tasks whose object, place and container names the demo never saw, and tasks to refuse.
+UNSEEN, REFUSALS = HELD_OUT["unseen"][:30], HELD_OUT["inexpressible"][:20]
+# The README's example: every word of its names is held out of training.
+README_TASK = "bring the copper camera to the inner foyer"
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +40,27 @@ def catalog():
 
 
 @pytest.fixture(scope="module")
-def engine():
-    return Engine.load(ModelPreset.load("demo").engine_config(device="cpu", dtype="fp32"))
+def preset():
+    return ModelPreset.load("demo")
+
+
+@pytest.fixture(scope="module")
+def engine(preset):
+    return Engine.load(preset.engine_config(device="cpu", dtype="fp32"))
+
+
+@pytest.fixture(scope="module")
+def service(engine, catalog, preset):
+    service = PlannerService(engine, catalog, PlannerConfig(
+        max_new_tokens=320, refusal_hint=preset.refusal_hint))
+    service.start()
+    yield service
+    service.stop()
+
+
+def _request(example) -> PlanRequest:
+    return PlanRequest(example.task, example.context,
+                       enable_thinking=example.thinking is not None)
 
 
 def test_shipped_assets_are_small_and_complete():
@@ -48,25 +73,48 @@ def test_shipped_assets_are_small_and_complete():
             "drafter/model.safetensors"} <= names
 
 
+def test_the_demo_preset_names_the_refusal_shape(preset):
+    assert preset.refusal_hint
+
+
 @pytest.mark.parametrize("example", CASES, ids=[ex.family for ex in CASES])
-def test_service_plans_held_out_tasks_exactly(engine, catalog, example):
-    service = PlannerService(engine, catalog, PlannerConfig(max_new_tokens=320))
-    service.start()
-    try:
-        result = service.plan(PlanRequest(example.task, example.context,
-                                          enable_thinking=example.thinking is not None),
-                              timeout=120)
-    finally:
-        service.stop()
+def test_service_plans_held_out_tasks_exactly(service, example):
+    result = service.plan(_request(example), timeout=120)
     assert result.success, f"{example.task!r}: {result.error}\n{result.raw_text}"
     assert result.plan == example.plan
+    assert grounded(result.plan, example.task, example.context)
     assert result.telemetry["cycles"] > 0
 
 
+def test_names_never_seen_are_copied_into_the_plan(service):
+    """A floor, not the goal: the demo plans 61% of 200 such tasks exactly (70% grounded;
+    bench/grounding.py); the demo trained on closed worlds only planned 4.5% (6% grounded),
+    swapping in names it knew."""
+    results = [service.plan(_request(ex), timeout=120) for ex in UNSEEN]
+    exact = sum(r.success and r.plan == ex.plan for r, ex in zip(results, UNSEEN))
+    kept = sum(r.success and grounded(r.plan, ex.task, ex.context)
+               for r, ex in zip(results, UNSEEN))
+    assert exact >= 0.45 * len(UNSEEN) and kept >= 0.5 * len(UNSEEN), (exact, kept)
+    readme = service.plan(PlanRequest(README_TASK), timeout=120)
+    assert readme.plan == [
+        {"skill": "navigate_to", "args": {"target": "copper camera"}},
+        {"skill": "pick", "args": {"object": "copper camera"}},
+        {"skill": "navigate_to", "args": {"target": "inner foyer"}},
+        {"skill": "place", "args": {"object": "copper camera", "location": "inner foyer"}}]
+
+
+def test_tasks_the_catalog_cannot_express_are_refused(service):
+    """Refusals of actions never refused in training (82% of 200; the previous demo 0%)."""
+    results = [service.plan(_request(ex), timeout=120) for ex in REFUSALS]
+    refused = [r for r in results if r.refusal]
+    assert len(refused) >= 0.6 * len(REFUSALS), len(refused)
+    assert all(not r.success and "refused" in r.error for r in refused)
+
+
 def test_speculative_decoding_is_lossless_and_accepts_many_drafts(engine, catalog):
-    for example in CASES:
+    for example in CASES[:3] + UNSEEN[:2] + REFUSALS[:1]:  # names copied, a refusal
         settings = dict(max_new_tokens=320, enable_thinking=example.thinking is not None)
-        messages = build_messages(catalog, example.task, example.context)
+        messages = build_messages(catalog, example.task, example.context, refusal_hint=True)
         plain = generate(engine, messages, GenerationSettings(speculative=False, **settings))
         # auto routes on measured time, so only its output is checked here
         auto = generate(engine, messages, GenerationSettings(**settings))

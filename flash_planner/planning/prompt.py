@@ -12,7 +12,7 @@ SYSTEM = (
     'Reply with JSON only: {{"plan": [{{"skill": NAME, "args": {{ARG: VALUE}}}}, ...]}}'
 )
 # The refusal shape (docs/cli.md, "Refusals"). Presets of models that were never taught it leave
-# it out (`refusal_hint: false`): the demo was trained on the prompt without it.
+# it out (`refusal_hint: false`); the demo was trained on prompts with and without it.
 REFUSAL_HINT = ', or {"refusal": REASON} if these skills cannot do the task'
 
 
@@ -30,7 +30,6 @@ def user_prompt(task: str, context: str = "") -> str:
 
 def build_messages(catalog: SkillCatalog, task: str, context: str = "",
                    refusal_hint: bool = False) -> list[dict]:
-    """Chat messages for the tokenizer's template (thinking on/off is the template's flag).
-    Without `refusal_hint` this is the prompt the demo was trained on."""
+    """Chat messages for the tokenizer's template (thinking on/off is the template's flag)."""
     return [{"role": "system", "content": system_prompt(catalog, refusal_hint)},
             {"role": "user", "content": user_prompt(task, context)}]

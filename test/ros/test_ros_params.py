@@ -174,7 +174,7 @@ def test_dense_backend_reaches_the_engine_config():
 
 def test_constrain_and_the_presets_refusal_hint_reach_the_planner_config(hybrid_dir):
     _, planner, _ = build_configs({})
-    assert planner.constrain is True and planner.refusal_hint is False   # the demo preset
+    assert planner.constrain is True and planner.refusal_hint is True    # the demo preset
     _, planner, _ = build_configs({"planner.constrain": False, "model.preset": "",
                                    "model.path": str(hybrid_dir)})
     assert planner.constrain is False and planner.refusal_hint is True
