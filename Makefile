@@ -54,7 +54,7 @@ test: ros-env thor-deps
 demo: $(STAMP)
 	$(VENV)/bin/flash-planner plan "$(DEMO_TASK)"
 
-# Retrain the demo model from scratch (fixed seeds; about 56 minutes on 2 CPU cores).
+# Retrain the demo model from scratch (fixed seeds; about an hour on 2 CPU cores).
 demo-model: $(STAMP)
 	$(VENV)/bin/python -m flash_planner.train.build_demo
 
@@ -65,6 +65,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/spec.py
 	$(VENV)/bin/python bench/plan.py --png-dir docs/img
 	$(VENV)/bin/python bench/plan.py --constrained
+	$(VENV)/bin/python bench/grounding.py
 	$(VENV)/bin/python bench/grammar.py
 	$(VENV)/bin/python bench/latency.py --png-dir docs/img
 	$(VENV)/bin/python bench/weight_bytes.py --png-dir docs/img
