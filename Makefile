@@ -65,7 +65,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/spec.py
 	$(VENV)/bin/python bench/plan.py --png-dir docs/img
 	$(VENV)/bin/python bench/plan.py --constrained
-	$(VENV)/bin/python bench/grounding.py
+	$(VENV)/bin/python bench/grounding.py --grammar off,request
 	$(VENV)/bin/python bench/grammar.py
 	$(VENV)/bin/python bench/latency.py --png-dir docs/img
 	$(VENV)/bin/python bench/weight_bytes.py --png-dir docs/img

@@ -8,7 +8,9 @@ BPE of Qwen's size trained here on this machine's Python sources with the demo's
 and on how its tokens overlap JSON; the two large ones show how far the stand-in's estimate
 was from Qwen's own figure.
 
-For each held-out plan (the answer after `</think>`) the loop's grammar work is replayed as
+For each held-out plan (the answer after `</think>`) the request's grammar is compiled (its
+grounded arguments admit only the task's and scene's words: `request ms`, per request, as the
+planner service pays it when a request starts) and the loop's grammar work is replayed as
 the speculative loop does it with blocks of `--block` rows that the target accepted whole:
 `block()` over the block's tokens (the drafts' walk and jump-forward), `masks()` (one mask
 row per verify row) and `commit()`. Printed per tokenizer: compile time, microseconds per
@@ -30,8 +32,9 @@ from pathlib import Path
 
 from flash_planner.engine.acceptance import think_token_ids
 from flash_planner.engine.grammar import JsonGrammarCompiler
+from flash_planner.planning.grounding import RequestWords
 from flash_planner.planning.parse import split_answer
-from flash_planner.planning.plan_grammar import compile_plan_grammar
+from flash_planner.planning.plan_grammar import PlanGrammar
 from flash_planner.planning.presets import default_skills_path
 from flash_planner.planning.skills import SkillCatalog
 from flash_planner.train.corpus import answer_text, make_corpus
@@ -56,19 +59,22 @@ def python_sources(limit_bytes: int) -> list[str]:
     return texts
 
 
-def measure(tokenizer, catalog, answers: list[str], block: int) -> dict:
+def measure(tokenizer, catalog, examples: list, block: int) -> dict:
     t0 = time.perf_counter()
     compiler = JsonGrammarCompiler(tokenizer, len(tokenizer),
                                    [tokenizer.convert_tokens_to_ids("<|im_end|>")],
                                    think_token_ids(tokenizer))
-    grammar = compile_plan_grammar(catalog, compiler)
+    grammar = PlanGrammar(catalog, compiler)
     compile_ms = (time.perf_counter() - t0) * 1000
     close = tokenizer.convert_tokens_to_ids("</think>")
     walk_s = mask_s = 0.0
     rows = forced = tokens = 0
-    for answer in answers:
-        ids = tokenizer.encode(answer, add_special_tokens=False)
-        c = grammar.constraint()
+    request_ms = []
+    for ex in examples:
+        ids = tokenizer.encode(split_answer(answer_text(ex))[1], add_special_tokens=False)
+        t = time.perf_counter()
+        c = grammar.constraint(words=RequestWords.of(ex.task, ex.context))
+        request_ms.append((time.perf_counter() - t) * 1000)
         c.reset([close])
         for at in range(0, len(ids), block):
             drafts = ids[at + 1:at + block]          # ids[at] is the cycle's anchor
@@ -85,7 +91,9 @@ def measure(tokenizer, catalog, answers: list[str], block: int) -> dict:
         forced += c.stats.forced_drafted
         tokens += len(ids)
     per_row_us = (walk_s + mask_s) / rows * 1e6
-    return {"vocab": len(tokenizer), "compile_ms": compile_ms, "rows": rows,
+    return {"vocab": len(tokenizer), "compile_ms": compile_ms,
+            "request_ms_mean": sum(request_ms) / len(request_ms),
+            "request_ms_max": max(request_ms), "rows": rows,
             "mask_us_per_row": mask_s / rows * 1e6, "walk_us_per_row": walk_s / rows * 1e6,
             "us_per_row": per_row_us, "block_ms": per_row_us * block / 1000,
             "thor_share_pct": 100 * per_row_us * block / 1000 / THOR_FORWARD_MS,
@@ -104,8 +112,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     catalog = SkillCatalog.from_yaml(default_skills_path())
-    answers = [split_answer(answer_text(ex))[1]
-               for ex in make_corpus(0, n_train=0, n_heldout=args.n)[1]]
+    examples = make_corpus(0, n_train=0, n_heldout=args.n)[1]
     tokenizers = {"demo": load_tokenizer(DEMO),
                   "qwen3": load_tokenizer(qwen_tokenizer_dir(progress=print))}
     train_s = 0.0
@@ -116,19 +123,20 @@ def main(argv=None) -> int:
                             vocab_size=args.qwen_vocab)
             train_s = time.perf_counter() - t0
             tokenizers["bpe-qwen-size"] = load_tokenizer(tmp)
-        results = {name: measure(tok, catalog, answers, args.block)
+        results = {name: measure(tok, catalog, examples, args.block)
                    for name, tok in tokenizers.items()}
     if args.json:
-        print(json.dumps({"n": len(answers), "block": args.block, "results": results}))
+        print(json.dumps({"n": len(examples), "block": args.block, "results": results}))
         return 0
-    print(f"plan grammar work on {len(answers)} held-out answers in blocks of {args.block} "
+    print(f"plan grammar work on {len(examples)} held-out answers in blocks of {args.block} "
           f"rows" + (f" (the Qwen-size stand-in BPE trained in {train_s:.0f} s)"
                      if train_s else ""))
-    head = (f"{'tokenizer':<15}{'vocab':>8}{'compile ms':>11}{'mask us/row':>12}"
-            f"{'walk us/row':>12}{'block ms':>9}{'of 55 ms':>9}")
+    head = (f"{'tokenizer':<15}{'vocab':>8}{'compile ms':>11}{'request ms':>11}{'max':>6}"
+            f"{'mask us/row':>12}{'walk us/row':>12}{'block ms':>9}{'of 55 ms':>9}")
     print(head + "\n" + "-" * len(head))
     for name, r in results.items():
-        print(f"{name:<15}{r['vocab']:>8}{r['compile_ms']:>11.0f}{r['mask_us_per_row']:>12.1f}"
+        print(f"{name:<15}{r['vocab']:>8}{r['compile_ms']:>11.0f}{r['request_ms_mean']:>11.1f}"
+              f"{r['request_ms_max']:>6.0f}{r['mask_us_per_row']:>12.1f}"
               f"{r['walk_us_per_row']:>12.1f}{r['block_ms']:>9.2f}{r['thor_share_pct']:>8.1f}%")
     return 0
 

@@ -9,11 +9,14 @@ arguments are all written in the task or scene, modulo case and articles), refus
 per cycle and decode tok/s of the preset's speculative method (auto). Each model runs every
 set with the prompt as trained before the hint (`refusal_hint` off) and with the refusal
 shape named (on); `--before DIR` adds a second demo pair (DIR/target, DIR/drafter) run the
-same way, in turn per task, so both models see the machine alike. `--constrained` decodes
-under the plan grammar, as the planner service does by default. The misses follow the
-table: each task with what the model answered.
+same way, in turn per task, so both models see the machine alike. `--grammar` runs each task
+in turn under each of the grammars named: `off` (free decoding), `catalog` (the catalog's
+plan grammar, any string in any argument) and `request` (the request's own grammar, whose
+grounded arguments admit only runs of the task's and scene's words, as the planner service
+decodes by default). The misses follow the table: each task with what the model answered.
 
-    python bench/grounding.py [--n 200] [--before DIR] [--constrained] [--threads 1] [--json]
+    python bench/grounding.py [--n 200] [--before DIR] [--grammar off,catalog,request]
+                              [--threads 1] [--json]
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import torch
 
 from flash_planner.engine.engine import Engine
 from flash_planner.engine.grammar import JsonGrammarCompiler
-from flash_planner.planning.plan_grammar import compile_plan_grammar
+from flash_planner.planning.plan_grammar import PlanGrammar
 from flash_planner.planning.presets import ModelPreset, default_skills_path
 from flash_planner.planning.skills import SkillCatalog
 from flash_planner.train.corpus import HELDOUT_SETS, heldout_sets
@@ -43,29 +46,34 @@ def load(preset: ModelPreset, root: Path | None) -> Engine:
     return Engine.load(preset.engine_config(device="cpu", dtype="fp32", **paths))
 
 
-def run(engines: dict[str, Engine], sets: dict, catalog, constrained: bool) -> list[dict]:
-    grammars = {m: compile_plan_grammar(catalog, JsonGrammarCompiler.for_engine(e))
-                if constrained else None for m, e in engines.items()}
-    scores = {(m, s, h): Score() for m in engines for s in sets for h in (False, True)}
+GRAMMARS = ("off", "catalog", "request")
+
+
+def run(engines: dict[str, Engine], sets: dict, catalog, grammars: list[str]) -> list[dict]:
+    compiled = {m: PlanGrammar(catalog, JsonGrammarCompiler.for_engine(e))
+                for m, e in engines.items()}
+    keys = [(m, s, h, g) for s in sets for h in (False, True) for g in grammars
+            for m in engines]
+    scores = {key: Score() for key in keys}
     for name, examples in sets.items():
         for ex in examples:
-            for hint in (False, True):
-                for model, engine in engines.items():
-                    texts: list[str] = []
-                    one = evaluate(engine, [ex], catalog, refusal_hint=hint,
-                                   grammar=grammars[model],
-                                   on_result=lambda _ex, out, t=texts: t.append(out.text))
-                    total = scores[(model, name, hint)]
-                    for f in ("n", "valid", "exact", "grounded", "refused", "new_tokens",
-                              "cycles", "decode_ms", "ttft_ms"):
-                        setattr(total, f, getattr(total, f) + getattr(one, f))
-                    if not one.exact:  # the misses, with what the model answered
-                        answer = texts[0].split("</think>")[-1].strip()
-                        total.errors.append(f"{ex.task!r} (scene {ex.context!r}) -> {answer}")
-    return [{"model": m, "set": s, "hint": h, "n": sc.n,
+            for model, _, hint, grammar in (k for k in keys if k[1] == name):
+                texts: list[str] = []
+                one = evaluate(engines[model], [ex], catalog, refusal_hint=hint,
+                               grammar=None if grammar == "off" else compiled[model],
+                               ground=grammar == "request",
+                               on_result=lambda _ex, out, t=texts: t.append(out.text))
+                total = scores[(model, name, hint, grammar)]
+                for f in ("n", "valid", "exact", "grounded", "refused", "new_tokens",
+                          "cycles", "decode_ms", "ttft_ms"):
+                    setattr(total, f, getattr(total, f) + getattr(one, f))
+                if not one.exact:  # the misses, with what the model answered
+                    answer = texts[0].split("</think>")[-1].strip()
+                    total.errors.append(f"{ex.task!r} (scene {ex.context!r}) -> {answer}")
+    return [{"model": m, "set": s, "hint": h, "grammar": g, "n": sc.n,
              **{f"{c}_pct": sc.percent(c) for c in COLUMNS},
              "tokens_per_cycle": sc.tokens_per_cycle, "tok_s": sc.tokens_per_s,
-             "misses": sc.errors} for (m, s, h), sc in scores.items()]
+             "misses": sc.errors} for (m, s, h, g), sc in scores.items()]
 
 
 def main(argv=None) -> int:
@@ -74,12 +82,18 @@ def main(argv=None) -> int:
     parser.add_argument("--before", type=Path, default=None,
                         help="another demo pair (DIR/target, DIR/drafter) to compare")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--constrained", action="store_true",
-                        help="answers under the plan grammar, as the planner service runs")
+    parser.add_argument("--grammar", default="off",
+                        help="comma-separated, each in turn per task: off (free decoding), "
+                             "catalog (the catalog's plan grammar), request (the request's "
+                             "grammar with grounded arguments, as the planner service runs)")
     parser.add_argument("--misses", type=int, default=8,
                         help="misses of the (new) model listed per set and hint")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    grammars = [g.strip() for g in args.grammar.split(",") if g.strip()]
+    if not grammars or any(g not in GRAMMARS for g in grammars):
+        parser.error(f"--grammar takes a comma-separated list of {', '.join(GRAMMARS)}; "
+                     f"got {args.grammar!r}")
     torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
 
@@ -90,25 +104,26 @@ def main(argv=None) -> int:
     if args.before is not None:
         engines = {"before": load(preset, args.before), "after": engines["shipped"]}
     t0 = time.perf_counter()
-    rows = run(engines, heldout_sets(0, args.n), catalog, args.constrained)
+    rows = run(engines, heldout_sets(0, args.n), catalog, grammars)
     if args.json:
         print(json.dumps({"n": args.n, "rows": rows}))
         return 0
     print(f"held-out sets, {args.n} tasks each, {torch.get_num_threads()} thread(s), fp32 CPU, "
-          f"method {preset.method}, {'with' if args.constrained else 'without'} the plan "
-          "grammar; hint = the refusal shape named in the prompt")
-    head = (f"{'set':<15}{'model':<9}{'hint':<6}" + "".join(f"{c + ' %':>11}" for c in COLUMNS)
-            + f"{'tok/cyc':>9}{'tok/s':>7}")
+          f"method {preset.method}; hint = the refusal shape named in the prompt; grammar = "
+          "off, the catalog's, or the request's (grounded arguments)")
+    head = (f"{'set':<15}{'model':<9}{'hint':<6}{'grammar':<9}"
+            + "".join(f"{c + ' %':>11}" for c in COLUMNS) + f"{'tok/cyc':>9}{'tok/s':>7}")
     print(head + "\n" + "-" * len(head))
     for name in HELDOUT_SETS:
         for r in (r for r in rows if r["set"] == name):
-            print(f"{name:<15}{r['model']:<9}{'on' if r['hint'] else 'off':<6}"
+            print(f"{name:<15}{r['model']:<9}{'on' if r['hint'] else 'off':<6}{r['grammar']:<9}"
                   + "".join(f"{r[c + '_pct']:>11.1f}" for c in COLUMNS)
                   + f"{r['tokens_per_cycle']:>9.2f}{r['tok_s']:>7.0f}")
     for r in rows:
         if r["model"] != "before":
             for miss in r["misses"][:args.misses]:
-                print(f"  [{r['set']}, hint {'on' if r['hint'] else 'off'}] {miss}")
+                print(f"  [{r['set']}, hint {'on' if r['hint'] else 'off'}, grammar "
+                      f"{r['grammar']}] {miss}")
     print(f"wall time {time.perf_counter() - t0:.1f} s")
     return 0
 

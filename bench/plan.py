@@ -58,8 +58,9 @@ from flash_planner.engine.engine import Engine
 from flash_planner.engine.generate import GenerationSettings, encode_prompt, generate
 from flash_planner.engine.grammar import JsonGrammarCompiler
 from flash_planner.engine.sampling import GREEDY, QWEN3_THINKING, Sampling
+from flash_planner.planning.grounding import RequestWords
 from flash_planner.planning.parse import PlanError, parse_plan
-from flash_planner.planning.plan_grammar import compile_plan_grammar
+from flash_planner.planning.plan_grammar import PlanGrammar
 from flash_planner.planning.presets import ModelPreset, default_skills_path
 from flash_planner.planning.prompt import build_messages
 from flash_planner.planning.skills import SkillCatalog
@@ -168,15 +169,18 @@ def run_one(engine, prompt: Prompt, mode: str, tally: Tally, think_close: int, c
     sampling = THOUGHT_SAMPLED.with_seed(seed) if mode.endswith(SAMPLED) else None
     settings = GenerationSettings(**prompt.settings, method=method, relaxed_thinking=relaxed,
                                   sampling=sampling)
-    constraint = (grammar.constraint() if GRAMMAR in mode else None)
+    ex = prompt.example         # the request's own grammar, as the planner service decodes
+    words = None if ex is None else RequestWords.of(ex.task, ex.context)
+    constraint = grammar.constraint(words=words) if GRAMMAR in mode else None
     tally.add(generate(engine, prompt.messages, settings, on_token, constraint=constraint),
               prompt, catalog)
 
 
 def paired_rows(engine, plans, catalog, close: int, modes: list[str], base_of) -> list[dict]:
-    """Each mode in turn per prompt (the plan grammar compiled once; seed = the prompt's
-    index); each row's x is against the mode `base_of(mode)` names."""
-    grammar = compile_plan_grammar(catalog, JsonGrammarCompiler.for_engine(engine))
+    """Each mode in turn per prompt (each request's grammar compiled before its first mode,
+    outside the timings; seed = the prompt's index); each row's x is against the mode
+    `base_of(mode)` names."""
+    grammar = PlanGrammar(catalog, JsonGrammarCompiler.for_engine(engine))
     tallies = {m: Tally(m) for m in modes}
     for i, p in enumerate(plans):
         for mode, tally in tallies.items():

@@ -78,8 +78,10 @@ class Outcome:
 
 
 def signature(outcome: Outcome) -> tuple:
-    """What must repeat exactly for a task: the plan and the number of tokens generated."""
-    return outcome.success, json.dumps(outcome.plan), outcome.new_tokens
+    """What must repeat exactly for a task: the plan, or the refusal and its reason (a pool
+    task the catalog cannot express is refused), and the number of tokens generated."""
+    return (outcome.success, outcome.error, outcome.finish_reason, json.dumps(outcome.plan),
+            outcome.new_tokens)
 
 
 def schedule(n: int, seed: int, pool: list[str], ref_ms: dict[str, float],
@@ -122,7 +124,7 @@ def schedule(n: int, seed: int, pool: list[str], ref_ms: dict[str, float],
 
 def judge(item: Item, out: Outcome, refs: dict[str, tuple], catalog_names) -> str | None:
     """None if the outcome is right for the item's kind, else what is wrong."""
-    same = out.success and signature(out) == refs.get(item.task)
+    same = out.finish_reason == "eos" and signature(out) == refs.get(item.task)
     if item.kind == "plan":
         return None if same else f"differs from the reference: {out.error or out.plan}"
     if item.kind == "cancel":

@@ -5,6 +5,8 @@ first JSON object in it is parsed (code fences and trailing text are tolerated) 
 against the JSON-Schema generated from the skill catalog with the `jsonschema` library:
 first the plan's envelope, then each step's arguments against its skill's schema, so that an
 error names the step, the skill and the argument. An invalid plan is never returned as one.
+Given the request's words (`grounding.RequestWords`), a grounded argument that names nothing
+the task or scene mentions is an error too.
 
 A refusal, `{"refusal": REASON}`, is the planner's answer when the catalog cannot express
 the task (docs/cli.md, "Refusals"): it raises `PlanRefused`, a `PlanError` carrying the reason.
@@ -17,6 +19,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from .grounding import RequestWords
 from .skills import SkillCatalog
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -103,8 +106,10 @@ def _describe(error, step: int, skill: str) -> str:
     return f"{at}: argument '{arg}': {error.message}"
 
 
-def validate_step(step: Any, index: int, catalog: SkillCatalog) -> dict[str, Any]:
-    """One step of a plan (0-based `index`), or PlanError naming its problem."""
+def validate_step(step: Any, index: int, catalog: SkillCatalog,
+                  words: RequestWords | None = None) -> dict[str, Any]:
+    """One step of a plan (0-based `index`), or PlanError naming its problem; given the
+    request's words, a grounded argument must be a run of them."""
     error = next(iter(_STEP.iter_errors(step)), None)
     if error is not None:
         raise PlanError(f"step {index + 1}: {error.message}")
@@ -116,11 +121,18 @@ def validate_step(step: Any, index: int, catalog: SkillCatalog) -> dict[str, Any
                     key=lambda e: (e.validator != "required", list(e.path)))
     if errors:
         raise PlanError(_describe(errors[0], index, skill.name))
+    for arg in skill.grounded if words is not None else ():
+        if not words.contains(step["args"][arg.name]):
+            raise PlanError(f"step {index + 1} ({skill.name}): argument '{arg.name}' is "
+                            f"{step['args'][arg.name]!r}, which the task and scene never "
+                            "mention")
     return step
 
 
-def validate_plan(obj: Any, catalog: SkillCatalog) -> list[dict[str, Any]]:
-    """The plan's steps, or PlanError naming the first problem (PlanRefused: a refusal)."""
+def validate_plan(obj: Any, catalog: SkillCatalog, words: RequestWords | None = None
+                  ) -> list[dict[str, Any]]:
+    """The plan's steps, or PlanError naming the first problem (PlanRefused: a refusal);
+    given the request's words, grounded arguments are checked against them."""
     reason = refusal_reason(obj)
     if reason is not None:
         raise PlanRefused(reason)
@@ -129,11 +141,12 @@ def validate_plan(obj: Any, catalog: SkillCatalog) -> list[dict[str, Any]]:
         where = _where(envelope.path) or "the plan"
         raise PlanError(f"{where}: {envelope.message} (expected "
                         '{"plan": [{"skill": NAME, "args": {...}}, ...]})')
-    return [validate_step(step, i, catalog) for i, step in enumerate(obj["plan"])]
+    return [validate_step(step, i, catalog, words) for i, step in enumerate(obj["plan"])]
 
 
-def parse_plan(text: str, catalog: SkillCatalog, truncated: bool = False
-               ) -> tuple[list[dict[str, Any]], str]:
-    """(validated steps, thinking) from the model's full output text."""
+def parse_plan(text: str, catalog: SkillCatalog, truncated: bool = False,
+               words: RequestWords | None = None) -> tuple[list[dict[str, Any]], str]:
+    """(validated steps, thinking) from the model's full output text (`words`: the
+    request's, which grounded arguments must come from)."""
     thinking, answer = split_answer(text)
-    return validate_plan(extract_json(answer, truncated), catalog), thinking
+    return validate_plan(extract_json(answer, truncated), catalog, words), thinking

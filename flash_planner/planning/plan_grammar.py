@@ -3,36 +3,85 @@
 An answer is either a plan, `{"plan": [{"skill": NAME, "args": {...}}, ...]}` with only the
 catalog's skills, each with exactly its own arguments, of their types and within their
 enums and ranges, or a refusal, `{"refusal": REASON}`, when the catalog cannot express the
-task. The grammar is compiled once per catalog (at configure); a catalog it cannot compile is
-a `CatalogError` naming the skill.
+task. The catalog's grammar is compiled once (at configure); a catalog it cannot compile is a
+`CatalogError` naming the skill. A catalog with grounded arguments (`grounding.py`) also gets
+a grammar per request, whose grounded arguments admit only runs of the request's words:
+compiled when the request starts (tens of ms) and kept for the next few requests.
 """
 
 from __future__ import annotations
 
+import collections
+import threading
 from typing import Any
 
+from ..engine.constraint import Constraint
 from ..engine.grammar import GrammarError, JsonGrammarCompiler, JsonSchemaGrammar
+from .grounding import RequestWords
 from .parse import REFUSAL_SCHEMA
 from .skills import CatalogError, SkillCatalog
 
-
-def answer_schema(catalog: SkillCatalog) -> dict[str, Any]:
-    """JSON-Schema of a constrained answer: a plan or a refusal."""
-    return {"anyOf": [catalog.plan_schema(), REFUSAL_SCHEMA]}
+# a request's words -> its compiled grammar; a robot repeats its tasks
+CACHED_REQUESTS = 32
 
 
-def compile_plan_grammar(catalog: SkillCatalog, compiler: JsonGrammarCompiler
-                         ) -> JsonSchemaGrammar:
-    """The catalog's plan grammar (`JsonGrammarCompiler.for_engine(engine)` gives the
-    model's compiler)."""
-    try:
-        return compiler.compile(answer_schema(catalog))
-    except GrammarError as exc:
-        for skill in catalog.skills:   # name the skill that breaks it
-            try:
-                compiler.compile(SkillCatalog((skill,)).plan_schema())
-            except GrammarError as one:
-                raise CatalogError(f"skill '{skill.name}' cannot be turned into a plan "
-                                   f"grammar: {one}") from None
-        raise CatalogError(f"the skill catalog cannot be turned into a plan grammar: "
-                           f"{exc}") from None
+def answer_schema(catalog: SkillCatalog, words: RequestWords | None = None
+                  ) -> dict[str, Any]:
+    """JSON-Schema of a constrained answer: a plan or a refusal (grounded arguments limited
+    to the runs of `words` when given: the request's schema)."""
+    plan = catalog.plan_schema(words)
+    return REFUSAL_SCHEMA if plan is None else {"anyOf": [plan, REFUSAL_SCHEMA]}
+
+
+class PlanGrammar:
+    """The catalog's plan grammar, and with grounded arguments one per request."""
+
+    def __init__(self, catalog: SkillCatalog, compiler: JsonGrammarCompiler):
+        self.catalog, self._compiler = catalog, compiler
+        try:
+            self.base = compiler.compile(answer_schema(catalog))
+            if catalog.has_grounded:   # a grounded schema xgrammar cannot take fails here too
+                compiler.compile(answer_schema(catalog, RequestWords.of("the cup on shelf 2")))
+        except GrammarError as exc:
+            raise _catalog_error(catalog, compiler, exc) from None
+        self._cache: collections.OrderedDict[RequestWords, JsonSchemaGrammar] = \
+            collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def for_request(self, words: RequestWords | None) -> JsonSchemaGrammar:
+        """The grammar of a request with these words (the catalog's when it has no grounded
+        arguments or `words` is None)."""
+        if words is None or not self.catalog.has_grounded:
+            return self.base
+        with self._lock:
+            hit = self._cache.get(words)
+            if hit is not None:
+                self._cache.move_to_end(words)
+                return hit
+        try:
+            grammar = self._compiler.compile(answer_schema(self.catalog, words))
+        except GrammarError as exc:
+            raise ValueError(f"the request's words cannot be compiled into its plan grammar: "
+                             f"{exc}") from None
+        with self._lock:
+            self._cache[words] = grammar
+            while len(self._cache) > CACHED_REQUESTS:
+                self._cache.popitem(last=False)
+        return grammar
+
+    def constraint(self, think_budget: int | None = None,
+                   words: RequestWords | None = None) -> Constraint:
+        """A fresh per-request constraint (`JsonSchemaGrammar.constraint`)."""
+        return self.for_request(words).constraint(think_budget=think_budget)
+
+
+def _catalog_error(catalog: SkillCatalog, compiler: JsonGrammarCompiler,
+                   exc: GrammarError) -> CatalogError:
+    words = RequestWords.of("the cup on shelf 2") if catalog.has_grounded else None
+    for skill in catalog.skills:   # name the skill that breaks it
+        try:
+            compiler.compile(SkillCatalog((skill,)).plan_schema(words))
+        except GrammarError as one:
+            return CatalogError(f"skill '{skill.name}' cannot be turned into a plan grammar: "
+                                f"{one}")
+    return CatalogError(f"the skill catalog cannot be turned into a plan grammar: {exc}")

@@ -9,8 +9,11 @@ the service from taking the next request.
 
 With `constrain` (the default) the answer is decoded under the plan grammar compiled from the
 catalog when the service is built (`plan_grammar.py`): every finished answer parses as a plan
-or a refusal. Closed plan steps are found as they stream (`steps.py`): each feedback carries
-the steps that closed in it, and telemetry says when the first one did (`first_step_ms`).
+or a refusal. Grounded arguments (`grounding.py`) name only what the request's task and scene
+say: the request's grammar admits nothing else, and without the grammar a plan that names
+anything else is an error naming the step and argument. Closed plan steps are found as they
+stream (`steps.py`): each feedback carries the steps that closed in it, and telemetry says
+when the first one did (`first_step_ms`).
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from ..engine.generate import CancelToken, GenerationSettings, generate
 from ..engine.grammar import JsonGrammarCompiler
 from ..engine.sampling import Sampling, resolve_sampling
 from ..engine.speculative import NonFiniteLogits
+from .grounding import RequestWords
 from .parse import PlanError, PlanRefused, parse_plan
-from .plan_grammar import answer_schema, compile_plan_grammar
+from .plan_grammar import PlanGrammar, answer_schema
 from .prompt import build_messages
 from .remote import BACKENDS, RemoteConfig, RemoteError, RemotePlanner
 from .request import PlanRequest, PlanResult, RequestError
@@ -166,13 +170,12 @@ class PlannerService:
                              "and tokenizer_config.json): the planner needs one to read tasks")
         self.engine, self.catalog, self.config = engine, catalog, config
         # compiled once, at configure: a catalog it cannot express fails here (CatalogError)
-        self.grammar = (compile_plan_grammar(catalog, JsonGrammarCompiler.for_engine(engine))
+        self.grammar = (PlanGrammar(catalog, JsonGrammarCompiler.for_engine(engine))
                         if config.constrain else None)
         self.remote = (RemotePlanner(config.remote) if config.backend != "local" else None)
         # requests that do not say sample this way ("model" read from the checkpoint)
         self._base_sampling = resolve_sampling(config.sampling, Sampling(),
                                                engine.generation_defaults, "planner.sampling")
-        self._schema = answer_schema(catalog)
         self._lock = threading.Condition()
         self._queue: collections.deque[PlanTicket] = collections.deque()
         self._running: PlanTicket | None = None
@@ -203,14 +206,18 @@ class PlannerService:
         ids, starts = encode_chat_parts(self.engine.tokenizer, messages, thinking)
         return ids, ids[:starts[-1]]
 
+    def _grammar_state(self) -> str:
+        if self.grammar is None:
+            return "off"
+        return "on, per request (grounded arguments)" if self.catalog.has_grounded else "on"
+
     def summary(self) -> str:
         """What is loaded, for a log line: model, device, memory, proposers, grammar."""
         engine = self.engine
         return (f"{engine.config.model_path} on {engine.device} ({engine.dtype}): "
                 f"{engine.memory}; proposers: {', '.join(engine.proposers) or 'none'} "
-                f"(method {engine.config.method}); plan grammar "
-                f"{'on' if self.grammar is not None else 'off'}; prefix cache "
-                f"{'on' if engine.prefix_cache is not None else 'off'}; "
+                f"(method {engine.config.method}); plan grammar {self._grammar_state()}; "
+                f"prefix cache {'on' if engine.prefix_cache is not None else 'off'}; "
                 f"{engine.compile_report or 'eager forwards (compile off)'}")
 
     # ---- lifecycle
@@ -428,14 +435,15 @@ class PlannerService:
             if result is not None:
                 return result
         telemetry["backend"] = "local"
-        listener = _Listener(ticket, StepStream(self.catalog))
+        words = RequestWords.of(request.task, request.context)
+        listener = _Listener(ticket, StepStream(self.catalog, words))
         try:
             ids, prefix = self.prompt(request.task, request.context, self._thinking(request))
             constraint = None
             if self.grammar is not None:
                 max_new = request.max_new_tokens or self.config.max_new_tokens
                 budget = max(0, max_new - self.config.answer_reserve)
-                constraint = self.grammar.constraint(think_budget=budget)
+                constraint = self.grammar.constraint(think_budget=budget, words=words)
             # the deadline counts from submission: what encoding the prompt and making the
             # grammar's matcher took is not given back (the last thing before generating)
             settings = self._settings(request, time.monotonic() - ticket.submitted)
@@ -457,7 +465,7 @@ class PlannerService:
                            **base)
         try:
             steps, thinking = parse_plan(out.text, self.catalog,
-                                         truncated=out.finish_reason == "length")
+                                         truncated=out.finish_reason == "length", words=words)
         except PlanRefused as exc:
             return _failed(request, str(exc), refusal=exc.reason, **base)
         except PlanError as exc:
@@ -480,14 +488,16 @@ class PlannerService:
                                   cfg.refusal_hint)
         sampling = request.sampling if isinstance(request.sampling, Sampling) and \
             not request.sampling.greedy else None
-        listener = _Listener(ticket, StepStream(self.catalog))
+        words = RequestWords.of(request.task, request.context)
+        listener = _Listener(ticket, StepStream(self.catalog, words))
         t0 = time.monotonic()
         try:
             text = self.remote.complete(
-                self.remote.body(messages, self._schema, max_new, thinking, sampling),
+                self.remote.body(messages, answer_schema(self.catalog, words), max_new,
+                                 thinking, sampling),
                 lambda delta: listener([], delta), end,
                 lambda: ticket.cancel_token.cancelled)
-            steps, thought = parse_plan(text, self.catalog)
+            steps, thought = parse_plan(text, self.catalog, words=words)
         except PlanRefused as exc:
             latency = (time.monotonic() - t0) * 1000
             self.remote.health.record(True, latency)

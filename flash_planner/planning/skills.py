@@ -1,4 +1,8 @@
-"""The skill catalog (config/skills.yaml) and the JSON-Schema of a plan generated from it."""
+"""The skill catalog (config/skills.yaml) and the JSON-Schema of a plan generated from it.
+
+A string argument marked `grounded: true` names something the request mentions: with the
+request's words (`grounding.RequestWords`) its schema admits only their runs.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .grounding import RequestWords
 
 ARG_TYPES = ("string", "number", "integer", "boolean")
 CONSTRAINTS = ("enum", "minimum", "maximum")
@@ -22,9 +28,15 @@ class Argument:
     type: str
     description: str = ""
     constraints: tuple[tuple[str, Any], ...] = ()
+    grounded: bool = False        # the value is a run of words of the task or scene
 
-    def schema(self) -> dict[str, Any]:
-        return {"type": self.type, **dict(self.constraints)}
+    def schema(self, words: RequestWords | None = None) -> dict[str, Any]:
+        """JSON-Schema of the value; a grounded argument's, given the request's words,
+        admits only their runs."""
+        schema = {"type": self.type, **dict(self.constraints)}
+        if self.grounded and words is not None and words.pattern is not None:
+            schema["pattern"] = words.pattern
+        return schema
 
     def signature(self) -> str:
         """`name` for a plain string argument, else `name: type` and its constraints."""
@@ -40,9 +52,13 @@ class Skill:
     description: str
     args: tuple[Argument, ...]
 
-    def args_schema(self) -> dict[str, Any]:
-        return {"type": "object", "properties": {a.name: a.schema() for a in self.args},
+    def args_schema(self, words: RequestWords | None = None) -> dict[str, Any]:
+        return {"type": "object", "properties": {a.name: a.schema(words) for a in self.args},
                 "required": [a.name for a in self.args], "additionalProperties": False}
+
+    @property
+    def grounded(self) -> tuple[Argument, ...]:
+        return tuple(a for a in self.args if a.grounded)
 
     def signature(self) -> str:
         return f"{self.name}({', '.join(a.signature() for a in self.args)})"
@@ -85,12 +101,21 @@ class SkillCatalog:
     def get(self, name: str) -> Skill | None:
         return next((s for s in self.skills if s.name == name), None)
 
-    def plan_schema(self) -> dict[str, Any]:
-        """JSON-Schema of a whole plan: {"plan": [{"skill": NAME, "args": {...}}, ...]}."""
+    @property
+    def has_grounded(self) -> bool:
+        return any(s.grounded for s in self.skills)
+
+    def plan_schema(self, words: RequestWords | None = None) -> dict[str, Any] | None:
+        """JSON-Schema of a whole plan: {"plan": [{"skill": NAME, "args": {...}}, ...]}.
+        Given the request's words, grounded arguments admit only their runs, and a skill
+        with one is left out when the request has no words (None: no plan is possible)."""
+        unnameable = words is not None and words.pattern is None
         steps = [{"type": "object",
-                  "properties": {"skill": {"const": s.name}, "args": s.args_schema()},
+                  "properties": {"skill": {"const": s.name}, "args": s.args_schema(words)},
                   "required": ["skill", "args"], "additionalProperties": False}
-                 for s in self.skills]
+                 for s in self.skills if not (unnameable and s.grounded)]
+        if not steps:
+            return None
         return {"type": "object", "required": ["plan"], "additionalProperties": False,
                 "properties": {"plan": {"type": "array", "minItems": 1,
                                         "items": {"oneOf": steps}}}}
@@ -115,12 +140,19 @@ def _argument(name: str, spec: Any, where: str) -> Argument:
         spec = {"type": spec}
     if not isinstance(spec, dict) or spec.get("type") not in ARG_TYPES:
         raise CatalogError(f"{where}: 'type' must be one of {ARG_TYPES}")
-    unknown = sorted(set(spec) - {"type", "description", *CONSTRAINTS})
+    unknown = sorted(set(spec) - {"type", "description", "grounded", *CONSTRAINTS})
     if unknown:
         raise CatalogError(f"{where}: unknown field(s) {unknown}")
     constraints = tuple((k, spec[k]) for k in CONSTRAINTS if k in spec)
     _check_constraints(spec["type"], dict(constraints), where)
-    return Argument(name, spec["type"], str(spec.get("description", "")), constraints)
+    grounded = spec.get("grounded", False)
+    if not isinstance(grounded, bool):
+        raise CatalogError(f"{where}: 'grounded' must be true or false, got {grounded!r}")
+    if grounded and (spec["type"] != "string" or "enum" in spec):
+        raise CatalogError(f"{where}: 'grounded' applies to string arguments without an "
+                           "enum (a name taken from the request)")
+    return Argument(name, spec["type"], str(spec.get("description", "")), constraints,
+                    grounded)
 
 
 _PYTHON_TYPES = {"string": str, "number": (int, float), "integer": int, "boolean": bool}

@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .grounding import RequestWords
 from .parse import THINK_CLOSE, THINK_OPEN, PlanError, validate_step
 from .skills import SkillCatalog
 
 
 class StepStream:
-    def __init__(self, catalog: SkillCatalog):
-        self.catalog = catalog
+    def __init__(self, catalog: SkillCatalog, words: RequestWords | None = None):
+        self.catalog, self.words = catalog, words
         self.text = ""
         self.steps: list[dict[str, Any]] = []
         self._pos = 0              # next character to scan
@@ -90,5 +91,5 @@ class StepStream:
             step = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise PlanError(f"step {index + 1} is not valid JSON: {exc.msg}") from None
-        self.steps.append(validate_step(step, index, self.catalog))
+        self.steps.append(validate_step(step, index, self.catalog, self.words))
         return step

@@ -4,37 +4,27 @@ string argument is written in the task or scene) and refused."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..engine.engine import Engine
 from ..engine.generate import GenerationSettings, generate
-from ..engine.grammar import JsonSchemaGrammar
+from ..planning.grounding import RequestWords
 from ..planning.parse import PlanError, PlanRefused, parse_plan
+from ..planning.plan_grammar import PlanGrammar
 from ..planning.prompt import build_messages
 from ..planning.service import PlannerConfig
 from ..planning.skills import SkillCatalog
 from .corpus import Example
 
-_ARTICLE = re.compile(r"^(?:the|a|an)(?:\s+|$)")
-
-
-def _words(text: str) -> str:
-    return " ".join(re.findall(r"\w+(?:[.'-]\w+)*", text.lower()))
-
 
 def grounded(steps: list[dict], task: str, context: str = "") -> bool:
-    """Every string argument occurs in the task or scene as whole words, modulo case and a
-    leading article: a plan that names something the request never mentioned is not."""
-    source = f" {_words(task)} {_words(context)} "
-    for step in steps:
-        for value in step["args"].values():
-            if isinstance(value, str):
-                words = _ARTICLE.sub("", _words(value))
-                if not words or f" {words} " not in source:
-                    return False
-    return True
+    """Every string argument (grounded in the catalog or not) is a run of words of the task
+    or scene, modulo case and a leading article (`RequestWords.contains`): a plan that names
+    something the request never mentioned is not."""
+    words = RequestWords.of(task, context)
+    return all(words.contains(value) for step in steps for value in step["args"].values()
+               if isinstance(value, str))
 
 
 @dataclass
@@ -72,10 +62,12 @@ class Score:
 
 def evaluate(engine: Engine, examples: Sequence[Example], catalog: SkillCatalog,
              speculative: bool = True, relaxed: bool = False, max_new_tokens: int = 320,
-             refusal_hint: bool = False, grammar: JsonSchemaGrammar | None = None,
-             on_result=None) -> Score:
+             refusal_hint: bool = False, grammar: PlanGrammar | None = None,
+             ground: bool = True, on_result=None) -> Score:
     """Plan each example and score it; `grammar` (the catalog's plan grammar) constrains the
-    answers as the planner service does, with the service's default thinking budget."""
+    answers as the planner service does (each request's own, with grounded arguments; the
+    catalog's alone with `ground` off), with the service's default thinking budget. `valid`
+    is catalog-valid: whether the names come from the request is the `grounded` score."""
     score = Score()
     reserve = PlannerConfig().answer_reserve
     for ex in examples:
@@ -84,7 +76,9 @@ def evaluate(engine: Engine, examples: Sequence[Example], catalog: SkillCatalog,
                                       enable_thinking=ex.thinking is not None)
         messages = build_messages(catalog, ex.task, ex.context, refusal_hint)
         constraint = (None if grammar is None
-                      else grammar.constraint(think_budget=max(0, max_new_tokens - reserve)))
+                      else grammar.constraint(think_budget=max(0, max_new_tokens - reserve),
+                                              words=RequestWords.of(ex.task, ex.context)
+                                              if ground else None))
         out = generate(engine, messages, settings, constraint=constraint)
         s = out.stats
         score.n += 1

@@ -11,6 +11,7 @@ from collections import Counter
 
 import pytest
 
+from flash_planner.planning.grounding import RequestWords
 from flash_planner.planning.parse import PlanRefused, parse_plan
 from flash_planner.planning.prompt import REFUSAL_HINT
 from flash_planner.train import corpus, names, refusals
@@ -75,7 +76,9 @@ def test_every_answer_is_a_valid_plan_or_a_refusal(splits, sets, catalog):
                 parse_plan(answer_text(ex), catalog)
             assert refused.value.reason == ex.refusal and ex.plan == []
             continue
-        steps, thinking = parse_plan(answer_text(ex), catalog)
+        # the catalog's grounded arguments: what the planner's grammar admits for the task
+        steps, thinking = parse_plan(answer_text(ex), catalog,
+                                     words=RequestWords.of(ex.task, ex.context))
         assert steps == ex.plan
         assert 1 <= len(steps) <= corpus.MAX_STEPS
         assert thinking == (ex.thinking or "")
