@@ -17,8 +17,10 @@ import pytest
 from flash_planner.cli import main
 from flash_planner.engine.engine import Engine
 from flash_planner.engine.generate import GenerationSettings, generate
+from flash_planner.engine.grammar import JsonGrammarCompiler
 from flash_planner.planning.grounding import RequestWords
 from flash_planner.planning.parse import parse_plan
+from flash_planner.planning.plan_grammar import PlanGrammar
 from flash_planner.planning.presets import ModelPreset, asset_path, default_skills_path
 from flash_planner.planning.prompt import build_messages
 from flash_planner.planning.request import PlanRequest
@@ -143,6 +145,21 @@ def test_speculative_decoding_is_lossless_and_accepts_many_drafts(engine, catalo
             assert spec.token_ids == plain.token_ids, (method, example.task)
             assert spec.stats.tokens_per_cycle > 2.0, (method, example.task,
                                                        spec.stats.as_dict())
+
+
+def test_the_requests_grammar_keeps_speculative_decoding_lossless(engine, catalog):
+    grammar = PlanGrammar(catalog, JsonGrammarCompiler.for_engine(engine))
+    for example in UNSEEN[:3]:                # names the grammar takes from the task only
+        settings = dict(max_new_tokens=320, enable_thinking=example.thinking is not None)
+        messages = build_messages(catalog, example.task, example.context, refusal_hint=True)
+        words = RequestWords.of(example.task, example.context)
+        outs = {method: generate(engine, messages, GenerationSettings(
+                    method=method, speculative=method != "none", **settings),
+                    constraint=grammar.constraint(words=words))
+                for method in ("none", "dflash", "mtp", "auto")}
+        for method, out in outs.items():
+            assert out.token_ids == outs["none"].token_ids, (method, example.task)
+        parse_plan(outs["none"].text, catalog, words=words)   # its names are the task's
 
 
 def test_cli_plans_with_the_embedded_model_by_default(capsys):
