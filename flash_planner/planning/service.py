@@ -436,17 +436,20 @@ class PlannerService:
                 return result
         telemetry["backend"] = "local"
         words = RequestWords.of(request.task, request.context)
-        listener = _Listener(ticket, StepStream(self.catalog, words))
         try:
             ids, prefix = self.prompt(request.task, request.context, self._thinking(request))
             constraint = None
             if self.grammar is not None:
                 max_new = request.max_new_tokens or self.config.max_new_tokens
                 budget = max(0, max_new - self.config.answer_reserve)
+                t0 = time.monotonic()   # the request's own grammar is compiled here
                 constraint = self.grammar.constraint(think_budget=budget, words=words)
+                telemetry["grammar_ms"] = round((time.monotonic() - t0) * 1000, 3)
             # the deadline counts from submission: what encoding the prompt and making the
             # grammar's matcher took is not given back (the last thing before generating)
             settings = self._settings(request, time.monotonic() - ticket.submitted)
+            # first_step_ms counts from here, as generate's clock does
+            listener = _Listener(ticket, StepStream(self.catalog, words))
             out = generate(self.engine, ids, settings, on_token=listener,
                            cancel=ticket.cancel_token, constraint=constraint, prefix=prefix)
         except (ContextOverflowError, ValueError) as exc:
