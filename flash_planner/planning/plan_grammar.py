@@ -23,6 +23,9 @@ from .skills import CatalogError, SkillCatalog
 
 # a request's words -> its compiled grammar; a robot repeats its tasks
 CACHED_REQUESTS = 32
+# words a grounded catalog is compiled with at configure, so a schema xgrammar cannot take
+# fails there and not at a robot's first request
+SAMPLE_WORDS = RequestWords.of("the cup on shelf 2")
 
 
 def answer_schema(catalog: SkillCatalog, words: RequestWords | None = None
@@ -40,8 +43,8 @@ class PlanGrammar:
         self.catalog, self._compiler = catalog, compiler
         try:
             self.base = compiler.compile(answer_schema(catalog))
-            if catalog.has_grounded:   # a grounded schema xgrammar cannot take fails here too
-                compiler.compile(answer_schema(catalog, RequestWords.of("the cup on shelf 2")))
+            if catalog.has_grounded:
+                compiler.compile(answer_schema(catalog, SAMPLE_WORDS))
         except GrammarError as exc:
             raise _catalog_error(catalog, compiler, exc) from None
         self._cache: collections.OrderedDict[RequestWords, JsonSchemaGrammar] = \
@@ -77,7 +80,7 @@ class PlanGrammar:
 
 def _catalog_error(catalog: SkillCatalog, compiler: JsonGrammarCompiler,
                    exc: GrammarError) -> CatalogError:
-    words = RequestWords.of("the cup on shelf 2") if catalog.has_grounded else None
+    words = SAMPLE_WORDS if catalog.has_grounded else None
     for skill in catalog.skills:   # name the skill that breaks it
         try:
             compiler.compile(SkillCatalog((skill,)).plan_schema(words))
