@@ -430,12 +430,12 @@ class PlannerService:
         if deadline is not None and waited >= deadline:
             return _failed(request, f"deadline of {deadline} s passed while queued",
                            finish_reason="deadline", telemetry=telemetry)
+        words = RequestWords.of(request.task, request.context)   # what grounded names may be
         if self.remote is not None:
-            result = self._run_remote(ticket, deadline, telemetry)
+            result = self._run_remote(ticket, deadline, telemetry, words)
             if result is not None:
                 return result
         telemetry["backend"] = "local"
-        words = RequestWords.of(request.task, request.context)
         try:
             ids, prefix = self.prompt(request.task, request.context, self._thinking(request))
             constraint = None
@@ -477,8 +477,8 @@ class PlannerService:
                           **base)
 
 
-    def _run_remote(self, ticket: PlanTicket, deadline: float | None,
-                    telemetry: dict) -> PlanResult | None:
+    def _run_remote(self, ticket: PlanTicket, deadline: float | None, telemetry: dict,
+                    words: RequestWords) -> PlanResult | None:
         """The plan from the remote, or None to plan locally (remote_or_local, after a
         failure, whose reason goes to telemetry `remote_error`)."""
         request, cfg = ticket.request, self.config
@@ -491,7 +491,6 @@ class PlannerService:
                                   cfg.refusal_hint)
         sampling = request.sampling if isinstance(request.sampling, Sampling) and \
             not request.sampling.greedy else None
-        words = RequestWords.of(request.task, request.context)
         listener = _Listener(ticket, StepStream(self.catalog, words))
         t0 = time.monotonic()
         try:
