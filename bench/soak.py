@@ -2,11 +2,11 @@
 
 The demo planner (CPU, fp32) under a seeded mix of requests, sent one after another except
 where a preemption overlaps two: plans of held-out tasks (speculative on and off), cancels
-and preemptions at random points, deadlines shorter than the task needs, oversize and invalid
-text, and injection text. `--target service` drives `PlannerService` in this process;
-`--target node` drives the real `planner_node` in a child process over rclpy: topic tasks
-(`~/task` JSON, which carries deadlines and the speculative switch) and Plan goals (which
-carry cancels), with `planner.queue_policy: preempt`.
+and preemptions at random points of a request's first half, deadlines shorter than the task
+needs, oversize and invalid text, and injection text. `--target service` drives
+`PlannerService` in this process; `--target node` drives the real `planner_node` in a child
+process over rclpy: topic tasks (`~/task` JSON, which carries deadlines and the speculative
+switch) and Plan goals (which carry cancels), with `planner.queue_policy: preempt`.
 
 Reported: requests with exactly one terminal outcome (must be all), wrong outcomes (a plan
 that differs from the task's reference, a refusal with the wrong reason, a cancelled request
@@ -101,9 +101,11 @@ def schedule(n: int, seed: int, pool: list[str], ref_ms: dict[str, float],
         if kind == "plan":
             item.speculative = rng.random() < 0.5
         elif kind in ("cancel", "preempt"):
-            item.interrupt_after_s = rng.uniform(0.0, 1.0) * ref_ms[task] / 1000
+            # in the first half of the task's reference latency, so that the interrupt
+            # lands mid-request even when a request runs faster than its reference did
+            item.interrupt_after_s = rng.uniform(0.0, 0.5) * ref_ms[task] / 1000
         elif kind == "deadline":
-            item.deadline_s = round(rng.uniform(0.2, 0.8) * ref_ms[task] / 1000, 4)
+            item.deadline_s = round(rng.uniform(0.2, 0.6) * ref_ms[task] / 1000, 4)
         elif kind == "oversize":
             item.task = "go " * rng.randint(700, 2000)
         elif kind == "invalid":
@@ -345,7 +347,9 @@ def run(driver, n: int, seed: int = 0, pool_size: int = 24, progress=None) -> di
     _, heldout = make_corpus(seed=0, n_train=0, n_heldout=pool_size)
     pool = [ex.task for ex in heldout]
     refs, ref_ms, lossy = {}, {}, []
-    for task in pool + [REFERENCE_TASK]:       # the references double as the warm-up
+    # The references double as the warm-up; the fixed task goes first and takes the cold
+    # start, which would otherwise inflate the first pool task's reference latency.
+    for task in [REFERENCE_TASK] + pool:
         for spec in (True, False):
             item = Item(-1, f"ref-{len(ref_ms)}-{seed}", "plan", task, driver.vias[0],
                         speculative=spec)
