@@ -109,8 +109,8 @@ def train_only_words() -> frozenset[str]:
         texts += [t for options in table.values() for t in options]
     texts += phrasing.IRRELEVANT + phrasing.OUTLINE_ONE + phrasing.OUTLINE_MANY
     texts += [w for w, _ in phrasing.WRAPPERS] + phrasing.JOINERS
-    texts += [*refusals.ACTIONS, *refusals.TRAIN_ACTIONS, *refusals.VAGUE, *refusals.THOUGHTS,
-              *refusals.VAGUE_THOUGHTS, *refusals.PARTIAL, *refusals.CLOSING]
+    texts += [*refusals.ACTIONS, *refusals.TRAIN_ACTIONS, *refusals.VAGUE, *refusals.THOUGHTS, *refusals.VAGUE_THOUGHTS,
+              *refusals.PARTIAL, *refusals.CLOSING]
     return frozenset(re.findall(r"[a-z]+", " ".join(texts).lower()))
 
 
@@ -178,8 +178,7 @@ def object_name(rng: random.Random, split: str) -> Entity:
     elif roll < 0.75:
         name = f"{_word(rng, v['adjective'], split)} {noun}"
     elif roll < 0.87:
-        first, second = (_word(rng, v["adjective"], split) for _ in range(2))
-        name = f"{first} {second} {noun}"
+        name = f"{_word(rng, v['adjective'], split)} {_word(rng, v['adjective'], split)} {noun}"
     else:
         name = f"{_noun(rng, v['object'], split, MADE_UP[split])} {noun}"
     return Entity(name, "object")
