@@ -36,27 +36,6 @@ ACTIONS = (
     "turn on the lights", "set an alarm", "send an email", "check the weather",
     "take a nap", "make coffee", "cook dinner", "do the dishes", "feed the cat",
 )
-# More actions, refused in training only (the held-out actions stay those of the split
-# above): the wider the inventory the model saw refused, the better it refuses actions it never
-# saw (held-out set (c)). Among them the catalog's own verbs in phrases that are no skill
-# ("take a picture", "put on some music"), which it otherwise planned as pick and place.
-TRAIN_ACTIONS = (
-    "lubricate {o}", "disinfect {o}", "tighten {o}", "loosen {o}", "unscrew {o}",
-    "assemble {o}", "dismantle {o}", "calibrate {o}", "test {o}", "refill {o}", "stack {o}",
-    "rotate {o}", "flip {o}", "twist {o}", "bend {o}", "crush {o}", "melt {o}", "freeze {o}",
-    "microwave {o}", "toast {o}", "grill {o}", "taste {o}", "smell {o}", "inflate {o}",
-    "staple {o}", "print {o}", "sign {o}", "stamp {o}", "tag {o}", "inspect {o}",
-    "sterilize {o}", "mend {o}", "patch {o}", "untangle {o}", "feed {o}", "break {o}",
-    "bury {o}", "blow out {o}", "switch off {o}", "power up {o}", "reboot {o}", "sketch {o}",
-    "throw away {o}", "turn on {o}", "light {o}", "search {p}", "explore {p}", "map {p}",
-    "heat up {p}", "rake {p}", "evacuate {p}", "lock up {p}", "inspect {p}", "tidy {p}",
-    "seal {c}", "empty {c}", "label {c}", "dust {c}", "fix {c}", "paint {c}",
-    "tell a joke", "write a poem", "call my mother", "book a taxi", "walk the dog",
-    "make the bed", "brew some tea", "turn up the heat", "read me the news", "jump",
-    "recharge your battery", "count to ten", "sit down", "wave hello", "take a picture",
-    "take a break", "take a shower", "get some rest", "put on some music", "go for a walk",
-    "go to sleep", "get dressed", "open a bank account", "close the deal",
-)
 # Tasks with an action the catalog has but nothing named to act on.
 VAGUE = (
     "pick it up", "grab that", "bring it here", "put it over there", "take that one",
@@ -90,12 +69,6 @@ def side(options: tuple[str, ...], split: str) -> tuple[str, ...]:
     return tuple(o for o in options if _held(o) == (split == "heldout"))
 
 
-def actions(split: str) -> tuple[str, ...]:
-    """The actions refused on one side: the split's share of ACTIONS, and in training
-    TRAIN_ACTIONS too."""
-    return side(ACTIONS, split) + (TRAIN_ACTIONS if split == "train" else ())
-
-
 def verb_of(action: str) -> str:
     """The action's words before what it acts on: "tie up {o}" -> "tie up"."""
     return action.split(" {")[0]
@@ -110,7 +83,7 @@ def refusal_task(world: World, rng: random.Random, split: str
         thinking = f"{rng.choice(VAGUE_THOUGHTS)} {rng.choice(CLOSING)}"
         reason = VAGUE_REASON
     else:
-        action = rng.choice(actions(split))
+        action = rng.choice(side(ACTIONS, split))
         fields = {"o": rng.choice(world.objects).ref, "p": rng.choice(world.places).ref,
                   "c": rng.choice(world.containers).ref}
         core = action.format(**fields)
