@@ -85,6 +85,13 @@ CODAS = ["", "", "", "n", "r", "l", "k", "x", "m", "s", "th", "ck", "nd", "sk", 
 # list words substituted familiar ones for new names: "cell 10" -> "cellar"). The held-out
 # names keep the natural mix, mostly real words.
 MADE_UP = {"train": 0.55, "heldout": 0.25}
+# Training names also put made-up words where held-out names bring unseen list words: the
+# heads of places and containers, adjectives, place modifiers and numbered heads. A model
+# that saw only familiar words there stopped copying at the first unfamiliar one ("beige"
+# for "beige gear", "mouvabrai" for "mouvabrai washroom", "bureau" for "bureau 4b").
+# Held-out names draw exactly as before (no extra draws), so the held-out sets do not change.
+MADE_UP_HEAD = {"train": 0.5, "heldout": 0.125}
+MADE_UP_SLOT = 0.3       # adjectives, modifiers, numbered heads: training names only
 
 
 def _held(word: str) -> bool:
@@ -102,8 +109,8 @@ def train_only_words() -> frozenset[str]:
         texts += [t for options in table.values() for t in options]
     texts += phrasing.IRRELEVANT + phrasing.OUTLINE_ONE + phrasing.OUTLINE_MANY
     texts += [w for w, _ in phrasing.WRAPPERS] + phrasing.JOINERS
-    texts += [*refusals.ACTIONS, *refusals.VAGUE, *refusals.THOUGHTS, *refusals.VAGUE_THOUGHTS,
-              *refusals.PARTIAL, *refusals.CLOSING]
+    texts += [*refusals.ACTIONS, *refusals.TRAIN_ACTIONS, *refusals.VAGUE, *refusals.THOUGHTS,
+              *refusals.VAGUE_THOUGHTS, *refusals.PARTIAL, *refusals.CLOSING]
     return frozenset(re.findall(r"[a-z]+", " ".join(texts).lower()))
 
 
@@ -139,6 +146,13 @@ def made_up_word(rng: random.Random, split: str) -> str:
             return word
 
 
+def _word(rng: random.Random, words: tuple[str, ...], split: str) -> str:
+    """A list word; on the training side sometimes a made-up word instead (MADE_UP_SLOT)."""
+    if split == "train" and rng.random() < MADE_UP_SLOT:
+        return made_up_word(rng, split)
+    return rng.choice(words)
+
+
 def _number(rng: random.Random) -> str:
     roll = rng.random()
     if roll < 0.55:
@@ -156,15 +170,16 @@ def object_name(rng: random.Random, split: str) -> Entity:
     v = vocabulary(split)
     roll = rng.random()
     if roll < 0.12:
-        return Entity(f"{rng.choice(v['numbered object'])} {_number(rng)}", "object",
+        return Entity(f"{_word(rng, v['numbered object'], split)} {_number(rng)}", "object",
                       article=False)
     noun = _noun(rng, v["object"], split, MADE_UP[split])
     if roll < 0.35:
         name = noun
     elif roll < 0.75:
-        name = f"{rng.choice(v['adjective'])} {noun}"
+        name = f"{_word(rng, v['adjective'], split)} {noun}"
     elif roll < 0.87:
-        name = f"{rng.choice(v['adjective'])} {rng.choice(v['adjective'])} {noun}"
+        first, second = (_word(rng, v["adjective"], split) for _ in range(2))
+        name = f"{first} {second} {noun}"
     else:
         name = f"{_noun(rng, v['object'], split, MADE_UP[split])} {noun}"
     return Entity(name, "object")
@@ -173,21 +188,21 @@ def object_name(rng: random.Random, split: str) -> Entity:
 def place_name(rng: random.Random, split: str) -> Entity:
     v = vocabulary(split)
     noun, prep = rng.choice(v["place"])
-    if rng.random() < MADE_UP[split] / 2:
+    if rng.random() < MADE_UP_HEAD[split]:
         noun, prep = made_up_word(rng, split), rng.choice(("on", "at", "in"))
     roll = rng.random()
     if roll < 0.25:
-        head = rng.choice(v["numbered place"])
+        head = _word(rng, v["numbered place"], split)
         return Entity(f"{head} {_number(rng)}", "place", article=False,
                       prep="in" if head in IN_PLACES
                       else "at" if head in ("dock", "station", "gate", "pad") else "on")
     if roll < 0.45:
         return Entity(noun, "place", prep=prep)
     if roll < 0.75:
-        return Entity(f"{rng.choice(v['modifier'])} {noun}", "place", prep=prep)
+        return Entity(f"{_word(rng, v['modifier'], split)} {noun}", "place", prep=prep)
     if roll < 0.88:
         return Entity(f"{made_up_word(rng, split)} {noun}", "place", prep=prep)
-    return Entity(f"{rng.choice(v['object'])} {noun}", "place", prep=prep)
+    return Entity(f"{_word(rng, v['object'], split)} {noun}", "place", prep=prep)
 
 
 def container_name(rng: random.Random, split: str, holds: bool = True) -> Entity:
@@ -195,15 +210,15 @@ def container_name(rng: random.Random, split: str, holds: bool = True) -> Entity
     heads = v["holder"] if holds else v["door"]
     roll = rng.random()
     if roll < 0.2:
-        name = f"{rng.choice(heads)} {_number(rng)}"
+        name = f"{_word(rng, heads, split)} {_number(rng)}"
         return Entity(name, "container", article=False, prep="in", holds=holds)
     noun = rng.choice(heads) if holds or rng.random() < 0.6 else "door"
-    if holds and rng.random() < MADE_UP[split] / 2:
+    if holds and rng.random() < MADE_UP_HEAD[split]:
         noun = made_up_word(rng, split)
     if roll < 0.45:
         name = noun
     elif roll < 0.8:
-        name = f"{rng.choice(v['adjective'] if holds else v['modifier'])} {noun}"
+        name = f"{_word(rng, v['adjective'] if holds else v['modifier'], split)} {noun}"
     else:
         name = f"{made_up_word(rng, split)} {noun}"
     return Entity(name, "container", prep="in", holds=holds)

@@ -36,6 +36,25 @@ ACTIONS = (
     "turn on the lights", "set an alarm", "send an email", "check the weather",
     "take a nap", "make coffee", "cook dinner", "do the dishes", "feed the cat",
 )
+# More actions, refused in training only (the held-out actions stay those of the split
+# above): the wider the inventory the model saw refused, the better it refuses actions it never
+# saw (held-out set (c)). None starts with a verb that plain tasks start with (take, get, put,
+# go, open, close, turn, light): trained with "take a picture" and "go to sleep" refused, the
+# demo refused "open the fridge, take the milk and say done" too.
+TRAIN_ACTIONS = (
+    "lubricate {o}", "disinfect {o}", "tighten {o}", "loosen {o}", "unscrew {o}", "assemble {o}",
+    "dismantle {o}", "calibrate {o}", "test {o}", "refill {o}", "stack {o}", "rotate {o}",
+    "flip {o}", "twist {o}", "bend {o}", "crush {o}", "melt {o}", "freeze {o}", "microwave {o}",
+    "toast {o}", "grill {o}", "taste {o}", "smell {o}", "inflate {o}", "staple {o}", "print {o}",
+    "sign {o}", "stamp {o}", "tag {o}", "inspect {o}", "sterilize {o}", "mend {o}", "patch {o}",
+    "untangle {o}", "feed {o}", "break {o}", "bury {o}", "blow out {o}", "switch off {o}",
+    "power up {o}", "reboot {o}", "sketch {o}", "throw away {o}", "search {p}", "explore {p}",
+    "map {p}", "heat up {p}", "rake {p}", "evacuate {p}", "lock up {p}", "inspect {p}", "tidy {p}",
+    "seal {c}", "empty {c}", "label {c}", "dust {c}", "fix {c}", "paint {c}", "tell a joke",
+    "write a poem", "call my mother", "book a taxi", "walk the dog", "make the bed",
+    "brew some tea", "read me the news", "jump", "recharge your battery", "count to ten",
+    "sit down", "wave hello",
+)
 # Tasks with an action the catalog has but nothing named to act on.
 VAGUE = (
     "pick it up", "grab that", "bring it here", "put it over there", "take that one",
@@ -69,6 +88,12 @@ def side(options: tuple[str, ...], split: str) -> tuple[str, ...]:
     return tuple(o for o in options if _held(o) == (split == "heldout"))
 
 
+def actions(split: str) -> tuple[str, ...]:
+    """The actions refused on one side: the split's share of ACTIONS, and in training
+    TRAIN_ACTIONS too."""
+    return side(ACTIONS, split) + (TRAIN_ACTIONS if split == "train" else ())
+
+
 def verb_of(action: str) -> str:
     """The action's words before what it acts on: "tie up {o}" -> "tie up"."""
     return action.split(" {")[0]
@@ -83,7 +108,7 @@ def refusal_task(world: World, rng: random.Random, split: str
         thinking = f"{rng.choice(VAGUE_THOUGHTS)} {rng.choice(CLOSING)}"
         reason = VAGUE_REASON
     else:
-        action = rng.choice(side(ACTIONS, split))
+        action = rng.choice(actions(split))
         fields = {"o": rng.choice(world.objects).ref, "p": rng.choice(world.places).ref,
                   "c": rng.choice(world.containers).ref}
         core = action.format(**fields)

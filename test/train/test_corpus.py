@@ -166,6 +166,22 @@ def test_open_names_are_compositional_numbered_and_made_up(sets):
     assert any(len(n.split()) >= 3 for n in names_used)
 
 
+def test_training_names_put_made_up_words_in_every_slot(splits):
+    """Not only the nouns: the heads of numbered names ("kryndfir 12") and the adjectives of
+    three-word names are made up too, where held-out names bring words never trained."""
+    list_words = {w for words in (names.OBJECT_NOUNS, names.HOLDER_NOUNS, names.DOOR_NOUNS,
+                                  names.ADJECTIVES, names.PLACE_MODIFIERS,
+                                  names.NUMBERED_PLACES, names.NUMBERED_OBJECTS)
+                  for w in words} | {p for p, _ in names.PLACE_NOUNS}
+    used = {v for ex in splits[0] if ex.plan for s in ex.plan for v in s["args"].values()
+            if isinstance(v, str) and s["skill"] != "say"} - names.closed_names()
+    numbered = [n.split()[0] for n in used if re.fullmatch(r"[a-z]+ \d+[a-d]?", n)]
+    three = [w for n in used if len(n.split()) == 3 for w in n.split()[:2]]
+    for words in (numbered, three):
+        made_up = sum(w not in list_words for w in words)
+        assert len(words) > 100 and 0.15 < made_up / len(words) < 0.7
+
+
 def test_refusals_use_actions_never_refused_in_training(splits, sets):
     trained = {ex.refusal for ex in splits[0] if ex.refusal}
     held = sets["inexpressible"]
