@@ -187,6 +187,9 @@ def split_reasoning(text: str, final: bool = True) -> tuple[str, str]:
                 if body.endswith(CLOSE[:cut]):
                     body = body[:-cut]
                     break
+            # newlines at the end are held back too: if </think> follows them they are
+            # stripped, and what was streamed must stay a prefix of the closed reasoning
+            body = body.rstrip("\n")
         return body.lstrip("\n"), ""
     if not final and OPEN.startswith(text):               # maybe the start of <think>
         return "", ""
