@@ -17,6 +17,7 @@ cancels its request, which stops within one speculative cycle.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -47,6 +48,9 @@ from .openai_api import (
 
 log = logging.getLogger(__name__)
 BUSY = ("queue full", "busy with request")
+# Under a response_format schema the thought is closed while this many tokens (at most half
+# of max_tokens) are left for the answer, so that a long thought cannot leave the JSON unwritten.
+SCHEMA_ANSWER_RESERVE = 160
 
 
 @dataclass
@@ -217,12 +221,15 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
                                result.telemetry)
 
     def _completion(chat: ChatRequest, grammar, on_token=None) -> Completion:
+        max_new = chat.max_tokens or state.default_max_tokens
         settings = GenerationSettings(
-            max_new_tokens=chat.max_tokens or state.default_max_tokens,
-            stop_strings=chat.stop, enable_thinking=chat.enable_thinking,
+            max_new_tokens=max_new, stop_strings=chat.stop, enable_thinking=chat.enable_thinking,
             sampling=None if chat.sampling.greedy else chat.sampling)
-        return Completion(chat.messages, settings, grammar.constraint if grammar else None,
-                          on_token)
+        constraint = None
+        if grammar is not None:
+            budget = max_new - min(SCHEMA_ANSWER_RESERVE, max_new // 2)
+            constraint = functools.partial(grammar.constraint, think_budget=budget)
+        return Completion(chat.messages, settings, constraint, on_token)
 
     def _check_ran(result: PlanResult, ticket) -> None:
         if result.success:
