@@ -41,12 +41,15 @@ def kv_append(
     else:
         data = rows.to(cache.dtype)
     b, t = positions.shape
+    if torch.compiler.is_compiling():
+        # A compiled (static-shape) forward writes every row at a real position (the boolean
+        # selection below would give the graph a shape that depends on data), as one
+        # index_put_ on the cache itself: inductor writes that in place, where an index_copy_
+        # or a write through a view becomes two copies of the whole cache per call.
+        rows_of = torch.arange(b, device=cache.device)[:, None].expand(b, t)
+        cache.index_put_((rows_of, positions), data)
+        return
     for bi in range(b):
-        if torch.compiler.is_compiling():
-            # A compiled (static-shape) forward writes every row at a real position; the
-            # boolean selection below would give the graph a shape that depends on data.
-            cache[bi].index_copy_(0, positions[bi], data[bi])
-            continue
         keep = positions[bi] >= 0
         cache[bi].index_copy_(0, positions[bi][keep], data[bi][keep])
 

@@ -19,6 +19,7 @@ from torch._dynamo.utils import counters
 from flash_planner.engine.config import ConfigError, EngineConfig
 from flash_planner.engine.generate import CancelToken, GenerationSettings, generate
 from flash_planner.engine.grammar import JsonGrammarCompiler
+from flash_planner.engine.models import compiled as compiled_mod
 from flash_planner.engine.models.compiled import row_buckets, span_bounds
 from flash_planner.engine.proposer import ReplayProposer
 from flash_planner.engine.sampling import QWEN3_THINKING, Sampling
@@ -40,11 +41,13 @@ def test_buckets_cover_every_block_size():
 def test_spans_are_whole_periods_of_the_layer_kinds():
     g, a = ("gdn", "mlp"), ("attn", "mlp")
     qwen = [g, g, g, a] * 16                       # the 27B: 16 calls of one 4-layer graph
-    assert span_bounds(qwen) == [(i, i + 4) for i in range(0, 64, 4)]
-    assert span_bounds([g, a] * 2) == [(0, 4)]
-    assert span_bounds([a] * 10) == [(0, 4), (4, 8), (8, 10)]
+    assert span_bounds(qwen, 4) == [(i, i + 4) for i in range(0, 64, 4)]
+    assert span_bounds(qwen, 8) == [(i, i + 8) for i in range(0, 64, 8)]
+    assert span_bounds(qwen, 6) == [(i, i + 8) for i in range(0, 64, 8)]   # whole periods
+    assert span_bounds([g, a] * 2, 4) == [(0, 4)]
+    assert span_bounds([a] * 10, 4) == [(0, 4), (4, 8), (8, 10)]
     irregular = [a, g, g, a, g, a, a, g, g, g, a]  # no period up to 8: one layer per call
-    assert span_bounds(irregular) == [(i, i + 1) for i in range(11)]
+    assert span_bounds(irregular, 4) == [(i, i + 1) for i in range(11)]
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +201,47 @@ def test_prefix_restore_and_cancel_work_compiled(pairs):
     out = generate(compiled, prompt, GenerationSettings(64, ignore_eos=True, method="mtp"),
                    on_token=on_token, cancel=cancel)
     assert out.finish_reason == "cancelled" and len(cycles) == 1
+
+
+def test_spans_share_one_graph_and_read_packed_tensors(checkpoints, make_engine,
+                                                       compile_cache, monkeypatch):
+    """Two spans of [GDN, attention] (the CPU's 8-layer spans lowered to 2 for a small
+    model): one graph per bucket serves both, each span's tensors packed, aligned views."""
+    monkeypatch.setitem(compiled_mod.SPAN_LAYERS, "cpu", 2)
+    path = checkpoints("hybrid", init=0.25, layers=4)
+    common = dict(max_block=2, mtp_steps=1, compile_cache=compile_cache)
+    eager, compiled = (make_engine(path, compile=c, **common) for c in ("off", "on"))
+    static = compiled.model.static
+    report = compiled.compile_report
+    assert report.spans == 2 and len({id(s.steps) for s in static.spans_of}) == 1
+    assert report.graphs == 3 * len(report.buckets)   # entry, one span graph, head
+    owners = [{f.untyped_storage().data_ptr() for f in span.flats} for span in static.spans_of]
+    for i, layer in enumerate(compiled.model.layers):
+        tensors = list(layer.parameters()) + list(layer.buffers())
+        assert tensors
+        for t in tensors:
+            assert t.untyped_storage().data_ptr() in owners[i // 2]
+            assert t.data_ptr() % compiled_mod.ALIGN_BYTES == 0
+    prompt = eager.tokenizer.encode(PROMPT, add_special_tokens=False)
+    settings = GenerationSettings(24, ignore_eos=True, speculative=False)
+    ref = generate(eager, prompt, settings).token_ids
+    assert generate(compiled, prompt, settings).token_ids == ref
+    replay = ReplayProposer(ref, compiled.model_config.vocab_size, block_size=2, seed=1)
+    got = generate(compiled, prompt, GenerationSettings(24, ignore_eos=True), proposer=replay)
+    assert got.token_ids == ref and got.stats.compiled
+
+
+def test_weights_quantized_at_load_run_compiled(checkpoints, make_engine, compile_cache):
+    """NVFP4 weights (packed bytes, FP8 block scales, float global scales: three dtypes
+    beside the float ones) go through the span packing and the graph as through eager."""
+    path = checkpoints("hybrid", init=0.25)
+    common = dict(max_block=2, mtp_steps=1, compile_cache=compile_cache, weights="nvfp4")
+    eager, compiled = (make_engine(path, compile=c, **common) for c in ("off", "on"))
+    prompt = eager.tokenizer.encode(PROMPT, add_special_tokens=False)
+    settings = GenerationSettings(24, ignore_eos=True, speculative=False)
+    ref = generate(eager, prompt, settings).token_ids
+    got = generate(compiled, prompt, settings)
+    assert got.token_ids == ref and got.stats.compiled
 
 
 def test_compile_settings_are_checked():

@@ -70,7 +70,25 @@ class Attention(nn.Module):
         dispatch.kv_append(v_cache, v, positions, v_scale)
         keys = dispatch.kv_read(k_cache, k_cache.shape[1], k_scale, q.dtype)
         values = dispatch.kv_read(v_cache, v_cache.shape[1], v_scale, q.dtype)
-        return self.attend(q, keys, values, mask)
+        if q.is_cuda or q.shape[1] > 1:
+            return self.attend(q, keys, values, mask)
+        return self.attend_fused(q, keys, values, mask)
+
+    def attend_fused(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     mask: torch.Tensor) -> torch.Tensor:
+        """`attend` as products and sums that inductor fuses with the layer's other loops:
+        for one decoded row on a CPU, the SDPA call a compiled graph makes instead costs more
+        than all the layer's other work (a block of rows is cheaper through SDPA's tiled
+        products). Float32 scores and softmax."""
+        b, t, h, d = q.shape
+        hkv = keys.shape[2]
+        group = h // hkv
+        qg = q.float().view(b, t, hkv, group, d) * self.head_dim ** -0.5
+        scores = (qg[:, :, None] * keys.float()[:, None, :, :, None]).sum(-1)  # [B,T,C,Hkv,G]
+        scores = scores.masked_fill(~mask[None, :, :, None, None], float("-inf"))
+        weights = torch.softmax(scores, dim=2)
+        out = (weights[..., None] * values.float()[:, None, :, :, None]).sum(2)  # [B,T,Hkv,G,D]
+        return out.to(q.dtype).reshape(b, t, h * d)
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                mask: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,10 @@ Static shapes, so that nothing recompiles after warm-up:
 Compile once per layout, not per layer: the layer kinds (GDN or attention, MLP or MoE)
 repeat with a period (the hybrids: 3 GDN + 1 attention); layers are cut into spans of whole
 periods (at least `SPAN_LAYERS` layers) and every span of one kind signature shares one
-compiled graph, its parameters and state views passed as inputs. The 27B's 64 layers are 16
-calls of one graph. Prefill chunks stay eager (their own, larger shapes).
+compiled graph. A span's parameters and buffers are packed into one flat tensor per dtype
+(`pack_layers`), which the graph takes with the span's state views: a few inputs per call
+instead of fifteen per layer. The 27B's 64 layers are 16 calls of one graph on CUDA (8 on a
+CPU). Prefill chunks stay eager (their own, larger shapes).
 """
 
 from __future__ import annotations
@@ -44,8 +46,13 @@ from .moe import RoutingRecord, SparseMoeBlock
 
 log = logging.getLogger(__name__)
 
-SPAN_LAYERS = 4       # the fewest layers one graph call runs (fewer calls, same compile)
+# The fewest layers one graph call runs. On a CPU every call costs ~50 us of host work
+# (bench/overhead.py, 64 layers: 8-layer spans 1.06 ms a forward, 4-layer 1.40; compile
+# 116 s against 90); on CUDA the forward replays as one captured graph whatever the spans,
+# and smaller graphs compile sooner.
+SPAN_LAYERS = {"cpu": 8, "cuda": 4}
 MAX_PERIOD = 8        # longer layer patterns are compiled layer kind by layer kind
+ALIGN_BYTES = 64      # where each packed tensor starts (vector loads, Triton's pointer hints)
 
 
 def row_buckets(max_block: int) -> tuple[int, ...]:
@@ -63,13 +70,13 @@ def layer_kind(layer: nn.Module) -> tuple[bool, bool]:
     return layer.is_linear, isinstance(layer.mlp, SparseMoeBlock)
 
 
-def span_bounds(kinds: Sequence[object]) -> list[tuple[int, int]]:
-    """Cut layers into spans [a, b) of whole periods of their kinds, SPAN_LAYERS or more
+def span_bounds(kinds: Sequence[object], min_layers: int) -> list[tuple[int, int]]:
+    """Cut layers into spans [a, b) of whole periods of their kinds, min_layers or more
     layers each where the model is deep enough; no period up to MAX_PERIOD: one layer each."""
     n = len(kinds)
     period = next((p for p in range(1, min(n, MAX_PERIOD) + 1)
                    if all(kinds[i] == kinds[i - p] for i in range(p, n))), None)
-    size = 1 if period is None else period * -(-SPAN_LAYERS // period)
+    size = 1 if period is None else period * -(-min_layers // period)
     return [(a, min(a + size, n)) for a in range(0, n, size)]
 
 
@@ -97,28 +104,107 @@ def _entry(embed: nn.Embedding, ids: torch.Tensor, positions: torch.Tensor,
     return x, cos, sin, mask
 
 
+def layer_step(layer: nn.Module, cache: tuple[torch.Tensor, ...], x: torch.Tensor,
+               cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+               mask: torch.Tensor, valid: torch.Tensor, window_rows: torch.Tensor):
+    """One decoder layer of a static-shape forward -> (its output, the MoE's expert ids or
+    None)."""
+    mix, post = layer.pre_mixer(x)
+    if layer.is_linear:
+        core = layer.linear_attn.mix_static(mix, valid, window_rows, cache)
+    else:
+        core = layer.self_attn.mix_static(mix, cos, sin, positions, mask, cache)
+    x = x + layer.mixer.post(core, post)
+    h = layer.post_attention_layernorm(x)
+    if isinstance(layer.mlp, SparseMoeBlock):
+        out, ids = layer.mlp.routed(h, valid)
+        return x + out, ids
+    return x + layer.mlp(h), None
+
+
 def span_forward(layers: tuple[nn.Module, ...],
                  caches: tuple[tuple[torch.Tensor, ...], ...], x: torch.Tensor,
                  cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                  mask: torch.Tensor, valid: torch.Tensor, window_rows: torch.Tensor):
-    """Consecutive decoder layers; returns each layer's output and each MoE layer's ids."""
+    """Consecutive decoder layers, their tensors read from the modules; returns each layer's
+    output and each MoE layer's ids."""
     outs, routes = [], []
     for layer, cache in zip(layers, caches):
-        mix, post = layer.pre_mixer(x)
-        if layer.is_linear:
-            core = layer.linear_attn.mix_static(mix, valid, window_rows, cache)
-        else:
-            core = layer.self_attn.mix_static(mix, cos, sin, positions, mask, cache)
-        x = x + layer.mixer.post(core, post)
-        h = layer.post_attention_layernorm(x)
-        if isinstance(layer.mlp, SparseMoeBlock):
-            out, ids = layer.mlp.routed(h, valid)
-            routes.append(ids)
-        else:
-            out = layer.mlp(h)
-        x = x + out
+        x, ids = layer_step(layer, cache, x, cos, sin, positions, mask, valid, window_rows)
         outs.append(x)
+        if ids is not None:
+            routes.append(ids)
     return outs, routes
+
+
+class LayerStep(nn.Module):
+    """A decoder layer as one module call (`layer_step`), so that a graph can run it on
+    another layer's tensors (`torch.func.functional_call`); `slots` says where each of them
+    lies in the span's flat tensors (`pack_layers`)."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+        self.slots: tuple[tuple[str, int, int, int, tuple[int, ...]], ...] = ()
+
+    def forward(self, *inputs: object):
+        return layer_step(self.layer, *inputs)
+
+
+def packed_span_forward(steps: tuple[LayerStep, ...], flats: tuple[torch.Tensor, ...],
+                        caches: tuple[tuple[torch.Tensor, ...], ...], x: torch.Tensor,
+                        cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                        mask: torch.Tensor, valid: torch.Tensor, window_rows: torch.Tensor):
+    """`span_forward` of a span whose tensors were packed into `flats` (`pack_layers`), run
+    through the template `steps` of the first span packed the same way."""
+    outs, routes = [], []
+    for step, cache in zip(steps, caches):
+        tensors = {name: flats[group][offset:offset + numel].view(shape)
+                   for name, group, offset, numel, shape in step.slots}
+        x, ids = torch.func.functional_call(
+            step, tensors, (cache, x, cos, sin, positions, mask, valid, window_rows))
+        outs.append(x)
+        if ids is not None:
+            routes.append(ids)
+    return outs, routes
+
+
+def pack_layers(layers: Sequence[nn.Module]) -> tuple[tuple[LayerStep, ...],
+                                                       tuple[torch.Tensor, ...]]:
+    """Move the layers' parameters and buffers into one flat tensor per dtype, each now a
+    view of it (eager use is unchanged), at offsets aligned to ALIGN_BYTES. -> (a LayerStep
+    per layer with its slots, the flat tensors).
+
+    Why: a graph call pays about 0.4 us of host work per input tensor on a CPU (dynamo's
+    lookup, the handle, the wrapper's bookkeeping); a span's 15 or so tensors per layer cost
+    more than the layer's arithmetic at the bench's width. Packed, a span is 1-3 inputs."""
+    steps = tuple(LayerStep(layer) for layer in layers)
+    named = [list(step.named_parameters()) + list(step.named_buffers()) for step in steps]
+    dtypes = sorted({t.dtype for entries in named for _, t in entries}, key=str)
+    sizes = [0] * len(dtypes)
+    for step, entries in zip(steps, named):
+        slots = []
+        for name, t in entries:
+            group = dtypes.index(t.dtype)
+            align = max(1, ALIGN_BYTES // t.element_size())
+            offset = -(-sizes[group] // align) * align
+            slots.append((name, group, offset, t.numel(), tuple(t.shape)))
+            sizes[group] = offset + t.numel()
+        step.slots = tuple(slots)
+    device = named[0][0][1].device
+    flats = tuple(torch.empty(n, dtype=d, device=device) for n, d in zip(sizes, dtypes))
+    with torch.no_grad():
+        for step, entries in zip(steps, named):
+            for (name, t), (_, group, offset, numel, shape) in zip(entries, step.slots):
+                view = flats[group][offset:offset + numel].view(shape)
+                view.copy_(t)
+                owner_name, _, leaf = name.rpartition(".")
+                owner = step.get_submodule(owner_name)
+                if isinstance(t, nn.Parameter):
+                    t.data = view
+                else:
+                    owner._buffers[leaf] = view
+    return steps, flats
 
 
 def _head(norm: nn.Module, weight: torch.Tensor, x: torch.Tensor):
@@ -155,9 +241,14 @@ def compile_graph(fn, cuda_graphs: bool, variants: int, rows: int = 1):
     # On a CPU the graph's host wrapper in C++ (not Python) halves what a call costs; on
     # CUDA the captured graph is replayed and the wrapper runs only at capture. Rounding to
     # the compute dtype where eager does keeps bf16 close to eager.
-    options = {"cpp_wrapper": not cuda_graphs, "emulate_precision_casts": True}
+    options: dict[str, object] = {"cpp_wrapper": not cuda_graphs,
+                                  "emulate_precision_casts": True}
     if not cuda_graphs:
-        options["post_grad_fusion_options"] = {"decompose_mm_pass": {}}
+        # What else a CPU call's wrapper costs, per span of 4 layers (of ~120 us): a check of
+        # every input's sizes and strides (~15 us; the inputs are the tensors compiled with,
+        # so the check cannot fail) and one allocation per intermediate (~80: one pool).
+        options.update(size_asserts=False, memory_planning=True,
+                       post_grad_fusion_options={"decompose_mm_pass": {}})
         _decompose_small_gemms(rows)
     return torch.compile(_own_copy(fn), fullgraph=True, dynamic=False, options=options)
 
@@ -329,8 +420,25 @@ def run_graph(captured: CapturedGraph | None, forward: Callable[..., object],
 
 @dataclass
 class _Span:
-    layers: tuple[nn.Module, ...]
+    steps: tuple[LayerStep, ...]      # the template: the first span packed the same way
+    flats: tuple[torch.Tensor, ...]   # this span's tensors (`pack_layers`)
     caches: dict[bool, tuple[tuple[torch.Tensor, ...], ...]]  # recording? -> per layer
+
+
+def _packed_spans(model: nn.Module, state: InferenceState) -> list[_Span]:
+    """The model's layers cut into spans (`span_bounds`) and packed (`pack_layers`); spans
+    of the same layer kinds and packing share the template steps, hence one graph."""
+    layers = model.layers
+    templates: dict[object, tuple[LayerStep, ...]] = {}
+    spans = []
+    min_layers = SPAN_LAYERS.get(model.embed_tokens.weight.device.type, SPAN_LAYERS["cuda"])
+    for a, b in span_bounds([layer_kind(layer) for layer in layers], min_layers):
+        steps, flats = pack_layers(layers[a:b])
+        key = tuple((layer_kind(step.layer), step.slots) for step in steps)
+        spans.append(_Span(templates.setdefault(key, steps), flats,
+                           {rec: tuple(layer_cache(state, i, rec) for i in range(a, b))
+                            for rec in (False, True)}))
+    return spans
 
 
 class StaticForward(StaticGraphs):
@@ -344,14 +452,11 @@ class StaticForward(StaticGraphs):
                  cache_dir: str | None = None):
         super().__init__(state, max_block, cache_dir, model.embed_tokens.weight.device)
         self.model = model
-        bounds = span_bounds([layer_kind(layer) for layer in model.layers])
-        self.spans_of = [_Span(tuple(model.layers[a:b]),
-                               {rec: tuple(layer_cache(state, i, rec) for i in range(a, b))
-                                for rec in (False, True)}) for a, b in bounds]
+        self.spans_of = _packed_spans(model, state)
         self.spans = len(self.spans_of)
-        kinds = len({tuple(layer_kind(x) for x in s.layers) for s in self.spans_of})
+        templates = len({id(span.steps) for span in self.spans_of})
         self.entry = self._compile(_entry)
-        self.span = self._compile(span_forward, kinds)
+        self.span = self._compile(packed_span_forward, templates)
         self.head = self._compile(_head)
         self.ids = {tb: torch.zeros(1, tb, dtype=torch.long, device=self.device)
                     for tb in self.buckets}
@@ -390,8 +495,8 @@ class StaticForward(StaticGraphs):
         outs: list[torch.Tensor] = []
         routes: list[torch.Tensor] = []
         for span in self.spans_of:
-            layer_outs, ids = self.span(span.layers, span.caches[record], x, cos, sin,
-                                        positions, mask, valid, window_rows)
+            layer_outs, ids = self.span(span.steps, span.flats, span.caches[record], x, cos,
+                                        sin, positions, mask, valid, window_rows)
             outs += layer_outs
             routes += ids
             x = layer_outs[-1]
