@@ -74,7 +74,7 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return ((bitmask.unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, :vocab_size]
 
 
-def _row(vocab_size: int, tokens: Sequence[int], allowed: bool) -> torch.Tensor:
+def token_row(vocab_size: int, tokens: Sequence[int], allowed: bool) -> torch.Tensor:
     """An int32 bitmask row [words]: only `tokens` allowed, or all but them."""
     row = torch.full((mask_words(vocab_size),), 0 if allowed else -1, dtype=torch.int32)
     for token in tokens:
@@ -114,10 +114,10 @@ class Constraint:
         self.markers = frozenset(think_ids or ())
         # the mask rows that do not depend on the grammar's state, built once
         v = self.vocab_size
-        self._thinking_row = _row(v, self.stop_ids, allowed=False)
-        self._closing_row = _row(v, [self.think_close] if think_ids else [], allowed=True)
-        self._no_markers = _row(v, self.markers, allowed=False)
-        self._open_row = _row(v, [self.think_open] if think_ids else [], allowed=True)
+        self._thinking_row = token_row(v, self.stop_ids, allowed=False)
+        self._closing_row = token_row(v, [self.think_close] if think_ids else [], allowed=True)
+        self._no_markers = token_row(v, self.markers, allowed=False)
+        self._open_row = token_row(v, [self.think_open] if think_ids else [], allowed=True)
         self.phase = ANSWER
         self.position = 0        # tokens published in this request
         self.stats = ConstraintStats()

@@ -16,7 +16,12 @@ import threading
 from typing import Any
 
 from ..engine.constraint import Constraint
-from ..engine.grammar import GrammarError, JsonGrammarCompiler, JsonSchemaGrammar
+from ..engine.grammar import (
+    MAX_STRING_TOKENS,
+    GrammarError,
+    JsonGrammarCompiler,
+    JsonSchemaGrammar,
+)
 from .grounding import RequestWords
 from .parse import REFUSAL_SCHEMA
 from .skills import CatalogError, SkillCatalog
@@ -72,10 +77,11 @@ class PlanGrammar:
                 self._cache.popitem(last=False)
         return grammar
 
-    def constraint(self, think_budget: int | None = None,
-                   words: RequestWords | None = None) -> Constraint:
+    def constraint(self, think_budget: int | None = None, words: RequestWords | None = None,
+                   max_string_tokens: int | None = MAX_STRING_TOKENS) -> Constraint:
         """A fresh per-request constraint (`JsonSchemaGrammar.constraint`)."""
-        return self.for_request(words).constraint(think_budget=think_budget)
+        return self.for_request(words).constraint(think_budget=think_budget,
+                                                  max_string_tokens=max_string_tokens)
 
 
 def _catalog_error(catalog: SkillCatalog, compiler: JsonGrammarCompiler,

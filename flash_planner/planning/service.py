@@ -66,6 +66,9 @@ class PlannerConfig:
     constrain: bool = True          # decode the answer under the catalog's plan grammar
     # constrained: tokens kept for the answer; thinking is closed when it would eat into them
     answer_reserve: int = 160
+    # constrained: the most tokens inside one string of the answer (a looping refusal reason
+    # or spoken text closes there and the answer stays valid: engine/grammar.BoundedStrings)
+    max_string_tokens: int = 64
     # the prompt names the refusal shape (prompt.REFUSAL_HINT); the CLI and the node take the
     # model preset's choice (true but for the demo, which was trained without it)
     refusal_hint: bool = False
@@ -83,7 +86,7 @@ class PlannerConfig:
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         for name in ("queue_depth", "max_task_chars", "max_context_chars", "max_new_tokens",
-                     "answer_reserve"):
+                     "answer_reserve", "max_string_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -443,7 +446,9 @@ class PlannerService:
                 max_new = request.max_new_tokens or self.config.max_new_tokens
                 budget = max(0, max_new - self.config.answer_reserve)
                 t0 = time.monotonic()   # the request's own grammar is compiled here
-                constraint = self.grammar.constraint(think_budget=budget, words=words)
+                constraint = self.grammar.constraint(
+                    think_budget=budget, words=words,
+                    max_string_tokens=self.config.max_string_tokens)
                 telemetry["grammar_ms"] = round((time.monotonic() - t0) * 1000, 3)
             # the deadline counts from submission: what encoding the prompt and making the
             # grammar's matcher took is not given back (the last thing before generating)
@@ -458,6 +463,12 @@ class PlannerService:
             log.error("request %s: %s", request.id, exc)
             return _failed(request, str(exc), finish_reason="error", telemetry=telemetry)
         telemetry.update(out.stats.as_dict())
+        if constraint is not None:
+            telemetry["strings_cut"] = constraint.matcher.cut
+            if constraint.matcher.cut:
+                log.warning("request %s: %d string(s) of the answer reached %d tokens and "
+                            "were closed there (planner.max_string_tokens)", request.id,
+                            constraint.matcher.cut, self.config.max_string_tokens)
         if listener.first_step_ms is not None:
             telemetry["first_step_ms"] = round(listener.first_step_ms, 3)
         base = dict(raw_text=out.text, finish_reason=out.finish_reason, telemetry=telemetry)

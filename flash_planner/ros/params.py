@@ -112,6 +112,10 @@ PARAMS: tuple[Param, ...] = (
        "(every answer parses); false = validate only afterwards."),
     _p("planner.answer_reserve", 160, "Constrained: tokens of max_new_tokens kept for the "
        "answer; thinking is closed (</think>) when it would use them.", range=(1, 131072)),
+    _p("planner.max_string_tokens", 64, "Constrained: the most tokens inside one string of "
+       "the answer (a name, a spoken text, a refusal's reason); a string that reaches it is "
+       "closed there, so a model looping inside one still answers valid JSON.",
+       range=(1, 131072)),
     _p("planner.max_new_tokens", 512, "Default bound on generated tokens.", range=(1, 131072)),
     _p("planner.max_task_chars", 2000, "Longest task text accepted.", range=(1, 1_000_000)),
     _p("planner.max_context_chars", 4000, "Longest context text accepted.",
@@ -266,6 +270,7 @@ def build_configs(values: dict[str, Any]):
         max_context_chars=v["planner.max_context_chars"],
         max_new_tokens=v["planner.max_new_tokens"], enable_thinking=v["planner.enable_thinking"],
         constrain=v["planner.constrain"], answer_reserve=v["planner.answer_reserve"],
+        max_string_tokens=v["planner.max_string_tokens"],
         deadline_s=v["planner.deadline_s"] or None, speculative=v["speculative.enabled"],
         relaxed_thinking=v["speculative.relaxed_thinking"] or preset.relaxed_thinking,
         refusal_hint=preset.refusal_hint,

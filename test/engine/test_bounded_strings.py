@@ -1,0 +1,103 @@
+"""A string of a constrained answer closes after `max_string_tokens` tokens (engine/grammar.py
+`BoundedStrings`), over xgrammar's real matcher and the demo's tokenizer; and through the
+planner service, a spoken text that would run past the bound still gives a valid plan."""
+
+from __future__ import annotations
+
+import torch
+from qwen3_tokenizer import DEMO
+
+from flash_planner.engine.acceptance import think_token_ids
+from flash_planner.engine.constraint import mask_words, unpack_bitmask
+from flash_planner.engine.grammar import BoundedStrings, JsonGrammarCompiler
+from flash_planner.planning.parse import REFUSAL_SCHEMA
+from flash_planner.train.tokenizer import load_tokenizer
+
+VOCAB = 1024
+BOUND = 6
+
+
+def _grammar():
+    tok = load_tokenizer(DEMO)
+    compiler = JsonGrammarCompiler(tok, VOCAB, [tok.convert_tokens_to_ids("<|im_end|>")],
+                                   think_token_ids(tok))
+    return tok, compiler.compile(REFUSAL_SCHEMA)
+
+
+def _allowed(matcher) -> list[int]:
+    bitmask = torch.zeros(1, mask_words(VOCAB), dtype=torch.int32)
+    matcher.fill_mask(bitmask, 0)
+    return unpack_bitmask(bitmask, VOCAB)[0].nonzero().flatten().tolist()
+
+
+def test_a_string_closes_at_the_bound_and_rollback_restores_it():
+    tok, grammar = _grammar()
+    matcher = grammar.matcher(BOUND)
+    assert isinstance(matcher, BoundedStrings)
+    opening = tok.encode('{"refusal": "no skill', add_special_tokens=False)
+    word = tok.encode(" an", add_special_tokens=False)
+    assert len(word) == 1
+    assert all(matcher.accept(t) for t in opening)
+    words = 0
+    while words < 3 * BOUND and matcher.accept(word[0]):
+        words += 1
+    inside = matcher._states[-1][2]         # tokens inside the reason
+    assert 0 < words < BOUND and inside == BOUND
+    # the bound: the reason may only close now; a word more is refused
+    allowed = _allowed(matcher)
+    texts, quotes, _ = grammar.compiler.quotes()
+    assert allowed and all(texts[t].startswith(b'"') for t in allowed)
+    assert word[0] not in allowed and not matcher.accept(word[0])
+    assert matcher.forced_tokens() == [] and matcher.cut == 0
+    # one token back: a word is allowed again, and the bound comes back with it
+    matcher.rollback(1)
+    assert word[0] in _allowed(matcher)
+    assert matcher.accept(word[0])
+    close = next(t for t in allowed if texts[t] in (b'"', b'"}'))
+    assert matcher.accept(close) and matcher.cut == 1
+    rest = tok.encode("}", add_special_tokens=False) if texts[close] == b'"' else []
+    assert all(matcher.accept(t) for t in rest)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    assert matcher.accept(eos) and matcher.terminated()
+    matcher.rollback(2 + len(rest))
+    assert matcher.cut == 0
+
+
+def test_an_escaped_quote_does_not_close_the_string_and_no_bound_is_plain_xgrammar():
+    tok, grammar = _grammar()
+    matcher = grammar.matcher(BOUND)
+    ids = tok.encode('{"refusal": "say \\"hi', add_special_tokens=False)
+    assert all(matcher.accept(t) for t in ids)
+    assert matcher._states[-1][0]           # still inside the reason after \"
+    assert not isinstance(grammar.matcher(None), BoundedStrings)
+
+
+def test_the_planner_closes_a_long_spoken_text_and_still_plans():
+    from flash_planner.engine.engine import Engine
+    from flash_planner.planning.presets import ModelPreset, default_skills_path
+    from flash_planner.planning.request import PlanRequest
+    from flash_planner.planning.service import PlannerConfig, PlannerService
+    from flash_planner.planning.skills import SkillCatalog
+
+    preset = ModelPreset.load("demo")
+    engine = Engine.load(preset.engine_config(device="cpu", dtype="fp32"))
+    catalog = SkillCatalog.from_yaml(default_skills_path())
+    task = 'say "the red cup is on the kitchen table next to the big blue plate"'
+    results = {}
+    for bound in (64, 4):
+        service = PlannerService(engine, catalog, PlannerConfig(
+            max_string_tokens=bound, refusal_hint=preset.refusal_hint))
+        service.start()
+        try:
+            results[bound] = service.plan(PlanRequest(task, enable_thinking=False),
+                                          timeout=300)
+        finally:
+            service.stop()
+    full, cut = results[64], results[4]
+    assert full.success and full.telemetry["strings_cut"] == 0, full.error
+    spoken = [s["args"]["text"] for s in full.plan if s["skill"] == "say"]
+    assert spoken and len(spoken[0].split()) > 4
+    # bound to 4 tokens: the spoken text closes early, and the answer is still a valid plan
+    assert cut.success and cut.telemetry["strings_cut"] >= 1, cut.error
+    said = [s["args"]["text"] for s in cut.plan if s["skill"] == "say"]
+    assert said and len(said[0]) < len(spoken[0]), (said, spoken)
