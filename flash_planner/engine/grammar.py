@@ -83,6 +83,7 @@ class BoundedStrings:
         self.vocab_size = inner.vocab_size
         # after each accepted token: (inside a string, after a backslash, tokens inside, cut)
         self._states = [(False, False, 0, 0)]
+        self._scratch: torch.Tensor | None = None
 
     @property
     def cut(self) -> int:
@@ -92,8 +93,18 @@ class BoundedStrings:
         inside, escaped, run, _ = self._states[-1]
         return inside and not escaped and run >= self.max_tokens
 
+    def _closing_only(self) -> bool:
+        """At the bound where the grammar allows a closing quote: nothing else is allowed
+        (where it does not, e.g. under a `minLength`, the string goes on)."""
+        if not self._bounded():
+            return False
+        if self._scratch is None:
+            self._scratch = torch.zeros(1, self._quote_row.numel(), dtype=torch.int32)
+        self._inner.fill_mask(self._scratch, 0)
+        return bool((self._scratch[0] & self._quote_row).any())
+
     def accept(self, token: int) -> bool:
-        bounded = self._bounded()
+        bounded = self._closing_only()
         if bounded and token not in self._quote_ids or not self._inner.accept(token):
             return False
         inside, escaped, run, cut = self._states[-1]
@@ -117,14 +128,12 @@ class BoundedStrings:
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
         self._inner.fill_mask(bitmask, row)
         if self._bounded():
-            if self._quote_row.device != bitmask.device:
-                self._quote_row = self._quote_row.to(bitmask.device)
-            closing = bitmask[row] & self._quote_row
+            closing = bitmask[row] & self._quote_row.to(bitmask.device)
             if bool(closing.any()):
                 bitmask[row] = closing
 
     def forced_tokens(self) -> list[int]:
-        return [] if self._bounded() else self._inner.forced_tokens()
+        return [] if self._closing_only() else self._inner.forced_tokens()
 
     def terminated(self) -> bool:
         return self._inner.terminated()
@@ -151,10 +160,11 @@ class JsonSchemaGrammar:
         return BoundedStrings(inner, texts, quote_ids, quote_row, max_string_tokens)
 
     def constraint(self, think_budget: int | None = None,
-                   max_string_tokens: int | None = MAX_STRING_TOKENS) -> Constraint:
+                   max_string_tokens: int | None = None) -> Constraint:
         """A fresh per-request constraint; `think_budget`: generated tokens after which
         thinking must close (None: no limit); `max_string_tokens`: the most tokens inside
-        one string of the answer (None: no bound)."""
+        one string of the answer (None: no bound; plans use MAX_STRING_TOKENS, a schema a
+        client sends to the server keeps its strings as it wrote them)."""
         return Constraint(self.matcher(max_string_tokens), self.think_ids,
                           self.compiled.tokenizer_info.stop_token_ids, think_budget)
 

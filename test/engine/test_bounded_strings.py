@@ -63,6 +63,23 @@ def test_a_string_closes_at_the_bound_and_rollback_restores_it():
     assert matcher.cut == 0
 
 
+def test_a_string_the_grammar_cannot_close_yet_goes_on_past_the_bound():
+    tok, _ = _grammar()
+    compiler = JsonGrammarCompiler(
+        tok, VOCAB, [tok.convert_tokens_to_ids("<|im_end|>")], think_token_ids(tok))
+    grammar = compiler.compile({"type": "object", "required": ["note"],
+                                "additionalProperties": False,
+                                "properties": {"note": {"type": "string", "minLength": 24}}})
+    matcher = grammar.matcher(2)
+    assert all(matcher.accept(t) for t in tok.encode('{"note": "', add_special_tokens=False))
+    word = tok.encode(" an", add_special_tokens=False)[0]
+    for _ in range(8):             # 8 x " an": 24 characters, 4 times the bound in tokens
+        assert matcher.accept(word)
+    texts, _, _ = compiler.quotes()
+    allowed = _allowed(matcher)    # now it may close, and it must
+    assert allowed and all(texts[t].startswith(b'"') for t in allowed)
+
+
 def test_an_escaped_quote_does_not_close_the_string_and_no_bound_is_plain_xgrammar():
     tok, grammar = _grammar()
     matcher = grammar.matcher(BOUND)
