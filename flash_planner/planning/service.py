@@ -30,7 +30,7 @@ from ..engine.cache import ContextOverflowError
 from ..engine.chat import encode_chat_parts
 from ..engine.engine import Engine
 from ..engine.generate import CancelToken, GenerationSettings, generate
-from ..engine.grammar import JsonGrammarCompiler
+from ..engine.grammar import MAX_STRING_TOKENS, JsonGrammarCompiler
 from ..engine.sampling import Sampling, resolve_sampling
 from ..engine.speculative import NonFiniteLogits
 from .grounding import RequestWords
@@ -68,7 +68,7 @@ class PlannerConfig:
     answer_reserve: int = 160
     # constrained: the most tokens inside one string of the answer (a looping refusal reason
     # or spoken text closes there and the answer stays valid: engine/grammar.BoundedStrings)
-    max_string_tokens: int = 64
+    max_string_tokens: int = MAX_STRING_TOKENS
     # the prompt names the refusal shape (prompt.REFUSAL_HINT); the CLI and the node take the
     # model preset's choice (true but for the demo, which was trained without it)
     refusal_hint: bool = False

@@ -198,12 +198,11 @@ def pack_layers(layers: Sequence[nn.Module]) -> tuple[tuple[LayerStep, ...],
             for (name, t), (_, group, offset, numel, shape) in zip(entries, step.slots):
                 view = flats[group][offset:offset + numel].view(shape)
                 view.copy_(t)
-                owner_name, _, leaf = name.rpartition(".")
-                owner = step.get_submodule(owner_name)
                 if isinstance(t, nn.Parameter):
                     t.data = view
                 else:
-                    owner._buffers[leaf] = view
+                    owner, _, leaf = name.rpartition(".")
+                    step.get_submodule(owner)._buffers[leaf] = view
     return steps, flats
 
 
