@@ -9,9 +9,20 @@ for), and a small model swaps a name it never learned for one it knows: both are
 Under the plan grammar the planner compiles `RequestWords.pattern` into the request's
 grammar, so a constrained plan cannot name anything else; without the grammar `parse_plan`
 rejects a plan that does (`RequestWords.contains`). Every value the pattern allows, the
-check accepts. `pattern` allows runs of at most `MAX_WORDS` words, each as written or in
-lower case, joined by single spaces; it keeps a request's grammar small (tens of ms to
-compile, even for a 150k vocabulary).
+check accepts, but the pattern asks for more: a whole phrase. A name under the grammar starts
+and ends at a content word (not an article, preposition, pronoun, conjunction, auxiliary or
+"please": `NOT_NAME`), holds no such word but "of" and articles ("cup of tea", never "cup
+back on the shelf"), crosses no punctuation, lies outside quotes (a quoted text is to be
+said), and ends where the text's phrase does: before punctuation, the end of the text, or a
+word that follows names (a `NOT_NAME` word other than an article, or one of `AFTER_NAME`:
+"back", "open", "belongs", ...; a word before an article is a verb: "grab the cup"). So
+"hard kettle" in "fetch the hard kettle and ..." may be named, but not "hard" (a small model
+stops a name it never saw after its first word), "then" or "from". A name followed by a verb
+outside those lists ("the cup Anna wants") can only be named with that verb; the scene can
+say it otherwise ("the cup is Anna's"). `pattern`
+allows runs of at most `MAX_WORDS` words, each as written or in lower case, joined by single
+spaces; it keeps a request's grammar small (tens of ms to compile, even for a 150k
+vocabulary).
 """
 
 from __future__ import annotations
@@ -23,11 +34,56 @@ from functools import cached_property
 WORD = re.compile(r"\w+(?:[.'-]\w+)*")
 ARTICLES = frozenset({"the", "a", "an"})
 MAX_WORDS = 6
+# Words that never start or end a name, nor sit inside one but for INSIDE_NAME ("cup of
+# tea"). Not the modals that are also nouns: a soda can, a will, May.
+NOT_NAME = ARTICLES | frozenset("""
+    to in on at from into onto of for with by near under over behind beside inside outside
+    between through toward towards across along around via upon within without against above
+    below beneath underneath past until off out away up down
+    and or but then so nor if when while once after before because than as
+    i it its them they their me my you your us our we he she him her his this that these those
+    there here what which who whom whose where how
+    is are was were be been being am has have had do does did could would should shall might
+    must not
+    please now again also too soon later afterwards just already still
+    """.split())
+INSIDE_NAME = ARTICLES | {"of"}
+# Words that often follow a name in a task or scene without being function words: a name
+# may end before them ("put the cup back", "get drawer 2 open", "the cup belongs on ...").
+AFTER_NAME = frozenset("""
+    back first next right left last straight directly quickly carefully gently immediately
+    open closed shut ready
+    needs belongs goes sits lies stands rests hangs remains stays waits looks seems ends
+    """.split())
+# A quoted text is words to say, not things to name (inside single quotes, an apostrophe
+# before a letter is one: 'the cup is Anna's').
+QUOTED = re.compile(r"""("[^"]*"|“[^”]*”|(?<!\w)'(?:[^']|'\w)*'(?!\w))""")
 
 
 def words_of(text: str) -> tuple[str, ...]:
     """The words of `text` as written: letters and digits, with inner `.`, `'` and `-`."""
     return tuple(WORD.findall(text))
+
+
+def phrase_marks(text: str) -> tuple[tuple[bool, ...], ...]:
+    """For each word of `text`: whether a name may start with it, whether one may end with
+    it, and whether no name goes on past it (punctuation, the end of the text or a function
+    word follows it; see the module's doc)."""
+    found = list(WORD.finditer(text))
+    quoted = [q.span() for q in QUOTED.finditer(text)]
+    starts, ends, stops = [], [], []
+    for i, match in enumerate(found):
+        word, last = match.group().lower(), i + 1 == len(found)
+        said = any(a < match.start() < b for a, b in quoted)
+        gap = "" if last else text[match.end():found[i + 1].start()]
+        following = "" if last else found[i + 1].group().lower()
+        stops.append(last or bool(gap.strip())
+                     or (following in NOT_NAME and following not in INSIDE_NAME))
+        starts.append(not said and word not in NOT_NAME)
+        ends.append(not said and word not in NOT_NAME | AFTER_NAME
+                    and (stops[-1] or following in AFTER_NAME
+                         or (following in NOT_NAME and following not in ARTICLES)))
+    return tuple(starts), tuple(ends), tuple(stops)
 
 
 def _normal(words) -> list[str]:
@@ -45,13 +101,17 @@ def _regex_word(word: str) -> str:
 
 @dataclass(frozen=True)
 class RequestWords:
-    """The words of one request's task and scene, which grounded arguments are taken from."""
+    """The words of one request's task and scene, which grounded arguments are taken from,
+    and for each word whether a name may end with it (`name_ends`)."""
     task: tuple[str, ...]
-    context: tuple[str, ...] = ()
+    context: tuple[str, ...]
+    # per part (task, scene), per word: whether a name may start with it, end with it, and
+    # whether no name goes on past it (`phrase_marks`)
+    marks: tuple[tuple[tuple[bool, ...], ...], ...]
 
     @classmethod
     def of(cls, task: str, context: str = "") -> RequestWords:
-        return cls(words_of(task), words_of(context))
+        return cls(words_of(task), words_of(context), (phrase_marks(task), phrase_marks(context)))
 
     def contains(self, value: str) -> bool:
         """Whether `value` is a run of words of the task or of the scene (modulo case,
@@ -66,19 +126,22 @@ class RequestWords:
     @cached_property
     def pattern(self) -> str | None:
         """A regular expression (xgrammar's JSON-Schema `pattern`) of the values a grounded
-        argument may take; None when the request has no words to name anything with."""
+        argument may take: runs of up to MAX_WORDS words, within one stretch between
+        punctuation and function words, that start at a word not in NOT_NAME and end where a
+        name may end. None when the request has no such run."""
         runs = set()
-        for part in (self.task, self.context):
+        for part, (starts, ends, stops) in zip((self.task, self.context), self.marks):
             for start in range(len(part)):
-                run = part[start:start + MAX_WORDS]
-                article = run[0].lower() in ARTICLES
-                if article and len(run) == 1:
-                    continue              # an article alone names nothing
-                regex = _regex_word(run[-1])
-                for word in reversed(run[1:-1]):
-                    regex = f"{_regex_word(word)}( {regex})?"
-                if len(run) > 1:      # a run that starts at an article must go on past it
-                    tail = f" {regex}" if article else f"( {regex})?"
-                    regex = _regex_word(run[0]) + tail
+                if not starts[start]:
+                    continue
+                stop = next(i for i in range(start, len(part)) if stops[i])
+                window = range(start, min(start + MAX_WORDS, stop + 1))
+                last = max((i for i in window if ends[i]), default=None)
+                if last is None:
+                    continue
+                regex = _regex_word(part[last])
+                for i in range(last - 1, start - 1, -1):
+                    tail = f" {regex}"
+                    regex = _regex_word(part[i]) + (f"({tail})?" if ends[i] else tail)
                 runs.add(regex)
         return "(" + "|".join(sorted(runs)) + ")" if runs else None
