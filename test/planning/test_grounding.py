@@ -153,7 +153,8 @@ def test_runs_are_bounded_in_number_and_length():
     admitted = [" ".join(c) for n in range(1, MAX_WORDS + 2)
                 for c in itertools.islice(itertools.combinations(words.task, n), 200)]
     pattern = re.compile(words.pattern)
+    text = f" {' '.join(words.task)} "
     for value in admitted:
-        contiguous = f" {value} " in f" {' '.join(words.task)} " and len(value.split()) <= MAX_WORDS
+        contiguous = f" {value} " in text and len(value.split()) <= MAX_WORDS
         name = contiguous and "of" not in (value.split()[0], value.split()[-1])
         assert bool(pattern.fullmatch(value)) == name, value
