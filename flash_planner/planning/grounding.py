@@ -19,10 +19,9 @@ word that follows names (a `NOT_NAME` word other than an article, or one of `AFT
 "hard kettle" in "fetch the hard kettle and ..." may be named, but not "hard" (a small model
 stops a name it never saw after its first word), "then" or "from". A name followed by a verb
 outside those lists ("the cup Anna wants") can only be named with that verb; the scene can
-say it otherwise ("the cup is Anna's"). `pattern`
-allows runs of at most `MAX_WORDS` words, each as written or in lower case, joined by single
-spaces; it keeps a request's grammar small (tens of ms to compile, even for a 150k
-vocabulary).
+say it otherwise ("the cup is Anna's"). `pattern` allows runs of at most `MAX_WORDS` words,
+each as written or in lower case, joined by single spaces; it keeps a request's grammar
+small (tens of ms to compile, even for a 150k vocabulary).
 """
 
 from __future__ import annotations
@@ -102,7 +101,7 @@ def _regex_word(word: str) -> str:
 @dataclass(frozen=True)
 class RequestWords:
     """The words of one request's task and scene, which grounded arguments are taken from,
-    and for each word whether a name may end with it (`name_ends`)."""
+    and where in them a name may start and end (`phrase_marks`)."""
     task: tuple[str, ...]
     context: tuple[str, ...]
     # per part (task, scene), per word: whether a name may start with it, end with it, and
