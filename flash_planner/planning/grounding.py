@@ -79,7 +79,7 @@ def phrase_marks(text: str) -> tuple[tuple[bool, ...], ...]:
         stops.append(last or bool(gap.strip())
                      or (following in NOT_NAME and following not in INSIDE_NAME))
         starts.append(not said and word not in NOT_NAME)
-        ends.append(not said and word not in NOT_NAME | AFTER_NAME
+        ends.append(not said and word not in NOT_NAME and word not in AFTER_NAME
                     and (stops[-1] or following in AFTER_NAME
                          or (following in NOT_NAME and following not in ARTICLES)))
     return tuple(starts), tuple(ends), tuple(stops)
