@@ -19,10 +19,14 @@ import torch
 import torch.nn.functional as F
 
 
+# A batch's rows run in this many length-sorted slices (see `answer_loss`).
+LOSS_GROUPS = 4
+
+
 @dataclass(frozen=True)
 class TargetSpec:
     hidden_size: int = 192
-    intermediate_size: int = 512
+    intermediate_size: int = 768
     # two attention layers: copying names and numbers from the task is attention's job
     layer_types: tuple[str, ...] = ("linear_attention", "full_attention") * 2
     num_heads: int = 4
@@ -171,12 +175,76 @@ def frozen_target(target_dir: str | Path, settings: TrainSettings):
     return target
 
 
-def answer_loss(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy on the tokens the mask marks (the answer)."""
-    logits = model(input_ids=ids).logits[:, :-1]
-    target = ids[:, 1:].masked_fill(~mask[:, 1:], -100)
+def shared_prefix(ids: torch.Tensor, mask: torch.Tensor) -> int:
+    """How many leading tokens every row holds alike, ending before the first token the loss
+    reads (the system prompt, in the demo's corpus ~116 of ~250 tokens)."""
+    same = (ids == ids[:1]).all(dim=0).long().cumprod(dim=0).sum().item()
+    first = mask.any(dim=0).nonzero()
+    return int(min(same, (first[0].item() if len(first) else ids.shape[1]) - 1))
+
+
+def prefix_states(model: torch.nn.Module, prefix: torch.Tensor, rows: int):
+    """The model's cache after `prefix` [1, P], repeated for `rows` rows, such that gradients
+    reach the prefix's states; None where the cache is not laid out as transformers 5.2x
+    lays it out (the caller then runs the whole rows). Each GDN layer's recurrent state is
+    reassigned, not copied in place as the cache does at inference (that copy would overwrite
+    a tensor backward reads)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    linear = attention = 0
+    for layer in getattr(cache, "layers", ()):
+        if getattr(layer, "keys", None) is not None and layer.keys.numel():
+            layer.keys = layer.keys.expand(rows, -1, -1, -1)
+            layer.values = layer.values.expand(rows, -1, -1, -1)
+            attention += 1
+        conv, recurrent = (getattr(layer, "conv_states", None) or {},
+                           getattr(layer, "recurrent_states", None) or {})
+        for states in (conv, recurrent):
+            for i, state in states.items():
+                if state is not None:
+                    states[i] = state.repeat(rows, *[1] * (state.dim() - 1))
+        if recurrent.get(0) is not None and conv.get(0) is not None:
+            def assign(new, state_idx=0, _states=recurrent, **_):
+                _states[state_idx] = new
+                return new
+            layer.update_recurrent_state = assign
+            linear += 1
+    types = model.config.layer_types
+    if (linear, attention) != (types.count("linear_attention"), types.count("full_attention")):
+        return None
+    return cache
+
+
+def _loss_sum(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Summed next-token cross-entropy on the tokens the mask marks; the rows' shared prompt
+    runs once (one row) and its states are repeated for the rest."""
+    k = shared_prefix(ids, mask)
+    cache = prefix_states(model, ids[:1, :k], len(ids)) if k >= 2 else None
+    k = k if cache is not None else 0
+    logits = model(input_ids=ids[:, k:], past_key_values=cache,
+                   use_cache=cache is not None).logits[:, :-1]
+    target = ids[:, k + 1:].masked_fill(~mask[:, k + 1:], -100)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
-                           ignore_index=-100)
+                           ignore_index=-100, reduction="sum")
+
+
+def answer_loss(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
+                groups: int = 1) -> torch.Tensor:
+    """Next-token cross-entropy on the tokens the mask marks (the answer), averaged over them.
+
+    The batch runs as `groups` slices of rows sorted by length, each cut to its longest row,
+    and the prompt the rows share runs once per slice: the same loss and gradient as one pass
+    over the padded batch (up to rounding), in about a third of its time on the demo corpus.
+    """
+    lengths = mask.long().cumsum(dim=1).argmax(dim=1) + 1      # past the last marked token
+    total = mask[:, 1:].sum().clamp(min=1)
+    loss = ids.new_zeros((), dtype=torch.float32)
+    for rows in torch.argsort(lengths, stable=True).chunk(groups):
+        width = int(lengths[rows].max())
+        loss = loss + _loss_sum(model, ids[rows, :width], mask[rows, :width])
+    return loss / total
 
 
 def train_target(examples: Sequence[tuple[list[int], list[int]]], vocab_size: int,
@@ -197,6 +265,7 @@ def train_target(examples: Sequence[tuple[list[int], list[int]]], vocab_size: in
     log(f"[target] {params / 1e6:.2f}M parameters, {settings.steps} steps of "
         f"{settings.batch_size}, {torch.get_num_threads()} thread(s)")
     losses = optimise("target", model, examples, pad_id, settings,
-                      lambda ids, mask, _rng: answer_loss(model, ids, mask), log)
+                      lambda ids, mask, _rng: answer_loss(model, ids, mask, groups=LOSS_GROUPS),
+                      log)
     model.eval().save_pretrained(str(out_dir))
     return losses

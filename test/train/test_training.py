@@ -12,8 +12,11 @@ from flash_planner.train.drafter import DrafterSpec, drafter_loss, train_drafter
 from flash_planner.train.target import (
     TargetSpec,
     TrainSettings,
+    answer_loss,
     length_bucketed_batches,
     pad_batch,
+    prefix_states,
+    shared_prefix,
     train_target,
 )
 
@@ -95,3 +98,39 @@ def test_drafter_learns_the_targets_greedy_tokens_not_the_corpus(tmp_path):
                   for labels_from_target in (True, False)}
     assert torch.equal(losses["greedy", True], losses["greedy", False])
     assert not torch.isclose(losses["corpus", True], losses["corpus", False])
+
+
+def test_answer_loss_runs_the_shared_prompt_once_with_the_loss_and_gradient_of_one_pass():
+    """Rows of unlike lengths that share a prompt longer than a GDN chunk (64 tokens): the
+    sliced pass that runs the shared prompt once per slice gives the loss and the gradient
+    of one plain pass over the padded batch."""
+    from transformers import Qwen3_5ForCausalLM
+
+    rng = random.Random(0)
+    shared = [rng.randrange(3, VOCAB) for _ in range(70)]
+    rows = []
+    for n_prompt, n_answer in ((3, 5), (9, 12), (1, 30), (6, 9), (2, 21), (4, 3)):
+        prompt = shared + [rng.randrange(3, VOCAB) for _ in range(n_prompt)]
+        answer = [rng.randrange(3, VOCAB) for _ in range(n_answer)] + [EOS]
+        rows.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+    ids, mask = pad_batch(rows, PAD)
+    assert shared_prefix(ids, mask) == 70      # the prompts part after `shared`
+    torch.manual_seed(0)
+    model = Qwen3_5ForCausalLM(SPEC.hf_config(VOCAB, EOS, PAD)).train()
+    assert prefix_states(model, ids[:1, :70], len(rows)) is not None   # not the fallback
+
+    def gradient(loss):
+        model.zero_grad()
+        loss.backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    logits = model(input_ids=ids).logits[:, :-1]
+    labels = ids[:, 1:].masked_fill(~mask[:, 1:], -100)
+    plain = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1),
+                                              ignore_index=-100)
+    want = gradient(plain)
+    for groups in (1, 3):
+        loss = answer_loss(model, ids, mask, groups=groups)
+        assert torch.allclose(loss, plain, rtol=1e-5, atol=0)
+        got = gradient(loss)
+        assert (got - want).norm() <= 1e-4 * want.norm()
