@@ -56,6 +56,9 @@ SOURCE_SHARE = 0.3    # pick/fetch/put tasks that say where the object is ("from
 # The training mix: closed-world tasks, open-vocabulary tasks, tasks to refuse.
 OPEN_SHARE, REFUSE_SHARE = 0.5, 0.15
 HINT_SHARE = 0.5      # training prompts that name the refusal shape (prompt.REFUSAL_HINT)
+# Training tasks whose say texts are not quoted ("say hello, then go to the dock"): people
+# seldom quote what the robot should say (the held-out sets keep the templates' quotes).
+UNQUOTED_SAY = 0.3
 REFUSE = "refuse"     # the family of refusals
 # The held-out sets: (a) the training worlds' held-out combinations, (b) open-vocabulary
 # tasks named only with held-out words, (c) tasks the catalog cannot express.
@@ -298,9 +301,20 @@ def _generate(seed: int, split: str, n: int) -> list[Example]:
         out = (_world_examples(rng, split, n - n_open - n_refuse)
                + _open_examples(rng, split, n_open)
                + [refusal_example(rng, split) for _ in range(n_refuse)])
-        out = [replace(ex, hint=rng.random() < HINT_SHARE) for ex in out]
+        out = [_unquoted(replace(ex, hint=rng.random() < HINT_SHARE), rng) for ex in out]
     rng.shuffle(out)
     return out
+
+
+def _unquoted(example: Example, rng: random.Random) -> Example:
+    """The example with its say texts unquoted in the task, UNQUOTED_SAY of the time."""
+    texts = [s["args"]["text"] for s in example.plan if s["skill"] == "say"]
+    if rng.random() >= UNQUOTED_SAY or not texts:
+        return example
+    task = example.task
+    for text in texts:
+        task = task.replace(f'"{text}"', text).replace(f"'{text}'", text)
+    return replace(example, task=task)
 
 
 def make_corpus(seed: int = 0, n_train: int = 20000, n_heldout: int = 500

@@ -109,8 +109,8 @@ def train_only_words() -> frozenset[str]:
         texts += [t for options in table.values() for t in options]
     texts += phrasing.IRRELEVANT + phrasing.OUTLINE_ONE + phrasing.OUTLINE_MANY
     texts += [w for w, _ in phrasing.WRAPPERS] + phrasing.JOINERS
-    texts += [*refusals.ACTIONS, *refusals.TRAIN_ACTIONS, *refusals.VAGUE, *refusals.THOUGHTS,
-              *refusals.VAGUE_THOUGHTS, *refusals.PARTIAL, *refusals.CLOSING]
+    texts += [*refusals.ACTIONS, *refusals.TRAIN_ACTIONS, *refusals.VAGUE, *refusals.TRAIN_VAGUE,
+              *refusals.THOUGHTS, *refusals.VAGUE_THOUGHTS, *refusals.PARTIAL, *refusals.CLOSING]
     return frozenset(re.findall(r"[a-z]+", " ".join(texts).lower()))
 
 

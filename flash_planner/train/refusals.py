@@ -53,7 +53,11 @@ TRAIN_ACTIONS = (
     "seal {c}", "empty {c}", "label {c}", "dust {c}", "fix {c}", "paint {c}", "tell a joke",
     "write a poem", "call my mother", "book a taxi", "walk the dog", "make the bed",
     "brew some tea", "read me the news", "jump", "recharge your battery", "count to ten",
-    "sit down", "wave hello",
+    "sit down", "wave hello", "warm up {o}", "chill {o}", "defrost {o}", "power down {o}",
+    "recharge {o}", "wipe {o}", "soak {o}", "steam {o}", "roast {o}", "mash {o}", "grate {o}",
+    "dice {o}", "shred {o}", "knit {o}", "varnish {o}", "decorate {o}", "dim {p}",
+    "brighten {p}", "air out {p}", "hose down {p}", "clean up {p}", "wash down {p}",
+    "dust off {p}", "shovel {p}", "hum a tune", "do a dance", "have a rest", "meditate",
 )
 # Tasks with an action the catalog has but nothing named to act on.
 VAGUE = (
@@ -64,6 +68,18 @@ VAGUE = (
     "open something", "bring something", "take it back", "put that one in there",
     "move it over here", "get that thing", "leave it there", "go back there",
     "close the other one",
+)
+# More of them, refused in training only (the held-out ones stay those of the split above):
+# an action the catalog has, done to a pronoun ("it", "that one", "the other one", "them").
+TRAIN_VAGUE = (
+    "open that one", "shut it", "close that", "open the other one", "grab the other one",
+    "pick that one up", "take this", "bring those here", "put them away", "carry that over there",
+    "move it", "fetch that one", "get it", "lift that", "bring it back", "put it back",
+    "take it away", "shut the other one", "close this one", "open this one", "go over here",
+    "head there", "drive over there", "get the other one", "move the other one",
+    "put this one there", "take them", "grab it", "pick them up", "hand me that",
+    "bring this one over", "put it there", "place it over there", "open them", "close them",
+    "go to it", "navigate there", "pick the other one up",
 )
 THOUGHTS = ["I have no skill to {v}.", "None of my skills can {v}.",
             "The skills cannot {v}.", "There is no skill to {v}."]
@@ -94,6 +110,11 @@ def actions(split: str) -> tuple[str, ...]:
     return side(ACTIONS, split) + (TRAIN_ACTIONS if split == "train" else ())
 
 
+def vague(split: str) -> tuple[str, ...]:
+    """The vague tasks of one side: the split's share of VAGUE, and in training TRAIN_VAGUE."""
+    return side(VAGUE, split) + (TRAIN_VAGUE if split == "train" else ())
+
+
 def verb_of(action: str) -> str:
     """The action's words before what it acts on: "tie up {o}" -> "tie up"."""
     return action.split(" {")[0]
@@ -104,7 +125,7 @@ def refusal_task(world: World, rng: random.Random, split: str
     """(task, thinking, reason) of one task the catalog cannot express."""
     roll = rng.random()
     if roll < 0.2:
-        core = rng.choice(side(VAGUE, split))
+        core = rng.choice(vague(split))
         thinking = f"{rng.choice(VAGUE_THOUGHTS)} {rng.choice(CLOSING)}"
         reason = VAGUE_REASON
     else:

@@ -197,6 +197,30 @@ def test_refusals_use_actions_never_refused_in_training(splits, sets):
                for ex in held)
 
 
+def test_vague_tasks_refused_in_training_are_never_the_heldout_ones(splits, sets):
+    held = set(refusals.vague("heldout"))
+    assert held and held.isdisjoint(refusals.vague("train"))
+    trained_tasks = " ".join(ex.task.lower() for ex in splits[0] if ex.refusal)
+    assert any(v in trained_tasks for v in refusals.TRAIN_VAGUE)
+    held_vague = [ex.task.lower() for ex in sets["inexpressible"]
+                  if ex.refusal == refusals.VAGUE_REASON]
+    assert held_vague and all(any(v in task for v in held) for task in held_vague)
+
+
+def test_some_training_say_texts_are_unquoted_and_the_heldout_ones_quoted(splits, sets):
+    def quoted(ex):
+        return all(f'"{s["args"]["text"]}"' in ex.task or f"'{s['args']['text']}'" in ex.task
+                   for s in ex.plan if s["skill"] == "say")
+
+    says = [ex for ex in splits[0] if any(s["skill"] == "say" for s in ex.plan)]
+    bare = [ex for ex in says if not quoted(ex)]
+    assert 0.2 * len(says) < len(bare) < 0.4 * len(says)       # UNQUOTED_SAY of them
+    assert all(s["args"]["text"] in ex.task for ex in bare for s in ex.plan
+               if s["skill"] == "say")
+    held = [ex for name in ("world", "unseen") for ex in sets[name]]
+    assert all(quoted(ex) for ex in held)
+
+
 def test_heldout_combinations_never_occur_in_training(splits):
     train, heldout = splits
     train_keys = {ex.combo for ex in train}     # open-vocabulary ones included
