@@ -26,6 +26,7 @@ from .tokenizer import load_tokenizer, train_tokenizer
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "assets" / "demo"
 MTP_TRAIN_STEPS = 1000
+TRAIN_EXAMPLES = 30000
 MTP_DEPTH = 3           # chain steps trained: the engine's default mtp_steps
 
 
@@ -34,7 +35,7 @@ def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_train
     t0 = time.perf_counter()
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     catalog = SkillCatalog.from_yaml(default_skills_path())
-    train, _ = make_corpus(seed, n_heldout=0)
+    train, _ = make_corpus(seed, n_train=TRAIN_EXAMPLES, n_heldout=0)
     log(f"[corpus] {len(train)} training examples")
     target_dir, drafter_dir = out / "target", out / "drafter"
     ids = train_tokenizer((render(ex, catalog=catalog) for ex in train[:5000]), target_dir)
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target-steps", type=int, default=1400)
+    parser.add_argument("--target-steps", type=int, default=2200)
     parser.add_argument("--drafter-steps", type=int, default=3600)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--check", type=int, default=40,

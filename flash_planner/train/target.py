@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-
 # A batch's rows run in this many length-sorted slices (see `answer_loss`).
 LOSS_GROUPS = 4
 
