@@ -40,7 +40,10 @@ ACTIONS = (
 # above): the wider the inventory the model saw refused, the better it refuses actions it never
 # saw (held-out set (c)). None starts with a verb that plain tasks start with (take, get, put,
 # go, open, close, turn, light): trained with "take a picture" and "go to sleep" refused, the
-# demo refused "open the fridge, take the milk and say done" too.
+# demo refused "open the fridge, take the milk and say done" too. Known leak, kept until the
+# next retrain (removing them changes the shipped pair's corpus): "clean up {p}" and "wash down
+# {p}" share a verb with the held-out "clean {o}" and "wash {o}", as "switch off" does with
+# "switch on" (docs/performance.md: set (c) reads 91.5% refused without their help, not 92.5).
 TRAIN_ACTIONS = (
     "lubricate {o}", "disinfect {o}", "tighten {o}", "loosen {o}", "unscrew {o}", "assemble {o}",
     "dismantle {o}", "calibrate {o}", "test {o}", "refill {o}", "stack {o}", "rotate {o}",
