@@ -182,16 +182,19 @@ def shared_prefix(ids: torch.Tensor, mask: torch.Tensor) -> int:
     return int(min(same, (first[0].item() if len(first) else ids.shape[1]) - 1))
 
 
-def prefix_states(model: torch.nn.Module, prefix: torch.Tensor, rows: int):
-    """The model's cache after `prefix` [1, P], repeated for `rows` rows, such that gradients
-    reach the prefix's states; None where the cache is not laid out as transformers 5.2x
-    lays it out (the caller then runs the whole rows). Each GDN layer's recurrent state is
-    reassigned, not copied in place as the cache does at inference (that copy would overwrite
-    a tensor backward reads)."""
+def prefix_states(model: torch.nn.Module, prefix: torch.Tensor, rows: int,
+                  hidden_states: bool = False):
+    """(cache, output): the model's cache after `prefix` [1, P], repeated for `rows` rows,
+    such that gradients reach the prefix's states, and the prefix pass's output (its last
+    logits; every layer's hidden states if `hidden_states`). The cache is None where it is
+    not laid out as transformers 5.2x lays it out (the caller then runs the whole rows). Each
+    GDN layer's recurrent state is reassigned, not copied in place as the cache does at
+    inference (that copy would overwrite a tensor backward reads)."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    output = model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                   output_hidden_states=hidden_states)
     linear = attention = 0
     for layer in getattr(cache, "layers", ()):
         if getattr(layer, "keys", None) is not None and layer.keys.numel():
@@ -212,15 +215,15 @@ def prefix_states(model: torch.nn.Module, prefix: torch.Tensor, rows: int):
             linear += 1
     types = model.config.layer_types
     if (linear, attention) != (types.count("linear_attention"), types.count("full_attention")):
-        return None
-    return cache
+        return None, output
+    return cache, output
 
 
 def _loss_sum(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Summed next-token cross-entropy on the tokens the mask marks; the rows' shared prompt
     runs once (one row) and its states are repeated for the rest."""
     k = shared_prefix(ids, mask)
-    cache = prefix_states(model, ids[:1, :k], len(ids)) if k >= 2 else None
+    cache = prefix_states(model, ids[:1, :k], len(ids))[0] if k >= 2 else None
     k = k if cache is not None else 0
     logits = model(input_ids=ids[:, k:], past_key_values=cache,
                    use_cache=cache is not None).logits[:, :-1]
@@ -237,13 +240,50 @@ def answer_loss(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
     and the prompt the rows share runs once per slice: the same loss and gradient as one pass
     over the padded batch (up to rounding), in about a third of its time on the demo corpus.
     """
-    lengths = mask.long().cumsum(dim=1).argmax(dim=1) + 1      # past the last marked token
     total = mask[:, 1:].sum().clamp(min=1)
     loss = ids.new_zeros((), dtype=torch.float32)
-    for rows in torch.argsort(lengths, stable=True).chunk(groups):
-        width = int(lengths[rows].max())
+    for rows, width in length_slices(mask, groups):
         loss = loss + _loss_sum(model, ids[rows, :width], mask[rows, :width])
     return loss / total
+
+
+def length_slices(mask: torch.Tensor, groups: int) -> list[tuple[torch.Tensor, int]]:
+    """The batch's rows sorted by length (to past their last marked token) in `groups`
+    slices, each with the width of its longest row."""
+    lengths = mask.long().cumsum(dim=1).argmax(dim=1) + 1
+    return [(rows, int(lengths[rows].max()))
+            for rows in torch.argsort(lengths, stable=True).chunk(groups)]
+
+
+@torch.no_grad()
+def frozen_outputs(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
+                   layers: Sequence[int], groups: int = LOSS_GROUPS):
+    """What later stages read of the frozen target, run as `answer_loss` runs a batch
+    (length-sorted slices, the shared prompt once per slice): (hidden, greedy) with hidden
+    [N, S, len(layers) * H] its `hidden_states[l]` for l in `layers` side by side, and greedy
+    [N, S] its greedy token at each position (the argmax after the position before). Only
+    what the callers read is computed: a row's positions past its last marked token hold
+    padding's values or zeros, and greedy holds the row's own ids over its shared prompt."""
+    n, s = ids.shape
+    hidden = torch.zeros(n, s, len(layers) * model.config.hidden_size)
+    greedy = ids.clone()
+    for rows, width in length_slices(mask, groups):
+        sub = ids[rows, :width]
+        k = shared_prefix(sub, mask[rows, :width])
+        cache, head = prefix_states(model, sub[:1, :k], len(rows), True) if k >= 2 else (None,) * 2
+        k = k if cache is not None else 0
+        out = model(input_ids=sub[:, k:], past_key_values=cache, use_cache=cache is not None,
+                    output_hidden_states=True)
+        taps = torch.cat([out.hidden_states[layer] for layer in layers], dim=-1)
+        tokens = out.logits[:, :-1].argmax(dim=-1)
+        if k:
+            shared = torch.cat([head.hidden_states[layer] for layer in layers], dim=-1)
+            taps = torch.cat((shared.expand(len(rows), -1, -1), taps), dim=1)
+            tokens = torch.cat((head.logits[:, -1].argmax(dim=-1).expand(len(rows), 1), tokens),
+                               dim=1)
+        hidden[rows, :width] = taps
+        greedy[rows, max(k, 1):width] = tokens
+    return hidden, greedy
 
 
 def train_target(examples: Sequence[tuple[list[int], list[int]]], vocab_size: int,

@@ -13,6 +13,7 @@ from flash_planner.train.target import (
     TargetSpec,
     TrainSettings,
     answer_loss,
+    frozen_outputs,
     length_bucketed_batches,
     pad_batch,
     prefix_states,
@@ -100,12 +101,8 @@ def test_drafter_learns_the_targets_greedy_tokens_not_the_corpus(tmp_path):
     assert not torch.isclose(losses["corpus", True], losses["corpus", False])
 
 
-def test_answer_loss_runs_the_shared_prompt_once_with_the_loss_and_gradient_of_one_pass():
-    """Rows of unlike lengths that share a prompt longer than a GDN chunk (64 tokens): the
-    sliced pass that runs the shared prompt once per slice gives the loss and the gradient
-    of one plain pass over the padded batch."""
-    from transformers import Qwen3_5ForCausalLM
-
+def _shared_prompt_batch():
+    """Rows of unlike lengths that share a prompt longer than a GDN chunk (64 tokens)."""
     rng = random.Random(0)
     shared = [rng.randrange(3, VOCAB) for _ in range(70)]
     rows = []
@@ -113,11 +110,20 @@ def test_answer_loss_runs_the_shared_prompt_once_with_the_loss_and_gradient_of_o
         prompt = shared + [rng.randrange(3, VOCAB) for _ in range(n_prompt)]
         answer = [rng.randrange(3, VOCAB) for _ in range(n_answer)] + [EOS]
         rows.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
-    ids, mask = pad_batch(rows, PAD)
+    return pad_batch(rows, PAD)
+
+
+def test_answer_loss_runs_the_shared_prompt_once_with_the_loss_and_gradient_of_one_pass():
+    """The sliced pass that runs the shared prompt once per slice gives the loss and the
+    gradient of one plain pass over the padded batch."""
+    from transformers import Qwen3_5ForCausalLM
+
+    ids, mask = _shared_prompt_batch()
+    rows = ids.shape[0]
     assert shared_prefix(ids, mask) == 70      # the prompts part after `shared`
     torch.manual_seed(0)
     model = Qwen3_5ForCausalLM(SPEC.hf_config(VOCAB, EOS, PAD)).train()
-    assert prefix_states(model, ids[:1, :70], len(rows)) is not None   # not the fallback
+    assert prefix_states(model, ids[:1, :70], rows)[0] is not None   # not the fallback
 
     def gradient(loss):
         model.zero_grad()
@@ -134,3 +140,26 @@ def test_answer_loss_runs_the_shared_prompt_once_with_the_loss_and_gradient_of_o
         assert torch.allclose(loss, plain, rtol=1e-5, atol=0)
         got = gradient(loss)
         assert (got - want).norm() <= 1e-4 * want.norm()
+
+
+def test_frozen_outputs_match_one_plain_pass_where_the_loss_reads_them():
+    """The drafter's view of the frozen target, run in slices with the shared prompt once:
+    the tapped hidden states of every row up to its end and the greedy tokens at its answer
+    are those of one plain pass over the padded batch."""
+    from transformers import Qwen3_5ForCausalLM
+
+    ids, mask = _shared_prompt_batch()
+    torch.manual_seed(0)
+    model = Qwen3_5ForCausalLM(SPEC.hf_config(VOCAB, EOS, PAD)).eval()
+    with torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=True)
+    want = torch.cat([out.hidden_states[layer] for layer in (2, 4)], dim=-1)
+    want_greedy = out.logits[:, :-1].argmax(dim=-1)
+    for groups in (1, 4):
+        hidden, greedy = frozen_outputs(model, ids, mask, (2, 4), groups=groups)
+        assert hidden.shape == want.shape and not hidden.requires_grad
+        for row in range(ids.shape[0]):
+            end = int(mask[row].nonzero().max()) + 1
+            assert torch.allclose(hidden[row, :end], want[row, :end], atol=1e-5, rtol=1e-4)
+            answer = mask[row, 1:].nonzero().flatten() + 1
+            assert torch.equal(greedy[row, answer], want_greedy[row, answer - 1])
