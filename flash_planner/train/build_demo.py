@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target-steps", type=int, default=2200)
-    parser.add_argument("--drafter-steps", type=int, default=3600)
+    parser.add_argument("--drafter-steps", type=int, default=2400)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--check", type=int, default=40,
                         help="tasks to check of each held-out set")

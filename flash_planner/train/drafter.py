@@ -22,14 +22,14 @@ from safetensors.torch import save_file
 
 from ..engine.config import RopeConfig
 from ..engine.models.dflash import DFlashDrafter, DraftConfig
-from .target import TrainSettings, frozen_target, optimise
+from .target import TrainSettings, frozen_outputs, frozen_target, optimise
 
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    num_layers: int = 1
+    num_layers: int = 2
     num_heads: int = 4
     num_kv_heads: int = 2
     head_dim: int = 48
@@ -71,11 +71,10 @@ def drafter_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, mask: torch.
     """
     cfg = drafter.cfg
     b = cfg.block_size
-    with torch.no_grad():
-        out = target(input_ids=ids, output_hidden_states=True)
-        taps = torch.cat([out.hidden_states[t + 1] for t in cfg.tap_ids], dim=-1)
-        labels = (torch.cat((ids[:, :1], out.logits[:, :-1].argmax(dim=-1)), dim=1)
-                  if target_labels else ids)
+    # groups=1: the drafter's batches are length-bucketed, so slicing them would add passes
+    # and save no padding (0.16 s against 0.26 s in four slices, a batch of 16 demo rows)
+    taps, greedy = frozen_outputs(target, ids, mask, [t + 1 for t in cfg.tap_ids], groups=1)
+    labels = greedy if target_labels else ids
     n, s = ids.shape
     positions = torch.arange(s)
     features = drafter.context_features(taps)                          # [N, S, H]
