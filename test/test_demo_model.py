@@ -135,7 +135,8 @@ def test_tasks_the_catalog_cannot_express_are_refused(service):
 
 def test_speculative_decoding_is_lossless_and_accepts_many_drafts(engine, catalog):
     # tokens per cycle over all six answers: a 13-token refusal alone is too short to judge
-    # drafting by (DFlash commits 2.0 per cycle there, 2.1-5.7 on the plans)
+    # drafting by. The shipped pair: DFlash 4.90 (3.8-9.5 per answer), MTP 8.19; the
+    # one-layer drafter before it 2.63
     published, cycles = {"dflash": 0, "mtp": 0}, {"dflash": 0, "mtp": 0}
     for example in CASES[:3] + UNSEEN[:2] + REFUSALS[:1]:  # names copied, a refusal
         settings = dict(max_new_tokens=320, enable_thinking=example.thinking is not None)
@@ -150,7 +151,7 @@ def test_speculative_decoding_is_lossless_and_accepts_many_drafts(engine, catalo
             assert spec.stats.cycles > 0, (method, example.task)
             published[method] += spec.stats.new_tokens - 1
             cycles[method] += spec.stats.cycles
-    assert all(published[m] / cycles[m] > 2.0 for m in published), (published, cycles)
+    assert all(published[m] / cycles[m] > 3.5 for m in published), (published, cycles)
 
 
 def test_the_requests_grammar_keeps_speculative_decoding_lossless(engine, catalog):
