@@ -122,6 +122,28 @@ def test_fused_expert_layout_loads_like_per_expert_tensors(checkpoints, tmp_path
         load_checkpoint(tmp_path, weights="fp8")
 
 
+@pytest.mark.parametrize("kind", ["hybrid_moe", "dense_moe"])
+def test_a_sharded_moe_checkpoint_loads_and_matches_transformers(checkpoints, make_engine,
+                                                                 kind):
+    """Published MoE checkpoints come in many shards, one layer's experts spread over
+    several: the loader opens each shard as an expert first needs it."""
+    from transformers import AutoModelForCausalLM
+
+    path = checkpoints(kind, max_shard_size="100KB")
+    index = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
+    shards_of_layer0 = {file for name, file in index.items()
+                        if name.startswith("model.layers.0.mlp.experts.")}
+    assert len(set(index.values())) > 3 and len(shards_of_layer0) > 1
+    engine = make_engine(path)
+    prompt = engine.tokenizer.encode("pick up the red cup", add_special_tokens=False)
+    result = generate(engine, prompt, GenerationSettings(max_new_tokens=16))
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    with torch.no_grad():  # both stop at EOS and include it
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
+                          pad_token_id=0)
+    assert result.token_ids == ref[0, len(prompt):].tolist()
+
+
 def test_routing_record_counts_distinct_experts(checkpoints):
     ckpt = load_checkpoint(checkpoints("hybrid_moe"))
     state = InferenceState(ckpt.config, 32, 16, torch.float32, torch.float32,

@@ -150,14 +150,14 @@ def load_module(module: nn.Module, names_of: Callable[[str], str], files: dict[s
         param.data = param.data.to(dtype)
     params = dict(module.state_dict())
     used: set[str] = set()
-    with contextlib.ExitStack() as stack, torch.no_grad():
+    with contextlib.ExitStack() as open_shards, torch.no_grad():
         handles: dict[Path, object] = {}
 
         def read(name: str) -> torch.Tensor:
             used.add(name)
             shard = files[name]
             if shard not in handles:
-                handles[shard] = stack.enter_context(open_shard(shard, error))
+                handles[shard] = open_shards.enter_context(open_shard(shard, error))
             return handles[shard].get_tensor(name)
 
         for ours, theirs in plain.items():
