@@ -208,7 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build-engines", help="export (and build) every dense segment")
     build.add_argument("--model", required=True, metavar="PRESET|DIR|REPO")
     _add_download_arg(build)
-    build.add_argument("--backend", choices=["onnxruntime", "tensorrt"], default="tensorrt")
+    # The dense backend under the flag name users know; stored where _load_engine reads it
+    # (never `backend`, which is where `plan` keeps its local/remote choice).
+    build.add_argument("--backend", dest="dense_backend", choices=["onnxruntime", "tensorrt"],
+                       default="tensorrt")
     build.add_argument("--segment-cache", metavar="DIR")
     build.add_argument("--device", help="auto | cpu | cuda[:N]")
     build.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"])
@@ -241,7 +244,7 @@ def _load_engine(args: argparse.Namespace, model: str, progress=_progress_to_std
         method=getattr(args, "method", None), mtp_steps=getattr(args, "mtp_steps", None),
         max_block=max(16, block or 0), window=getattr(args, "window", None),
         window_seed=False if getattr(args, "no_window_seed", False) else None,
-        dense_backend=getattr(args, "dense_backend", None) or getattr(args, "backend", None),
+        dense_backend=getattr(args, "dense_backend", None),
         segment_cache=args.segment_cache,
         prefix_cache=False if getattr(args, "no_prefix_cache", False) else None,
         compile=getattr(args, "compile", None))
@@ -347,9 +350,24 @@ def _plan(args: argparse.Namespace) -> int:
     return EXIT_OK if result.success else EXIT_FAILED
 
 
+SERVE_MODULES = ("fastapi", "uvicorn", "prometheus_client")
+
+
+def _check_serve_extra() -> None:
+    """`serve` needs the `serve` extra; say which line installs it instead of a traceback."""
+    import importlib.util
+
+    missing = [name for name in SERVE_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UsageError(f"serve needs {', '.join(missing)}, which are not installed: "
+                         "pip install 'flash_planner[serve]' (from a checkout: "
+                         "pip install -e '.[serve]')")
+
+
 def _serve(args: argparse.Namespace) -> int:
     import os
 
+    _check_serve_extra()
     import uvicorn
 
     from .planning.presets import default_skills_path, resolve_model
@@ -408,15 +426,16 @@ def _fetch(args: argparse.Namespace) -> int:
 
 
 def _build_engines(args: argparse.Namespace) -> int:
-    print(f"building dense segments of {args.model} with {args.backend} ...", flush=True)
+    backend = args.dense_backend
+    print(f"building dense segments of {args.model} with {backend} ...", flush=True)
     engine, _ = _load_engine(args, args.model,
                              progress=lambda line: print(line, flush=True))
     got = engine.model.dense.name
-    if got != args.backend:
-        print(f"flash-planner: {args.backend} could not serve (see the warning above); "
+    if got != backend:
+        print(f"flash-planner: {backend} could not serve (see the warning above); "
               f"the engine would run the dense segments with {got}", file=sys.stderr)
         return EXIT_FAILED
-    print(f"{len(engine.model.segments)} segments ready for {args.backend}")
+    print(f"{len(engine.model.segments)} segments ready for {backend}")
     return EXIT_OK
 
 

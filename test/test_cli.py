@@ -188,3 +188,12 @@ def test_plan_usage_errors_exit_2(hybrid_dir, capsys, args, match):
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert match in err and "\n" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("missing", ["fastapi", "uvicorn", "prometheus_client"])
+def test_serve_without_its_extra_names_the_install_line(monkeypatch, capsys, missing):
+    monkeypatch.setitem(sys.modules, missing, None)     # import fails as if not installed
+    assert main(["serve", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert missing in err and "pip install 'flash_planner[serve]'" in err
+    assert "\n" not in err and "Traceback" not in err

@@ -121,3 +121,33 @@ def test_a_valid_remote_plan_is_validated_like_a_local_one(planner):
         assert [s for _, s in steps] == VALID_PLAN["plan"]
     finally:
         stub.close()
+
+
+def test_every_cli_backend_plans_through_a_served_instance(monkeypatch, capsys):
+    """`flash-planner plan --backend ...`: each value end to end through the command line."""
+    import json
+
+    from flash_planner.cli import main
+
+    monkeypatch.setenv("FLASH_PLANNER_REMOTE_KEY", KEY)
+    server = Server().wait_ready()
+
+    def plan(backend: str) -> tuple[int, dict]:
+        code = main(["plan", TASK, "--json", "--device", "cpu", "--backend", backend,
+                     "--remote-url", server.url + "/v1", "--remote-model", "demo"])
+        out = capsys.readouterr().out
+        return code, json.loads(out.splitlines()[-1])
+
+    try:
+        for backend, made_by in (("local", "local"), ("remote", "remote"),
+                                 ("remote_or_local", "remote")):
+            code, result = plan(backend)
+            assert code == 0 and result["success"], (backend, result["error"])
+            assert result["telemetry"]["backend"] == made_by, backend
+    finally:
+        server.stop()
+    code, result = plan("remote_or_local")          # the server is gone: planned on board
+    assert code == 0 and result["telemetry"]["backend"] == "local"
+    assert "unreachable" in result["telemetry"]["remote_error"]
+    code, result = plan("remote")
+    assert code == 1 and result["error"].startswith("remote backend: ")
