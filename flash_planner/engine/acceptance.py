@@ -82,9 +82,12 @@ class ThinkTracker:
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
         self.thinking = False
-        self.observe(prompt_ids)
+        self._track(prompt_ids)     # not `observe`: subclasses count committed tokens there
 
     def observe(self, tokens: Sequence[int]) -> None:
+        self._track(tokens)
+
+    def _track(self, tokens: Sequence[int]) -> None:
         for tok in tokens:
             if tok == self.open:
                 self.thinking = True

@@ -303,3 +303,20 @@ def test_each_phase_samples_with_its_own_settings():
     p = tracker.distribution(torch.tensor([3, 9, 4, 8]), logits)
     assert torch.equal(p[2], torch.nn.functional.one_hot(logits[2].argmax(), 10).float())
     assert (p[0] > 0).sum() > 1 and (p[4] > 0).sum() > 1           # sampled rows
+
+
+def test_penalties_count_the_prompt_once_and_outputs_in_both_counts(spec_engine):
+    """Repetition penalty reads prompt + output, presence/frequency the output only; a
+    penalised request runs with every method and a seed fixes its tokens."""
+    params = SamplingParams(temperature=0.8, presence_penalty=1.0, frequency_penalty=0.5,
+                            repetition_penalty=1.2)
+    tracker = SampledAcceptance(Sampling(params, params), 10, torch.device("cpu"))
+    tracker.reset([1, 1, 2])
+    assert tracker.seen.tolist() == [0, 2, 1] + [0] * 7 and not tracker.generated.any()
+    tracker.observe([2, 3])
+    assert tracker.seen[:4].tolist() == [0, 2, 2, 1]
+    assert tracker.generated[:4].tolist() == [0, 0, 1, 1]
+    runs = {m: generate(spec_engine, PROMPT, GenerationSettings(
+        max_new_tokens=16, ignore_eos=True, sampling=Sampling(params, params, seed=3),
+        method=m)).token_ids for m in ("none", "dflash")}
+    assert runs["none"] == runs["dflash"] and len(runs["none"]) == 16
