@@ -151,6 +151,7 @@ class InferenceState:
                  compute_dtype: torch.dtype, device: torch.device, batch: int = 1):
         self.capacity = capacity
         self.max_steps = max_steps
+        self.device = device
         self.kv = KVCache(cfg, batch, capacity, kv_dtype, compute_dtype, device)
         self.gdn = GDNState(cfg, batch, max_steps, device)
         self.length = 0

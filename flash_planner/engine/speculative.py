@@ -60,7 +60,7 @@ def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
               constraint: Constraint | None = None, room: int = 0) -> Cycle:
     """Steps 1-3; the state is left with k+1 pending rows for `commit_cycle`. Under a
     constraint the block holds at most `room` drafts, forced tokens included."""
-    device = model.embed_tokens.weight.device
+    device = state.device
     anchor_t = torch.tensor([anchor], dtype=torch.long, device=device)
     start = state.length
     with timer.phase("draft"):
@@ -76,31 +76,36 @@ def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
     k = int(drafts.shape[0])
     tap_ids = proposer.tap_ids if proposer is not None else ()
     routing = RoutingRecord() if model.moe_blocks else None
+    rows = torch.cat((anchor_t, drafts)) if k else anchor_t
     with timer.phase("verify"):
-        out = model(torch.cat((anchor_t, drafts))[None], state, record_steps=k > 0,
-                    taps=tap_ids, all_logits=True, routing=routing)
+        out = model(rows[None], state, record_steps=k > 0, taps=tap_ids, all_logits=True,
+                    routing=routing)
     bitmask = None
     if constraint is not None:
         with timer.phase("grammar"):   # host work while an asynchronous forward runs
             bitmask = constraint.masks(block)
     with timer.phase("accept"):
         raw = out.logits[0]                                             # [k+1, V]
-        # finiteness of the raw logits: masking puts -inf where the grammar forbids
-        finite = torch.isfinite(raw).all(dim=-1).long()
+        # finiteness of the raw logits (masking puts -inf where the grammar forbids): the
+        # compiled forward's, or else whether a row's sum is finite (it is NaN or Inf iff a
+        # logit is, or the row reaches ~1e34: broken all the same)
+        finite = out.finite[0] if out.finite is not None else raw.sum(dim=-1).isfinite()
         logits = masked(raw, bitmask)
         n, picks = policy.decide(drafts, logits, start + 1)
         # The one host sync of the cycle: the count, all candidate tokens, whether each
         # row's logits are finite and (MoE) the experts the block touched, in one copy.
-        experts = (routing.distinct_per_layer(model.moe_blocks[0].num_experts).sum().view(1)
-                   if routing is not None else n.new_zeros(1))
-        host = torch.cat((n.view(1), drafts, picks, finite,
-                          experts.to(n.device, torch.long))).tolist()
-    n, d, a, ok = host[0], host[1:1 + k], host[1 + k:2 + 2 * k], host[2 + 2 * k:-1]
+        parts = [n.view(1), drafts, picks, finite.long()]
+        if routing is not None:
+            experts = routing.distinct_per_layer(model.moe_blocks[0].num_experts).sum()
+            parts.append(experts.view(1).to(n.device, torch.long))
+        host = torch.cat(parts).tolist()
+    n, d, a, ok = host[0], host[1:1 + k], host[1 + k:2 + 2 * k], host[2 + 2 * k:3 + 3 * k]
     if not all(ok[:n + 1]):  # a row that decides a published token
         raise NonFiniteLogits(start + ok.index(0))
     taps = torch.cat(out.taps, dim=-1) if tap_ids else None
     method = proposer.last_method if proposed else "none"
-    return Cycle(start, anchor, d[:n] + [a[n]], n, k, taps, method, host[-1])
+    experts = host[-1] if routing is not None else 0
+    return Cycle(start, anchor, d[:n] + [a[n]], n, k, taps, method, experts)
 
 
 def commit_cycle(state: InferenceState, cycle: Cycle, keep: int, proposer: Proposer | None,

@@ -38,9 +38,11 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from ..cache import InferenceState
 from ..config import cache_home
+from .direct import DirectGraph
 from .layers import rope_cos_sin
 from .moe import RoutingRecord, SparseMoeBlock
 
@@ -207,8 +209,26 @@ def pack_layers(layers: Sequence[nn.Module]) -> tuple[tuple[LayerStep, ...],
 
 
 def _head(norm: nn.Module, weight: torch.Tensor, x: torch.Tensor):
+    """-> (normed x, logits, per row 1 when its logits are finite else 0): a row's sum is
+    NaN or Inf iff a logit is (or the row reaches ~1e34: broken all the same); in the graph
+    it costs nothing, outside ~10 us a forward."""
     normed = norm(x)
-    return normed, (normed @ weight.T).float()
+    logits = (normed @ weight.T).float()
+    return normed, logits, logits.sum(dim=-1).isfinite().long()
+
+
+def whole_forward(embed: nn.Embedding, ids: torch.Tensor, positions: torch.Tensor,
+                  key_positions: torch.Tensor, rotary_dim: int, theta: float,
+                  steps: tuple[LayerStep, ...], flats: tuple[torch.Tensor, ...],
+                  caches: tuple[tuple[torch.Tensor, ...], ...], valid: torch.Tensor,
+                  window_rows: torch.Tensor, norm: nn.Module, weight: torch.Tensor):
+    """Entry, the one span and head as one graph: a model whose layers form a single span
+    pays one graph call per forward instead of three."""
+    x, cos, sin, mask = _entry(embed, ids, positions, key_positions, rotary_dim, theta)
+    outs, routes = packed_span_forward(steps, flats, caches, x, cos, sin, positions, mask,
+                                       valid, window_rows)
+    normed, logits, finite = _head(norm, weight, outs[-1])
+    return logits, outs[:-1] + [normed], routes, finite
 
 
 def _own_copy(fn):
@@ -231,9 +251,10 @@ def quiet_inductor():
         logger.setLevel(level)
 
 
-def compile_graph(fn, cuda_graphs: bool, variants: int, rows: int = 1):
+def compile_graph(fn, cuda_graphs: bool, variants: int, rows: int = 1) -> DirectGraph:
     """torch.compile of one graph function, static shapes, no graph break allowed; rows:
-    the most rows a GEMM of it multiplies."""
+    the most rows a GEMM of it multiplies. On a CPU its sites may be called directly
+    (direct.py); on CUDA the captured graph is replayed instead."""
     # dynamo's per-code limit must admit every variant (bucket x recording x graph kind)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                variants)
@@ -249,7 +270,7 @@ def compile_graph(fn, cuda_graphs: bool, variants: int, rows: int = 1):
         options.update(size_asserts=False, memory_planning=True,
                        post_grad_fusion_options={"decompose_mm_pass": {}})
         _decompose_small_gemms(rows)
-    return torch.compile(_own_copy(fn), fullgraph=True, dynamic=False, options=options)
+    return DirectGraph(_own_copy(fn), options, direct=not cuda_graphs)
 
 
 def _decompose_small_gemms(rows: int) -> None:
@@ -318,6 +339,8 @@ class StaticGraphs:
         self.state = state
         self.cache_dir = compile_cache_dir(cache_dir)
         self.buckets = row_buckets(max_block)
+        self._bucket_of = {rows: next(b for b in self.buckets if b >= rows)
+                           for rows in range(1, self.buckets[-1] + 1)}
         self.device = device
         self.cuda_graphs = device.type == "cuda"
         self.key_positions = torch.arange(state.capacity, device=device)
@@ -331,13 +354,17 @@ class StaticGraphs:
         self.graphs: dict[int, CapturedGraph] = {}
         self.report: CompileReport | None = None
         self.calls = 0                      # forwards run compiled since warm-up
+        self.compiled: list[DirectGraph] = []
+        self.direct = False                 # calls skip dynamo (checked at warm-up)
 
-    def _compile(self, fn, kinds: int = 1):
-        return compile_graph(fn, self.cuda_graphs, 2 * len(self.buckets) * kinds,
-                             self.buckets[-1])
+    def _compile(self, fn, kinds: int = 1) -> DirectGraph:
+        graph = compile_graph(fn, self.cuda_graphs, 2 * len(self.buckets) * kinds,
+                              self.buckets[-1])
+        self.compiled.append(graph)
+        return graph
 
     def bucket(self, rows: int) -> int | None:
-        return next((b for b in self.buckets if b >= rows), None)
+        return self._bucket_of.get(rows)
 
     def fits(self, state: InferenceState, batch: int, rows: int) -> bool:
         """This state, one sequence, a block that fits a bucket and the cache, and an FP8
@@ -351,10 +378,12 @@ class StaticGraphs:
         tb = self.bucket(rows)
         start = self.state.begin(rows, record)
         self.calls += 1
-        self.positions[tb][0] = self.key_positions[start:start + tb]
+        torch.add(self.key_positions[:tb], start, out=self.positions[tb][0])
         return (tb, *self.padding[(tb, rows)])
 
     def _run(self, tb: int, valid: torch.Tensor, window_rows: torch.Tensor):
+        if self.direct:
+            return self._forward(tb, valid, window_rows)
         return run_graph(self.graphs.get(tb), partial(self._forward, tb), valid, window_rows)
 
     def _forward(self, tb: int, valid: torch.Tensor, window_rows: torch.Tensor):
@@ -375,6 +404,8 @@ class StaticGraphs:
                 if self.cuda_graphs:
                     self.graphs[tb] = CapturedGraph(partial(self._forward, tb), valid,
                                                     window_rows)
+                elif self.compiled[0].direct:
+                    self._check_direct(tb, self._forward(tb, valid, window_rows))
                 else:
                     self._forward(tb, valid, window_rows)
                 if progress is not None:
@@ -384,7 +415,33 @@ class StaticGraphs:
 
         self.report = warm_up_report(every_bucket, self.part, self.cuda_graphs, self.buckets,
                                      self.spans, self.cache_dir)
+        self.direct = all(graph.direct for graph in self.compiled)
         return self.report
+
+    def _check_direct(self, tb: int, first: object) -> None:
+        """The bucket's forward again from the same empty state, now by direct calls: it
+        must give what dynamo's first calls gave, bit for bit, or dynamo keeps every call."""
+        gdn, kv = self.state.gdn, self.state.kv
+        expected = [*pytree.tree_leaves(first), gdn.state, gdn.conv]
+        expected = [x.clone() for x in expected if isinstance(x, torch.Tensor)]
+        self.state.reset()
+        kv.calibrated = [True] * len(kv.calibrated)
+        self.state.begin(tb, self.records and tb > 1)
+        try:
+            again = self._forward(tb, *self.padding[(tb, tb)])
+            got = [x for x in (*pytree.tree_leaves(again), gdn.state, gdn.conv)
+                   if isinstance(x, torch.Tensor)]
+            same = len(got) == len(expected) and all(
+                a.shape == b.shape and torch.equal(a.nan_to_num(), b.nan_to_num())
+                for a, b in zip(got, expected))
+            reason = "their outputs differ from dynamo's"
+        except Exception as exc:       # another torch whose backend sees other inputs
+            same, reason = False, f"{type(exc).__name__}: {exc}"
+        if not same:
+            log.warning("the %s's compiled graphs are called through dynamo: direct calls "
+                        "failed their check (%s)", self.part, reason)
+            for graph in self.compiled:
+                graph.direct = False
 
 
 @torch.inference_mode()
@@ -454,9 +511,12 @@ class StaticForward(StaticGraphs):
         self.spans_of = _packed_spans(model, state)
         self.spans = len(self.spans_of)
         templates = len({id(span.steps) for span in self.spans_of})
-        self.entry = self._compile(_entry)
-        self.span = self._compile(packed_span_forward, templates)
-        self.head = self._compile(_head)
+        if self.spans == 1:
+            self.whole = self._compile(whole_forward)
+        else:
+            self.entry = self._compile(_entry)
+            self.span = self._compile(packed_span_forward, templates)
+            self.head = self._compile(_head)
         self.ids = {tb: torch.zeros(1, tb, dtype=torch.long, device=self.device)
                     for tb in self.buckets}
 
@@ -468,40 +528,49 @@ class StaticForward(StaticGraphs):
 
     def run(self, ids: torch.Tensor, record_steps: bool, taps: tuple[int, ...],
             all_logits: bool, routing: RoutingRecord | None):
-        """`TargetModel.forward` of a block `accepts` took; returns (logits, taps)."""
+        """`TargetModel.forward` of a block `accepts` took; returns (logits, taps, finite:
+        per returned row, 1 when its logits are finite)."""
         t = ids.shape[1]
         tb, valid, window_rows = self._begin(t, record_steps)
         self.ids[tb][:, :t].copy_(ids)
-        logits, outs, routes = self._run(tb, valid, window_rows)
-        kept = [logits[:, :t] if all_logits else logits[:, t - 1:t]]
-        kept += [outs[i][:, :t] for i in taps]
+        logits, outs, routes, finite = self._run(tb, valid, window_rows)
+        rows = slice(0, t) if all_logits else slice(t - 1, t)
+        kept = [logits[:, rows], finite[:, rows], *(outs[i][:, :t] for i in taps)]
         if routing is not None:
             kept += [ids[:t] for ids in routes]
         if self.cuda_graphs:   # the graph's outputs: the next replay overwrites them
             kept = [x.clone() for x in kept]
         if routing is not None:
-            routing.ids.extend(kept[1 + len(taps):])
-        return kept[0], kept[1:1 + len(taps)]
+            routing.ids.extend(kept[2 + len(taps):])
+        return kept[0], kept[2:2 + len(taps)], kept[1]
 
     def _forward(self, tb: int, valid: torch.Tensor, window_rows: torch.Tensor):
         """The graphs of one forward: entry, the spans, head. -> (logits [1, tb, V],
-        per-layer outputs (the last after the final norm), MoE ids per sparse layer)."""
+        per-layer outputs (the last after the final norm), MoE ids per sparse layer, per row
+        whether its logits are finite [1, tb])."""
         model, positions = self.model, self.positions[tb]
         rope = model.cfg.rope
-        x, cos, sin, mask = self.entry(model.embed_tokens, self.ids[tb], positions,
-                                       self.key_positions, rope.rotary_dim, rope.theta)
         record = tb > 1
+        if self.spans == 1:
+            span = self.spans_of[0]
+            return self.whole.call(tb, model.embed_tokens, self.ids[tb], positions,
+                                   self.key_positions, rope.rotary_dim, rope.theta,
+                                   span.steps, span.flats, span.caches[record], valid,
+                                   window_rows, model.norm, model.output_weight)
+        x, cos, sin, mask = self.entry.call(tb, model.embed_tokens, self.ids[tb], positions,
+                                            self.key_positions, rope.rotary_dim, rope.theta)
         outs: list[torch.Tensor] = []
         routes: list[torch.Tensor] = []
-        for span in self.spans_of:
-            layer_outs, ids = self.span(span.steps, span.flats, span.caches[record], x, cos,
-                                        sin, positions, mask, valid, window_rows)
+        for i, span in enumerate(self.spans_of):
+            layer_outs, ids = self.span.call((tb, i), span.steps, span.flats,
+                                             span.caches[record], x, cos, sin, positions,
+                                             mask, valid, window_rows)
             outs += layer_outs
             routes += ids
             x = layer_outs[-1]
-        normed, logits = self.head(model.norm, model.output_weight, x)
+        normed, logits, finite = self.head.call(tb, model.norm, model.output_weight, x)
         outs[-1] = normed
-        return logits, outs, routes
+        return logits, outs, routes, finite
 
 
 class CapturedGraph:

@@ -64,6 +64,8 @@ class ForwardOutput:
     logits: torch.Tensor          # [B, T or 1, vocab] float32
     taps: list[torch.Tensor]      # per requested layer id, its output [B, T, hidden]
                                   # (the last layer's after the final norm)
+    finite: torch.Tensor | None = None   # [B, rows]: 1 where a row's logits are finite
+                                         # (compiled forwards; None: not computed)
 
 
 class TorchDense:
@@ -123,11 +125,12 @@ class TargetModel(nn.Module):
         """
         if self.static is not None and self.static.accepts(ids, state, record_steps):
             try:
-                logits, tapped = self.static.run(ids, record_steps, taps, all_logits, routing)
+                logits, tapped, finite = self.static.run(ids, record_steps, taps, all_logits,
+                                                         routing)
             except BaseException:
                 state.reset()
                 raise
-            return ForwardOutput(logits, tapped)
+            return ForwardOutput(logits, tapped, finite)
         b, t = ids.shape
         n = len(self.layers)
         ctx = ForwardContext.open(state, b, t, self.cfg.rope, self.embed_tokens.weight.dtype,
