@@ -13,12 +13,15 @@ llama.cpp requires).
 Per shape, on the same fp32 weights and one thread each (`--threads`): the greedy tokens of
 both engines are compared first (the same ids, or the first divergence with both engines'
 logit margins at that step, and the row is marked), then timed: decode ms per token (the
-mean over the tokens after the first, median of `--repeats` runs after a warm-up) and
-prefill tokens/s (a 128-token prompt to the first token). Ours runs eager and compiled
-(`EngineConfig.compile`, warm-up not timed). Both sides pay the 151,936-row output head,
-which dominates the tiny widths; the per-layer slope between depths 4 and 64 is printed.
+mean over the tokens after the first) and prefill tokens/s (a 128-token prompt to the first
+token), medians over `--rounds` rounds in which the engines take turns (`--repeats` runs
+each, after a warm-up). Ours runs eager and compiled (`EngineConfig.compile`, warm-up not
+timed). The Qwen-vocabulary rows pay the 151,936-row output head, which dominates the tiny
+widths in both engines; the small-vocabulary rows (`smallN`, 384 rows, converted through
+`peer_convert.py`) show each engine's per-token floor. The per-layer slope between depths 4
+and 64 is printed for both.
 
-    python bench/peer.py [--shapes hybrid4 hybrid40 ...] [--threads 1] [--json]
+    python bench/peer.py [--shapes small4 hybrid4 ...] [--threads 1] [--rounds 3] [--json]
 """
 
 from __future__ import annotations
@@ -45,16 +48,23 @@ CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED
                "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
                "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_COMMON=OFF")
 TOOL_SOURCE = HERE / "peer_greedy.cpp"
-# name: (kind, size, depth); hidden 64 ("tiny") leaves host work per layer as the cost
+# name: (kind, size, depth, vocabulary); hidden 64 ("tiny") leaves host work per layer as
+# the cost. "qwen": the real 151,936-row vocabulary, whose output head dominates a tiny
+# model's step in both engines; "small": the tiny checkpoints' own 384 rows, so that each
+# engine's per-token floor (dispatch, graph calls, the loop) shows.
 SHAPES = {
-    "hybrid4": ("hybrid", "tiny", 4),
-    "hybrid40": ("hybrid", "tiny", 40),
-    "hybrid64": ("hybrid", "tiny", 64),
-    "wide16": ("hybrid", "bench", 16),
-    "moe40": ("hybrid_moe", "tiny", 40),
+    "hybrid4": ("hybrid", "tiny", 4, "qwen"),
+    "hybrid40": ("hybrid", "tiny", 40, "qwen"),
+    "hybrid64": ("hybrid", "tiny", 64, "qwen"),
+    "wide16": ("hybrid", "bench", 16, "qwen"),
+    "moe40": ("hybrid_moe", "tiny", 40, "qwen"),
+    "small4": ("hybrid", "tiny", 4, "small"),
+    "small64": ("hybrid", "tiny", 64, "small"),
 }
-PROMPT = list(range(1000, 1016))           # 16 ordinary ids of the Qwen vocabulary
-PREFILL = list(range(2000, 2128))          # 128
+# 16 ordinary ids for the decode prompt, 128 for the prefill one
+PROMPTS = {"qwen": (list(range(1000, 1016)), list(range(2000, 2128))),
+           "small": (list(range(100, 116)), [50 + i % 300 for i in range(128)])}
+PROMPT, PREFILL = PROMPTS["qwen"]
 
 
 class PeerError(RuntimeError):
@@ -120,16 +130,19 @@ def build(progress=log) -> Path:
     return tool
 
 
-def convert(checkpoint: Path, out: Path, progress=log) -> Path:
+def convert(checkpoint: Path, out: Path, progress=log, known_tokenizer: bool = True) -> Path:
     """An fp32 GGUF of `checkpoint` by llama.cpp's own converter (MTP layers kept when the
-    checkpoint has them)."""
+    checkpoint has them). known_tokenizer=False: a tokenizer the converter has no entry
+    for (the tiny checkpoints' small one) goes through `peer_convert.py`."""
     tree = llama_cpp_tree(progress)
     config = json.loads((checkpoint / "config.json").read_text())
     mtp = (config.get("text_config") or config).get("mtp_num_hidden_layers", 0)
     env = dict(os.environ, PYTHONPATH=str(tree / "gguf-py"))
-    _run([sys.executable, str(tree / "convert_hf_to_gguf.py"), str(checkpoint),
-          "--outtype", "f32", "--outfile", str(out), *([] if mtp else ["--no-mtp"])],
-         f"convert {checkpoint.name}", progress, env=env)
+    script = ([str(tree / "convert_hf_to_gguf.py")] if known_tokenizer
+              else [str(HERE / "peer_convert.py"), str(tree)])
+    _run([sys.executable, *script, str(checkpoint), "--outtype", "f32", "--outfile",
+          str(out), *([] if mtp else ["--no-mtp"])], f"convert {checkpoint.name}", progress,
+         env=env)
     return out
 
 
@@ -192,61 +205,78 @@ def load_engine(path: Path, compile: str):
 def checkpoint(name: str, workdir: Path) -> Path:
     from flash_planner.train.tiny import write_tiny_checkpoint
 
-    kind, size, depth = SHAPES[name]
+    kind, size, depth, vocab = SHAPES[name]
     return write_tiny_checkpoint(workdir / name, kind=kind, size=size, layers=depth,
                                  attention_every=4, init=0.25 if size == "tiny" else None,
-                                 qwen_vocab=True)
+                                 qwen_vocab=vocab == "qwen")
 
 
 def bench_shape(name: str, tool: Path, workdir: Path, args) -> dict:
+    """One shape: the three engines' greedy tokens checked, then timed in `args.rounds`
+    rounds of llama.cpp, ours eager, ours compiled (each `args.repeats` runs), so that a
+    shared machine's slow minutes fall on all three alike; medians over every run."""
+    kind, size, depth, vocab = SHAPES[name]
+    prompt, prefill = PROMPTS[vocab]
     path = checkpoint(name, workdir)
-    gguf = convert(path, workdir / f"{name}.gguf")
-    log(f"{name}: llama.cpp")
-    peer = {"decode": theirs(tool, gguf, PROMPT, args.new_tokens, args.repeats, args.threads),
-            "prefill": theirs(tool, gguf, PREFILL, 1, args.repeats, args.threads)}
-    row = {"shape": name, "kind": SHAPES[name][0], "size": SHAPES[name][1],
-           "depth": SHAPES[name][2],
-           "llama_cpp": {"decode_ms": statistics.median(peer["decode"]["decode_ms_per_token"]),
-                         "prefill_tok_s": len(PREFILL) * 1000 / statistics.median(
-                             peer["prefill"]["prefill_ms"])}}
-    for mode in ("off", "on"):
-        label = "compiled" if mode == "on" else "eager"
-        log(f"{name}: ours, {label}")
-        engine = load_engine(path, mode)
-        decode = ours(engine, PROMPT, args.new_tokens, args.repeats)
-        first = ours(engine, PREFILL, 1, args.repeats)
-        row[label] = {"decode_ms": statistics.median(decode["decode_ms_per_token"]),
-                      "prefill_tok_s": len(PREFILL) * 1000 / statistics.median(
-                          first["prefill_ms"]),
-                      "agreement": agreement(engine, PROMPT, decode["tokens"], peer["decode"])}
+    gguf = convert(path, workdir / f"{name}.gguf", known_tokenizer=vocab == "qwen")
+    engines = {}
+    for mode, label in (("off", "eager"), ("on", "compiled")):
+        log(f"{name}: loading ours, {label}")
+        engines[label] = load_engine(path, mode)
+    runs = {who: {"decode": [], "prefill": []} for who in ("llama_cpp", *engines)}
+    tokens = {}
+    for r in range(args.rounds):
+        log(f"{name}: round {r + 1}/{args.rounds}")
+        decode = theirs(tool, gguf, prompt, args.new_tokens, args.repeats, args.threads)
+        first = theirs(tool, gguf, prefill, 1, args.repeats, args.threads)
+        runs["llama_cpp"]["decode"] += decode["decode_ms_per_token"]
+        runs["llama_cpp"]["prefill"] += first["prefill_ms"]
+        tokens["llama_cpp"] = decode
+        for label, engine in engines.items():
+            mine = ours(engine, prompt, args.new_tokens, args.repeats)
+            runs[label]["decode"] += mine["decode_ms_per_token"]
+            runs[label]["prefill"] += ours(engine, prefill, 1, args.repeats)["prefill_ms"]
+            tokens[label] = mine["tokens"]
+    row = {"shape": name, "kind": kind, "size": size, "depth": depth, "vocab": vocab}
+    for who, timed in runs.items():
+        row[who] = {"decode_ms": statistics.median(timed["decode"]),
+                    "prefill_tok_s": len(prefill) * 1000 / statistics.median(timed["prefill"])}
+        if who in engines:
+            row[who]["agreement"] = agreement(engines[who], prompt, tokens[who],
+                                              tokens["llama_cpp"])
     log(f"{name}: {json.dumps(row)}")
     return row
 
 
 def print_report(report: dict) -> None:
     print(f"plain greedy decode and prefill, ours against llama.cpp "
-          f"{report['llama_cpp']}, {report['threads']} thread(s), fp32 weights, Qwen "
-          f"vocabulary ({report['new_tokens']} new tokens after a 16-token prompt; prefill: "
-          f"128 tokens; medians of {report['repeats']} runs)")
-    head = (f"{'shape':<10}{'layers':>7}{'llama.cpp':>11}{'eager':>9}{'x':>7}{'compiled':>10}"
-            f"{'x':>7}{'llama.cpp':>12}{'eager':>9}{'compiled':>10}{'agree':>7}")
-    print(f"{'':<17}{' decode ms per token ':-^54}{' prefill tok/s ':-^31}\n{head}\n"
+          f"{report['llama_cpp']}, {report['threads']} thread(s), fp32 weights "
+          f"({report['new_tokens']} new tokens after a 16-token prompt; prefill: 128 "
+          f"tokens; medians of {report['rounds']} rounds x {report['repeats']} runs each, "
+          f"the engines taking turns)")
+    head = (f"{'shape':<10}{'layers':>7}{'vocab':>8}{'llama.cpp':>11}{'eager':>9}{'x':>7}"
+            f"{'compiled':>10}{'x':>7}{'llama.cpp':>12}{'eager':>9}{'compiled':>10}"
+            f"{'agree':>7}")
+    print(f"{'':<25}{' decode ms per token ':-^54}{' prefill tok/s ':-^31}\n{head}\n"
           + "-" * len(head))
     for r in report["rows"]:
         peer, eager, comp = r["llama_cpp"], r["eager"], r["compiled"]
         agree = all(r[m]["agreement"]["agree"] for m in ("eager", "compiled"))
-        print(f"{r['shape']:<10}{r['depth']:>7}{peer['decode_ms']:>11.2f}"
+        vocab = "151936" if r["vocab"] == "qwen" else "384"
+        print(f"{r['shape']:<10}{r['depth']:>7}{vocab:>8}{peer['decode_ms']:>11.2f}"
               f"{eager['decode_ms']:>9.2f}{eager['decode_ms'] / peer['decode_ms']:>6.1f}x"
               f"{comp['decode_ms']:>10.2f}{comp['decode_ms'] / peer['decode_ms']:>6.1f}x"
               f"{peer['prefill_tok_s']:>12.0f}{eager['prefill_tok_s']:>9.0f}"
               f"{comp['prefill_tok_s']:>10.0f}{'yes' if agree else 'NO':>7}")
-    by_depth = {r["depth"]: r for r in report["rows"] if r["shape"].startswith("hybrid")}
-    if 4 in by_depth and 64 in by_depth:
-        slope = {who: (by_depth[64][k]["decode_ms"] - by_depth[4][k]["decode_ms"]) / 60 * 1000
-                 for who, k in (("llama.cpp", "llama_cpp"), ("eager", "eager"),
-                                ("compiled", "compiled"))}
-        print("decode cost per added layer (depth 4 -> 64, hidden 64): "
-              + ", ".join(f"{who} {us:.0f} us" for who, us in slope.items()))
+    for vocab in ("qwen", "small"):
+        by_depth = {r["depth"]: r for r in report["rows"]
+                    if r["kind"] == "hybrid" and r["size"] == "tiny" and r["vocab"] == vocab}
+        if 4 in by_depth and 64 in by_depth:
+            slope = {who: (by_depth[64][who]["decode_ms"] - by_depth[4][who]["decode_ms"])
+                     / 60 * 1000 for who in ("llama_cpp", "eager", "compiled")}
+            print(f"decode cost per added layer (depth 4 -> 64, hidden 64, {vocab} "
+                  "vocabulary): " + ", ".join(f"{who.replace('_', '.')} {us:.0f} us"
+                                              for who, us in slope.items()))
     for r in report["rows"]:
         for mode in ("eager", "compiled"):
             a = r[mode]["agreement"]
@@ -269,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per round")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="turns the three engines take (medians over all of them)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--png-dir", type=Path, default=None,
                         help="write the chart there (make bench-peer: docs/img)")
@@ -280,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fp-peer-") as tmp:
         rows = [bench_shape(name, tool, Path(tmp), args) for name in args.shapes]
     report = {"llama_cpp": llama_cpp_version(), "threads": args.threads,
-              "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": rows,
+              "new_tokens": args.new_tokens, "repeats": args.repeats, "rounds": args.rounds,
+              "rows": rows,
               "wall_s": time.perf_counter() - t0}
     if args.png_dir is not None:
         from charts import grouped_bars
@@ -288,13 +321,14 @@ def main(argv: list[str] | None = None) -> int:
         shapes = [r["shape"] for r in rows]
         print(grouped_bars(args.png_dir / "peer_decode.png",
                            f"greedy decode ms per token, ours against llama.cpp "
-                           f"({args.threads} thread, fp32, Qwen vocabulary)", shapes,
+                           f"({args.threads} thread, fp32)", shapes,
                            {"llama.cpp": [r["llama_cpp"]["decode_ms"] for r in rows],
                             "ours eager": [r["eager"]["decode_ms"] for r in rows],
                             "ours compiled": [r["compiled"]["decode_ms"] for r in rows]},
                            "ms per token (lower is better)", "bench/peer.py; hybridN = N "
-                           "layers at hidden 64, wide16 = hidden 640, moe40 = 40 MoE layers; "
-                           "tokens checked equal first", "{:.1f}"))
+                           "layers at hidden 64 (Qwen vocabulary), smallN the same with 384 "
+                           "tokens, wide16 = hidden 640, moe40 = 40 MoE layers; tokens "
+                           "checked equal first", "{:.1f}"))
     if args.json:
         print(json.dumps(report))
     else:

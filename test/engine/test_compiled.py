@@ -20,6 +20,7 @@ from flash_planner.engine.config import ConfigError, EngineConfig
 from flash_planner.engine.generate import CancelToken, GenerationSettings, generate
 from flash_planner.engine.grammar import JsonGrammarCompiler
 from flash_planner.engine.models import compiled as compiled_mod
+from flash_planner.engine.models import direct as direct_mod
 from flash_planner.engine.models.compiled import row_buckets, span_bounds
 from flash_planner.engine.proposer import ReplayProposer
 from flash_planner.engine.sampling import QWEN3_THINKING, Sampling
@@ -229,6 +230,60 @@ def test_spans_share_one_graph_and_read_packed_tensors(checkpoints, make_engine,
     replay = ReplayProposer(ref, compiled.model_config.vocab_size, block_size=2, seed=1)
     got = generate(compiled, prompt, GenerationSettings(24, ignore_eos=True), proposer=replay)
     assert got.token_ids == ref and got.stats.compiled
+
+
+def test_decode_and_verify_call_the_compiled_code_without_dynamo(pairs, monkeypatch):
+    """After warm-up every decode and verify forward of the target calls its compiled code
+    by site (direct.py): with dynamo's path made to fail, the tokens are still eager's."""
+    eager, compiled = pairs("hybrid")
+    assert compiled.model.static.direct
+    prompt = eager.tokenizer.encode(PROMPT, add_special_tokens=False)
+    ref = generate(eager, prompt, GenerationSettings(30, ignore_eos=True,
+                                                     speculative=False)).token_ids
+
+    def no_dynamo(self, *args):
+        raise AssertionError("a compiled graph was called through dynamo")
+
+    monkeypatch.setattr(direct_mod.DirectGraph, "__call__", no_dynamo)
+    plain = generate(compiled, prompt, GenerationSettings(30, ignore_eos=True,
+                                                          speculative=False))
+    replay = ReplayProposer(ref, compiled.model_config.vocab_size, block_size=BLOCK, seed=3)
+    verified = generate(compiled, prompt, GenerationSettings(30, ignore_eos=True),
+                        proposer=replay)
+    assert plain.token_ids == verified.token_ids == ref and verified.stats.accepted > 0
+
+
+def test_direct_calls_that_disagree_with_dynamo_are_not_used(checkpoints, make_engine,
+                                                            compile_cache, monkeypatch,
+                                                            caplog):
+    """Warm-up runs each bucket twice, through dynamo then by site; a site whose result
+    differs (here: logits off by 1e-3) turns direct calls off, and dynamo serves."""
+    learn = direct_mod.DirectGraph._site
+
+    def off_by_a_little(*args):
+        site = learn(*args)
+        fn = site.fn
+
+        def wrong(*inputs):
+            out = list(fn(*inputs))
+            out[0] = out[0] + 1e-3
+            return out
+
+        site.fn = wrong
+        return site
+
+    monkeypatch.setattr(direct_mod.DirectGraph, "_site", staticmethod(off_by_a_little))
+    path = checkpoints("hybrid", init=0.25)
+    common = dict(max_block=2, mtp_steps=1, compile_cache=compile_cache)
+    eager = make_engine(path, compile="off", **common)
+    with caplog.at_level("WARNING"):
+        compiled = make_engine(path, compile="on", **common)
+    assert not compiled.model.static.direct
+    assert "direct calls failed their check" in caplog.text
+    prompt = eager.tokenizer.encode(PROMPT, add_special_tokens=False)
+    settings = GenerationSettings(24, ignore_eos=True, speculative=False)
+    got = generate(compiled, prompt, settings)
+    assert got.token_ids == generate(eager, prompt, settings).token_ids and got.stats.compiled
 
 
 def test_weights_quantized_at_load_run_compiled(checkpoints, make_engine, compile_cache):

@@ -38,11 +38,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from ..cache import InferenceState
 from ..config import cache_home
-from .direct import DirectGraph
+from .direct import DirectGraph, check_direct
 from .layers import rope_cos_sin
 from .moe import RoutingRecord, SparseMoeBlock
 
@@ -346,6 +345,7 @@ class StaticGraphs:
         self.key_positions = torch.arange(state.capacity, device=device)
         self.positions = {tb: torch.zeros(1, tb, dtype=torch.long, device=device)
                           for tb in self.buckets}
+        self._position_rows = {tb: p[0] for tb, p in self.positions.items()}   # [tb] views
         k1 = state.gdn.conv.shape[2]
         # per (bucket, real rows): which rows are real, and the rows the conv window keeps
         self.padding = {(tb, t): (torch.arange(tb, device=device) < t,
@@ -378,7 +378,7 @@ class StaticGraphs:
         tb = self.bucket(rows)
         start = self.state.begin(rows, record)
         self.calls += 1
-        torch.add(self.key_positions[:tb], start, out=self.positions[tb][0])
+        self._position_rows[tb].copy_(self.key_positions[start:start + tb])
         return (tb, *self.padding[(tb, rows)])
 
     def _run(self, tb: int, valid: torch.Tensor, window_rows: torch.Tensor):
@@ -420,28 +420,16 @@ class StaticGraphs:
 
     def _check_direct(self, tb: int, first: object) -> None:
         """The bucket's forward again from the same empty state, now by direct calls: it
-        must give what dynamo's first calls gave, bit for bit, or dynamo keeps every call."""
+        must give what dynamo's first calls gave (outputs, recurrent state), bit for bit."""
         gdn, kv = self.state.gdn, self.state.kv
-        expected = [*pytree.tree_leaves(first), gdn.state, gdn.conv]
-        expected = [x.clone() for x in expected if isinstance(x, torch.Tensor)]
-        self.state.reset()
-        kv.calibrated = [True] * len(kv.calibrated)
-        self.state.begin(tb, self.records and tb > 1)
-        try:
-            again = self._forward(tb, *self.padding[(tb, tb)])
-            got = [x for x in (*pytree.tree_leaves(again), gdn.state, gdn.conv)
-                   if isinstance(x, torch.Tensor)]
-            same = len(got) == len(expected) and all(
-                a.shape == b.shape and torch.equal(a.nan_to_num(), b.nan_to_num())
-                for a, b in zip(got, expected))
-            reason = "their outputs differ from dynamo's"
-        except Exception as exc:       # another torch whose backend sees other inputs
-            same, reason = False, f"{type(exc).__name__}: {exc}"
-        if not same:
-            log.warning("the %s's compiled graphs are called through dynamo: direct calls "
-                        "failed their check (%s)", self.part, reason)
-            for graph in self.compiled:
-                graph.direct = False
+
+        def again() -> object:
+            self.state.reset()
+            kv.calibrated = [True] * len(kv.calibrated)
+            self.state.begin(tb, self.records and tb > 1)
+            return self._forward(tb, *self.padding[(tb, tb)]), gdn.state, gdn.conv
+
+        check_direct(self.compiled, self.part, (first, gdn.state, gdn.conv), again)
 
 
 @torch.inference_mode()
@@ -532,10 +520,13 @@ class StaticForward(StaticGraphs):
         per returned row, 1 when its logits are finite)."""
         t = ids.shape[1]
         tb, valid, window_rows = self._begin(t, record_steps)
-        self.ids[tb][:, :t].copy_(ids)
+        # (slicing only where a block is padded: each slice is a few us of a 1-row step)
+        (self.ids[tb] if t == tb else self.ids[tb][:, :t]).copy_(ids)
         logits, outs, routes, finite = self._run(tb, valid, window_rows)
-        rows = slice(0, t) if all_logits else slice(t - 1, t)
-        kept = [logits[:, rows], finite[:, rows], *(outs[i][:, :t] for i in taps)]
+        if t < tb or not all_logits:
+            rows = slice(0, t) if all_logits else slice(t - 1, t)
+            logits, finite = logits[:, rows], finite[:, rows]
+        kept = [logits, finite, *(outs[i] if t == tb else outs[i][:, :t] for i in taps)]
         if routing is not None:
             kept += [ids[:t] for ids in routes]
         if self.cuda_graphs:   # the graph's outputs: the next replay overwrites them

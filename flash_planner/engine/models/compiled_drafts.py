@@ -22,6 +22,7 @@ from .compiled import (
     span_forward,
     warm_up_report,
 )
+from .direct import check_direct
 from .layers import rope_cos_sin
 
 
@@ -57,8 +58,9 @@ class StaticHead(StaticGraphs):
 
     def _forward(self, tb: int, valid: torch.Tensor, window_rows: torch.Tensor):
         rope = self.head.cfg.rope
-        return self.graph(self.head, self.caches, *self.inputs[tb], self.positions[tb],
-                          self.key_positions, rope.rotary_dim, rope.theta, valid, window_rows)
+        return self.graph.call(tb, self.head, self.caches, *self.inputs[tb],
+                               self.positions[tb], self.key_positions, rope.rotary_dim,
+                               rope.theta, valid, window_rows)
 
 
 def _mtp_head(head: nn.Module, caches: tuple[tuple[torch.Tensor, ...], ...],
@@ -119,18 +121,22 @@ class StaticDrafter:
         self.ctx_pos[n:].fill_(EMPTY_POSITION)
         self.ids.copy_(ids)
         self.start.fill_(start)
+        if self.graph.direct:
+            return self._forward()
         logits = run_graph(self.captured, self._forward)
         return logits.clone() if self.captured is not None else logits
 
     def _forward(self) -> torch.Tensor:
-        return self.graph(self.drafter, self.embed, self.lm_head_weight, self.ids, self.start,
-                          self.ctx_kv, self.ctx_pos)
+        return self.graph.call(0, self.drafter, self.embed, self.lm_head_weight, self.ids,
+                               self.start, self.ctx_kv, self.ctx_pos)
 
     def warm_up(self, progress: Callable[[str], None] | None = None) -> CompileReport:
         def once() -> None:
             t0 = time.perf_counter()
             if self.cuda_graphs:
                 self.captured = CapturedGraph(self._forward)
+            elif self.graph.direct:   # a block twice: through dynamo, then directly
+                check_direct([self.graph], self.part, self._forward(), self._forward)
             else:
                 self._forward()
             if progress is not None:

@@ -150,3 +150,33 @@ class DirectGraph:
             else:
                 inputs.append(source)
         return _Site(compiled.fn, inputs, tuple(slots), _layout(out, [0]))
+
+
+def same_results(first: object, again: object) -> bool:
+    """Whether two results hold the same tensors bit for bit (NaN equal to NaN)."""
+    a = [x for x in pytree.tree_leaves(first) if isinstance(x, torch.Tensor)]
+    b = [x for x in pytree.tree_leaves(again) if isinstance(x, torch.Tensor)]
+    return len(a) == len(b) and all(x.shape == y.shape and x.dtype == y.dtype
+                                    and torch.equal(x.nan_to_num(), y.nan_to_num())
+                                    for x, y in zip(a, b))
+
+
+def check_direct(graphs: list[DirectGraph], part: str, first: object,
+                 again: Callable[[], object]) -> bool:
+    """Run `again` (the same work as the dynamo run that gave `first`, from the same
+    start, now by direct calls) and compare; on any difference or error every graph of
+    `part` goes back to dynamo's path, with a warning. Returns whether direct calls stay."""
+    expected = [x.clone() if isinstance(x, torch.Tensor) else x
+                for x in pytree.tree_leaves(first)]
+    try:
+        same = same_results(expected, again())
+        reason = "their results differ from dynamo's"
+    except Exception as exc:       # another torch whose backend sees other inputs
+        same, reason = False, f"{type(exc).__name__}: {exc}"
+    if not same:
+        log.warning("the %s's compiled graphs are called through dynamo: direct calls "
+                    "failed their check (%s)", part, reason)
+        for graph in graphs:
+            graph.direct = False
+    return same
+
