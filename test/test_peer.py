@@ -74,3 +74,17 @@ def test_the_converter_keeps_an_mtp_head_and_refuses_an_unknown_vocabulary(tmp_p
                                   attention_every=4)
     with pytest.raises(peer.PeerError, match="convert small failed"):
         peer.convert(small, tmp_path / "small.gguf")
+
+
+def test_a_small_vocabulary_checkpoint_converts_and_decodes_the_same_tokens(tool,
+                                                                            tmp_path):
+    """The small-vocabulary rows: our tiny tokenizer is unknown to llama.cpp's converter,
+    which `peer_convert.py` lets through as Qwen's pre-tokenizer; ids are fed directly."""
+    path = write_tiny_checkpoint(tmp_path / "hf", kind="hybrid", layers=4, attention_every=4,
+                                 init=0.25)
+    gguf = peer.convert(path, tmp_path / "small.gguf", progress=print, known_tokenizer=False)
+    prompt = peer.PROMPTS["small"][0]
+    theirs = peer.theirs(tool, gguf, prompt, 24, repeats=1, threads=1)
+    engine = peer.load_engine(path, "off")
+    assert engine.model_config.vocab_size == 384
+    assert peer.ours(engine, prompt, 24, repeats=1)["tokens"] == theirs["tokens"]
