@@ -94,11 +94,14 @@ def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
         n, picks = policy.decide(drafts, logits, start + 1)
         # The one host sync of the cycle: the count, all candidate tokens, whether each
         # row's logits are finite and (MoE) the experts the block touched, in one copy.
-        parts = [n.view(1), drafts, picks, finite.long()]
+        # (without drafts nothing is accepted: n is 0, known here, not copied)
+        parts = [n.view(1), drafts, picks, finite.long()] if k else [picks, finite.long()]
         if routing is not None:
             experts = routing.distinct_per_layer(model.moe_blocks[0].num_experts).sum()
-            parts.append(experts.view(1).to(n.device, torch.long))
+            parts.append(experts.view(1).to(picks.device, torch.long))
         host = torch.cat(parts).tolist()
+    if not k:
+        host.insert(0, 0)
     n, d, a, ok = host[0], host[1:1 + k], host[1 + k:2 + 2 * k], host[2 + 2 * k:3 + 3 * k]
     if not all(ok[:n + 1]):  # a row that decides a published token
         raise NonFiniteLogits(start + ok.index(0))

@@ -266,7 +266,7 @@ def compile_graph(fn, cuda_graphs: bool, variants: int, rows: int = 1) -> Direct
         # What else a CPU call's wrapper costs, per span of 4 layers (of ~120 us): a check of
         # every input's sizes and strides (~15 us; the inputs are the tensors compiled with,
         # so the check cannot fail) and one allocation per intermediate (~80: one pool).
-        options.update(size_asserts=False, memory_planning=True,
+        options.update(size_asserts=False, memory_planning=True, memory_pool="combined",
                        post_grad_fusion_options={"decompose_mm_pass": {}})
         _decompose_small_gemms(rows)
     return DirectGraph(_own_copy(fn), options, direct=not cuda_graphs)
