@@ -68,11 +68,13 @@ class _Site:
 
 def _signature(leaves: list[object], spec) -> tuple[object, ...]:
     """What decides which compiled graph dynamo picks for these arguments: their structure,
-    tensors by shape, stride and dtype, modules by identity, other values as they are."""
+    tensors by shape, stride, dtype and which leaves are the same tensor, modules by
+    identity, other values as they are."""
     out: list[object] = [repr(spec)]
-    for x in leaves:
+    first: dict[int, int] = {}
+    for i, x in enumerate(leaves):
         if isinstance(x, torch.Tensor):
-            out.append((tuple(x.shape), x.stride(), x.dtype))
+            out.append((tuple(x.shape), x.stride(), x.dtype, first.setdefault(id(x), i)))
         elif isinstance(x, torch.nn.Module):
             out.append(("module", id(x)))
         else:
