@@ -21,7 +21,9 @@ periods (at least `SPAN_LAYERS` layers) and every span of one kind signature sha
 compiled graph. A span's parameters and buffers are packed into one flat tensor per dtype
 (`pack_layers`), which the graph takes with the span's state views: a few inputs per call
 instead of fifteen per layer. The 27B's 64 layers are 16 calls of one graph on CUDA (8 on a
-CPU). Prefill chunks stay eager (their own, larger shapes).
+CPU); a model of one span runs embedding, layers and head as one graph. On a CPU warm
+graphs are called without dynamo (direct.py). Prefill chunks stay eager (their own, larger
+shapes).
 """
 
 from __future__ import annotations
@@ -94,8 +96,9 @@ def compile_cache_dir(configured: str | None = None) -> Path:
     return cache_home() / "torch_compile"
 
 
-# The three graphs: their arguments are modules and tensors only (Python numbers would be
-# baked into the graph and recompile it for every new value).
+# The graphs (entry, span, head; or all three as one, `whole_forward`): their arguments are
+# modules and tensors only (Python numbers would be baked into the graph and recompile it
+# for every new value).
 
 def _entry(embed: nn.Embedding, ids: torch.Tensor, positions: torch.Tensor,
            key_positions: torch.Tensor, rotary_dim: int, theta: float):
