@@ -64,7 +64,6 @@ SHAPES = {
 # 16 ordinary ids for the decode prompt, 128 for the prefill one
 PROMPTS = {"qwen": (list(range(1000, 1016)), list(range(2000, 2128))),
            "small": (list(range(100, 116)), [50 + i % 300 for i in range(128)])}
-PROMPT, PREFILL = PROMPTS["qwen"]
 
 
 class PeerError(RuntimeError):

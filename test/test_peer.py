@@ -16,6 +16,7 @@ import torch
 
 from flash_planner.train.tiny import write_tiny_checkpoint
 
+PROMPT = peer.PROMPTS["qwen"][0]
 pytestmark = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("g++")),
                                 reason="cmake and g++ are needed to build llama.cpp")
 
@@ -38,21 +39,21 @@ def pair(request, tmp_path_factory, tool):
 def test_llama_cpp_and_our_engine_decode_the_same_greedy_tokens(tool, pair):
     _, gguf, engine = pair
     torch.set_num_threads(1)
-    theirs = peer.theirs(tool, gguf, peer.PROMPT, 24, repeats=1, threads=1)
-    ours = peer.ours(engine, peer.PROMPT, 24, repeats=1)
+    theirs = peer.theirs(tool, gguf, PROMPT, 24, repeats=1, threads=1)
+    ours = peer.ours(engine, PROMPT, 24, repeats=1)
     assert len(theirs["tokens"]) == len(theirs["margins"]) == 24
     assert ours["tokens"] == theirs["tokens"]
-    check = peer.agreement(engine, peer.PROMPT, ours["tokens"], theirs)
+    check = peer.agreement(engine, PROMPT, ours["tokens"], theirs)
     assert check == {"agree": True, "tokens": 24, "min_margin": min(theirs["margins"])}
 
 
 def test_a_divergence_is_reported_where_it_happens_with_both_margins(tool, pair):
     _, gguf, engine = pair
-    theirs = peer.theirs(tool, gguf, peer.PROMPT, 12, repeats=1, threads=1)
-    mine = peer.ours(engine, peer.PROMPT, 12, repeats=1)["tokens"]
+    theirs = peer.theirs(tool, gguf, PROMPT, 12, repeats=1, threads=1)
+    mine = peer.ours(engine, PROMPT, 12, repeats=1)["tokens"]
     other = (mine[5] + 1) % 151643
     doctored = dict(theirs, tokens=theirs["tokens"][:5] + [other] + theirs["tokens"][6:])
-    check = peer.agreement(engine, peer.PROMPT, mine, doctored)
+    check = peer.agreement(engine, PROMPT, mine, doctored)
     assert (check["agree"], check["at"], check["ours"], check["theirs"]) == \
         (False, 5, mine[5], other)
     # our own token is our argmax, so our logit margin over the other token is positive

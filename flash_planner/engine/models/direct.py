@@ -13,8 +13,8 @@ the tensors it was compiled with. A site's first call goes through dynamo; when 
 ran during it, each of the graph's inputs is located in the call's arguments (by identity;
 its tensors are the engine's own, which never move). A site that reuses a graph compiled
 for another (spans of one kind share one) finds it by the shapes and objects of its
-arguments. The caller checks a whole forward once against dynamo's (`check`); anything
-unexpected (another torch whose backend sees other inputs) keeps dynamo's path.
+arguments. The caller checks a whole forward once against dynamo's (`check_direct`);
+anything unexpected (another torch whose backend sees other inputs) keeps dynamo's path.
 """
 
 from __future__ import annotations
@@ -89,8 +89,9 @@ class DirectGraph:
 
     def __init__(self, fn: Callable[..., object], options: dict[str, object], direct: bool):
         """direct: whether calls by site may skip dynamo (False: plain torch.compile)."""
-        self._fresh: list[_Compiled] = []
-        self._by_signature: dict[tuple[object, ...], _Compiled | None] = {}
+        # what the backend compiled during the current first call: (code, example inputs)
+        self._fresh: list[tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = []
+        self._by_signature: dict[tuple[object, ...], _Compiled] = {}
         self._sites: dict[Hashable, _Site | None] = {}
         self.direct = direct
         if direct:
@@ -102,7 +103,7 @@ class DirectGraph:
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
         fn = self._inductor(gm, example_inputs)
-        self._fresh.append(_Compiled(fn, tuple(example_inputs)))
+        self._fresh.append((fn, tuple(example_inputs)))
         return fn
 
     def __call__(self, *args: object):
@@ -125,10 +126,10 @@ class DirectGraph:
         with torch.compiler.set_stance("default"):     # guards on: a new site may recompile
             out = self._dynamo(*args)
         if len(self._fresh) == 1:
-            compiled = self._fresh[0]
+            fn, examples = self._fresh[0]
             where = {id(x): i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)}
-            compiled.sources = tuple(where.get(id(x), x) for x in compiled.sources)
-            self._by_signature[signature] = compiled
+            self._by_signature[signature] = _Compiled(
+                fn, tuple(where.get(id(x), x) for x in examples))
         compiled = self._by_signature.get(signature)
         self._sites[site] = None if compiled is None else self._site(compiled, args, leaves,
                                                                       out)
