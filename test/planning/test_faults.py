@@ -110,17 +110,39 @@ def test_nan_weights_never_give_a_plan():
     assert not result.success and "non-finite logits" in result.error
 
 
-def test_a_deadline_mid_generation_ends_the_request_within_one_cycle(engine):
+class SlowModel:
+    """The target model, counting its forwards; forward number `at` first sleeps `sleep_s`."""
+
+    def __init__(self, model, at: int = 0, sleep_s: float = 0.0):
+        self.model, self.at, self.sleep_s, self.calls = model, at, sleep_s, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.at:
+            time.sleep(self.sleep_s)
+        return self.model(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+def test_a_deadline_mid_generation_ends_the_request_within_one_cycle(engine, monkeypatch):
     times = []
     service = PlannerService(engine, SkillCatalog.from_yaml(default_skills_path()),
                              PlannerConfig())
     service.start()
     try:
-        # half of the same request's own duration: mid-generation however fast the machine
-        # (a fixed 0.15 s was longer than the whole plan on a quiet machine)
+        service.plan(PlanRequest(TASK), timeout=TIMEOUT)   # the prompt's prefix is cached now
+        counted = SlowModel(engine.model)
+        monkeypatch.setattr(engine, "model", counted)
         t0 = time.monotonic()
         service.plan(PlanRequest(TASK), timeout=TIMEOUT)
-        deadline = round((time.monotonic() - t0) / 2, 3)
+        # twice the whole request's own duration, spent asleep in its middle forward: the
+        # deadline passes mid-generation however fast or loaded the machine (timing the
+        # request alone did not: a warm run took under half of a cold one's time)
+        deadline = round(2 * (time.monotonic() - t0), 3)
+        slow = SlowModel(counted.model, at=max(2, counted.calls // 2), sleep_s=deadline)
+        monkeypatch.setattr(engine, "model", slow)
         t0 = time.monotonic()
         result = service.plan(PlanRequest(TASK, deadline_s=deadline),
                               on_feedback=lambda f: times.append((time.monotonic(),
@@ -128,6 +150,7 @@ def test_a_deadline_mid_generation_ends_the_request_within_one_cycle(engine):
                               timeout=TIMEOUT)
     finally:
         service.stop()
+    assert slow.calls < counted.calls       # it stopped early
     assert result.finish_reason == "deadline" and not result.success
     assert result.error == f"deadline of {deadline} s reached during generation"
     assert result.raw_text and result.plan is None
