@@ -47,6 +47,13 @@ def _prompt_ids(text: str) -> list[int]:
     return ids
 
 
+def _threads(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"--threads wants a whole number >= 0 (0 = auto), "
+                                         f"got {text!r}")
+    return int(text)
+
+
 def _add_download_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-download", action="store_true", help="fetch a model named by a "
                    "Hugging Face repo id that is not in the local cache (default: cache only)")
@@ -76,6 +83,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                           "the preset's; auto = on on CUDA); compiled once, cached on disk")
     compiled.add_argument("--no-compile", dest="compile", action="store_const", const="off",
                           help="every forward eager")
+    p.add_argument("--threads", type=_threads, metavar="N", help="torch CPU threads (default: "
+                   "the preset's; 0 = auto: 1 with a GPU, else half the usable cores, or "
+                   "OMP_NUM_THREADS when set)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--drafter", metavar="DIR|REPO", help="DFlash drafter directory or "
@@ -247,7 +257,7 @@ def _load_engine(args: argparse.Namespace, model: str, progress=_progress_to_std
         dense_backend=getattr(args, "dense_backend", None),
         segment_cache=args.segment_cache,
         prefix_cache=False if getattr(args, "no_prefix_cache", False) else None,
-        compile=getattr(args, "compile", None))
+        compile=getattr(args, "compile", None), threads=getattr(args, "threads", None))
     return Engine.load(config, progress=progress), preset
 
 

@@ -47,6 +47,8 @@ def test_plain_output_streams_text_and_summary(hybrid_dir, capsys):
       "--max-new-tokens", "8"], "exceeds max_context"),
     (["generate", "--model", "{model}"], "one of the arguments --prompt --prompt-ids"),
     (["generate", "--model", "{model}", "--prompt", "x", "--dtype", "fp64"], "invalid choice"),
+    (["generate", "--model", "{model}", "--prompt", "x", "--threads", "-1"],
+     "--threads wants a whole number >= 0 (0 = auto), got '-1'"),
 ])
 def test_errors_are_one_line_with_exit_2(hybrid_dir, capsys, args, match):
     args = [a.replace("{model}", str(hybrid_dir)) for a in args]

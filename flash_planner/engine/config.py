@@ -334,6 +334,7 @@ class EngineConfig:
     compile: str = "auto"             # off | on | auto: decode/verify as compiled static-shape
                                       # graphs (CUDA graphs on a GPU); auto = on on CUDA
     compile_cache: str | None = None  # compiled graphs on disk; None = ~/.cache/flash_planner
+    threads: int = 0                  # torch intra-op threads; 0 = auto (threads.py)
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -356,6 +357,10 @@ class EngineConfig:
         if self.dense_backend not in DENSE_BACKENDS:
             raise ConfigError(f"dense_backend must be one of {DENSE_BACKENDS}, "
                               f"got {self.dense_backend!r}")
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool) \
+                or self.threads < 0:
+            raise ConfigError(f"threads must be a non-negative integer (0 = auto), "
+                              f"got {self.threads!r}")
         if self.block_size is not None and not 2 <= self.block_size <= self.max_block:
             raise ConfigError(f"block_size must be within 2..max_block ({self.max_block}), "
                               f"got {self.block_size!r}")

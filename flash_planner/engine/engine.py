@@ -25,6 +25,7 @@ from .prefix import PrefixCache
 from .proposer import Proposer
 from .proposers import WHY_MISSING, ProposerBytes, build_proposers
 from .sampling import GREEDY, SamplingParams
+from .threads import Threads, apply_threads
 from .trt.backends import make_dense
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ class Engine:
         self.proposers = proposers or {}
         self.extra_bytes = extra_bytes or ProposerBytes(0, 0)
         self.compile_report: CompileReport | None = None   # None: every forward is eager
+        self.threads: Threads | None = None   # set by `load`; None: as the process had it
         self.prefix_cache = (PrefixCache(config.prefix_cache_entries) if config.prefix_cache
                              else None)
         # the checkpoint's own sampling defaults (generation_config.json; `sampling: model`)
@@ -130,6 +132,7 @@ class Engine:
         `progress` receives one line per exported/built segment."""
         device = config.resolve_device()
         dtype = config.resolve_dtype(device)
+        threads = apply_threads(config.threads, device)
         checkpoint = load_checkpoint(Path(config.model_path), dtype=dtype, device=device,
                                      weights=config.weights)
         if config.dense_backend != "torch":
@@ -143,6 +146,7 @@ class Engine:
                                device=device)
         proposers, extra = build_proposers(config, checkpoint, state, dtype, device)
         engine = cls(config, checkpoint, state, device, dtype, proposers, extra)
+        engine.threads = threads
         if config.resolve_compile(device):
             engine.compile_report = compile_forwards(engine, progress)
         log.info("loaded %s on %s (%s, weights %s, dense segments: %s, proposers: %s): %s",

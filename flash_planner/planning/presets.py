@@ -79,6 +79,7 @@ class ModelPreset:
     relaxed_thinking: bool = False
     refusal_hint: bool = True      # tell the model the refusal shape (PlannerConfig)
     compile: str = "auto"          # off | on | auto (EngineConfig.compile: on CUDA by default)
+    threads: int = 0               # torch CPU threads; 0 = auto (EngineConfig.threads)
     # how requests sample unless they say (PlannerConfig.sampling): a mode, greedy | model |
     # card, or a mapping per phase; model = the checkpoint's generation_config.json
     sampling: Any = "model"
@@ -118,7 +119,8 @@ class ModelPreset:
                       dtype=self.dtype, kv_dtype=self.kv_dtype, weights=self.weights,
                       max_context=self.max_context,
                       block_size=self.block_size, window=self.window, method=self.method,
-                      mtp_steps=self.mtp_steps, compile=self.compile)
+                      mtp_steps=self.mtp_steps, compile=self.compile,
+                      threads=self.threads)
         values.update({k: v for k, v in overrides.items() if v is not None})
         for key in ("model_path", "drafter_path"):
             values[key] = sources.resolve(asset_path(values[key]), allow_download, progress)

@@ -207,11 +207,12 @@ def remote_values(backend: str, health) -> KeyValues:
 
 def node_status(state: str, load_error: str, window: LatencyWindow | None, budgets: Budgets,
                 queue_depth: int, model: str = "", compiled: str = "",
-                backend: KeyValues = ()) -> tuple[int, str, KeyValues]:
+                backend: KeyValues = (), threads: str = "") -> tuple[int, str, KeyValues]:
     """The node's status: ERROR after a failed model load, OK while not serving, else `status`.
     compiled: whether forwards run as compiled graphs, and what compiling them took;
-    backend: `remote_values`."""
+    backend: `remote_values`; threads: the engine's torch threads (`Threads`)."""
     head = [("state", state), ("model", model)] + ([("compiled", compiled)] if compiled else [])
+    head += [("threads", threads)] if threads else []
     head += list(backend)
     if load_error:
         return ERROR, f"model failed to load: {load_error}", head

@@ -70,6 +70,9 @@ PARAMS: tuple[Param, ...] = (
     _p("engine.compile", "auto", "Decode and verify as compiled static-shape graphs (CUDA "
        "graphs on a GPU, torch.compile on a CPU), compiled at configure and cached on disk: "
        "on, off, or auto = the preset's (auto: on on CUDA).", choices=("auto", "on", "off")),
+    _p("engine.threads", 0, "torch CPU threads of the node's process; 0 = the preset's "
+       "(auto: 1 with a GPU, else half the usable cores, or OMP_NUM_THREADS when set).",
+       range=(0, 1024)),
     # speculative decoding
     _p("speculative.enabled", True, "Speculative decoding when a proposer is loaded."),
     _p("speculative.method", "", "Proposer: dflash (drafter), mtp (the checkpoint's head), "
@@ -258,7 +261,8 @@ def build_configs(values: dict[str, Any]):
             method=v["speculative.method"] or None, mtp_steps=v["speculative.mtp_steps"] or None,
             dense_backend=v["engine.dense_backend"], prefix_cache=v["engine.prefix_cache"],
             prefix_cache_entries=v["engine.prefix_cache_entries"],
-            compile=None if v["engine.compile"] == "auto" else v["engine.compile"])
+            compile=None if v["engine.compile"] == "auto" else v["engine.compile"],
+            threads=v["engine.threads"] or None)
     except ValueError as exc:
         raise ValueError(f"model/engine parameters: {exc}") from None
     if v["planner.max_new_tokens"] >= engine.max_context:

@@ -25,7 +25,7 @@ def _level_after(h, since: int, level) -> bool:
 
 
 def test_diagnostics_carry_the_keys_and_follow_the_budget(harness):
-    h = harness(**{"diagnostics.hardware_id": "thor-01"})
+    h = harness(**{"diagnostics.hardware_id": "thor-01", "engine.threads": 1})
     h.bring_up()
     assert h.plan()[0] == GoalStatus.STATUS_SUCCEEDED
     assert wait_for(lambda: any(values_of(s).get("requests ok") == "1" for s in h.statuses()))
@@ -33,6 +33,7 @@ def test_diagnostics_carry_the_keys_and_follow_the_budget(harness):
     values = values_of(status)
     assert set(KEYS) <= set(values), sorted(set(KEYS) - set(values))
     assert status.hardware_id == "thor-01" and values["model"] == "demo"
+    assert values["threads"].startswith("1 intra-op, ") and "(engine.threads)" in values["threads"]
     assert float(values["latency p95 ms"]) > 0 and float(values["tokens per cycle"]) > 1
     assert status.level == DiagnosticStatus.OK and status.message.startswith("ok: p95 latency")
 

@@ -148,6 +148,10 @@ def test_node_status():
     kv = node_status("active", "", LatencyWindow(3), BUDGETS, 1, "demo",
                      "no (eager forwards)")[2]
     assert dict(kv)["compiled"] == "no (eager forwards)" and dict(kv)["model"] == "demo"
+    assert "threads" not in dict(kv)
+    kv = node_status("active", "", LatencyWindow(3), BUDGETS, 1, "demo", "",
+                     threads="1 intra-op, 1 inter-op (engine.threads)")[2]
+    assert dict(kv)["threads"] == "1 intra-op, 1 inter-op (engine.threads)"
 
 
 def test_bad_inputs():

@@ -85,7 +85,8 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server("--queue-depth", "1", "--max-body-bytes", "20000", "--max-prompt-chars", "4000")
+    s = Server("--queue-depth", "1", "--max-body-bytes", "20000", "--max-prompt-chars", "4000",
+               "--threads", "1")
     yield s.wait_ready()
     s.stop()
 
@@ -103,6 +104,7 @@ def test_not_ready_while_loading_then_health_and_models(server, client):
     assert "still loading" in body["error"]["message"]
     status, health = _http(server.url + "/health", key=None)
     assert status == 200 and health["status"] == "ok"
+    assert health["threads"] == {"intra_op": 1, "inter_op": 1, "why": "engine.threads"}
     assert [m.id for m in client.models.list().data] == ["demo"]
 
 
