@@ -44,8 +44,8 @@ setup(
     # gguf reads the real Qwen vocabulary out of llama.cpp's GGUF file (train/qwen_vocab.py)
     # serve: `flash-planner serve` (FastAPI + uvicorn, Prometheus metrics); openai: the
     # official client the server's tests talk through
-    extras_require={"test": ["pytest", "pytest-xdist", "onnx", "onnxruntime", "onnxscript", "ruff",
-                             "compressed-tensors>=0.20", "gguf>=0.10", "openai",
+    extras_require={"test": ["pytest", "pytest-xdist", "onnx", "onnxruntime", "onnxscript",
+                             "ruff", "compressed-tensors>=0.20", "gguf>=0.10", "openai",
                              "fastapi", "uvicorn", "prometheus_client"],
                     "serve": ["fastapi", "uvicorn", "prometheus_client"],
                     "bench": ["matplotlib", "gguf>=0.10"]},
