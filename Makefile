@@ -47,8 +47,13 @@ thor-image:
 	docker build --platform linux/arm64 --build-arg BASE_IMAGE=$(THOR_BASE) \
 		-f docker/thor/Dockerfile -t $(THOR_IMAGE) .
 
+# One pytest-xdist worker per core (TEST_WORKERS=0: no workers); a test file stays on one
+# worker, so its module fixtures (engines, compiled graphs, a server) are built once. The
+# slowest tests are printed: docs/development.md says what each proves.
+TEST_WORKERS ?= auto
 test: ros-env thor-deps
-	. $(ROS_ENV)/env.sh && TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -q -rs test
+	. $(ROS_ENV)/env.sh && TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -q -rs \
+		-n $(TEST_WORKERS) --dist loadfile --durations=20 test
 
 # Plan a sample task with the embedded demo model (shipped in flash_planner/assets/demo).
 demo: $(STAMP)

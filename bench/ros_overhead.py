@@ -3,7 +3,8 @@
 The embedded demo planner (fp32, CPU), held-out tasks of the demo corpus, one run. Each task
 is planned twice, alternating which path goes first; each path has its engine in a child
 process of its own, built from the node's parameters by the node's own code, with the same
-torch threads:
+torch threads (`--threads`; 0 = the engine's default, auto), alone or `--neighbour`
+(beside one busy loop per core, as a robot's other processes keep its CPU busy):
   service  `PlannerService.plan` (no ROS), timed around the call in its process
   action   a Plan goal to the real `planner_node` (rclpy, Fast DDS on loopback), timed in
            this process from `send_goal_async` to the result
@@ -14,7 +15,7 @@ request) and the decode-time difference; the round trip of a goal the node refus
 from goal acceptance (client side) to the first feedback message. Run by `make bench-ros`,
 which provides rclpy first (tools/ros_env.sh).
 
-    python bench/ros_overhead.py [--n 50] [--threads 1] [--json]
+    python bench/ros_overhead.py [--n 50] [--threads 0] [--neighbour] [--json]
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import sys
 import threading
 import time
 
+import neighbour  # bench/neighbour.py
+
 from flash_planner.planning.request import PlanRequest
 from flash_planner.planning.service import PlannerService
 from flash_planner.planning.skills import SkillCatalog
@@ -40,15 +43,13 @@ NODE = "flash_planner"
 NODE_PARAMS = {"model.device": "cpu", "model.dtype": "fp32"}  # and the demo preset (default)
 
 
-def node_process(overrides: dict, threads: int | None = None) -> subprocess.Popen:
+def node_process(overrides: dict, threads: int = 0) -> subprocess.Popen:
     """The real `planner_node` (demo preset, CPU, fp32, plus `overrides`) in its own process,
-    as users run it; `threads` sets OMP_NUM_THREADS."""
-    env = dict(os.environ)
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
+    as users run it; `threads` is its engine.threads (0 = auto)."""
+    overrides = {**overrides, "engine.threads": threads}
     args = [arg for k, v in {**NODE_PARAMS, **overrides}.items() for arg in ("-p", f"{k}:={v}")]
     return subprocess.Popen([sys.executable, "-m", "flash_planner.ros.node", "--ros-args",
-                             *args], env=env, stdout=subprocess.DEVNULL,
+                             *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
 
@@ -110,9 +111,10 @@ def _retry_until_active(client, plan_type, ex) -> None:
     sys.exit("the planner node did not become active")
 
 
-def serve() -> None:
+def serve(threads: int) -> None:
     """The service side in a process of its own: tasks in as JSON lines, timings out."""
-    engine_config, planner_config, skills = params.build_configs(NODE_PARAMS)
+    engine_config, planner_config, skills = params.build_configs(
+        {**NODE_PARAMS, "engine.threads": threads})
     service = PlannerService.load(engine_config, SkillCatalog.from_yaml(skills),
                                   planner_config)
     service.start()
@@ -134,8 +136,8 @@ class ServiceProcess:
     """The planner service without ROS, in a child process like the node's (same threads)."""
 
     def __init__(self, threads: int):
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], env=env, text=True,
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", "--threads",
+                                      str(threads)], text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert json.loads(self.proc.stdout.readline())["ready"]
 
@@ -154,14 +156,17 @@ class ServiceProcess:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=50, help="held-out tasks (of 500)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="engine.threads of both paths (0 = auto, the default)")
+    parser.add_argument("--neighbour", action="store_true",
+                        help="measure beside a CPU-bound busy loop on every core")
     parser.add_argument("--feedback-period-ms", type=float, default=50.0,
                         help="the node's planner.feedback_period_ms (0: every cycle)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON too")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        return serve()
+        return serve(args.threads)
     try:
         import rclpy  # noqa: F401
     except ImportError:
@@ -174,7 +179,8 @@ def main() -> None:
     node = node_process({"planner.feedback_period_ms": float(args.feedback_period_ms)},
                         args.threads)
     try:
-        rows, floor = _measure(examples, service)
+        with neighbour.neighbour(args.neighbour):
+            rows, floor = _measure(examples, service)
     finally:
         service.close()
         node.send_signal(signal.SIGINT)
@@ -182,7 +188,7 @@ def main() -> None:
             node.wait(30)
         except subprocess.TimeoutExpired:
             node.kill()
-    report = summarise(rows, floor, args.threads)
+    report = summarise(rows, floor, args.threads, neighbour.label(args.neighbour))
     print_report(report)
     if args.json:
         print(json.dumps(report, indent=1))
@@ -216,7 +222,7 @@ def _measure(examples, service):
         rclpy.shutdown(context=context)
 
 
-def summarise(rows, floor: list[float], threads: int) -> dict:
+def summarise(rows, floor: list[float], threads: int, where: str) -> dict:
     """Percentiles of each path, of the per-task difference and of its parts."""
     per_task = {
         "service_ms": [s["ms"] for s, _ in rows],
@@ -229,7 +235,7 @@ def summarise(rows, floor: list[float], threads: int) -> dict:
         "first_feedback_ms": [a["first_feedback_ms"] for _, a in rows],
         "refused_goal_ms": floor,
     }
-    out = {"tasks": len(rows), "threads": threads,
+    out = {"tasks": len(rows), "threads": threads or "auto", "where": where,
            "valid": {"service": sum(s["ok"] for s, _ in rows),
                      "action": sum(a["ok"] for _, a in rows)}}
     for name, values in per_task.items():
@@ -251,8 +257,8 @@ LABELS = {
 
 def print_report(r: dict) -> None:
     print(f"ROS layer overhead: demo planner, {r['tasks']} held-out tasks, fp32 CPU, "
-          f"{r['threads']} torch thread(s); valid plans: service {r['valid']['service']}, "
-          f"action {r['valid']['action']}")
+          f"engine.threads {r['threads']}, {r['where']}; valid plans: service "
+          f"{r['valid']['service']}, action {r['valid']['action']}")
     print("differences are per task (same task, both paths), then percentiles; ms unless %")
     print(f"{'':30}{'p50':>9}{'p95':>9}")
     for key, label in LABELS.items():

@@ -1,20 +1,25 @@
 """A bounded load on `flash-planner serve`: N concurrent clients x M requests, loopback only.
 
-The server runs the demo model in a child process (fp32, CPU, `--threads` torch threads);
-each client sends its requests one after another. Every request must come back answered
-(200) or refused with 429 (the queue is full), none lost; printed: the counts, latency
-p50/p95 of the answered ones (request sent -> last byte), TTFT p50/p95 from their
-telemetry (`/v1/plans`), and the server's own metrics afterwards.
+The server runs the demo model in a child process (fp32, CPU, `--threads` torch threads, 0 =
+the server's default); each client sends its requests one after another. Every request must
+come back answered (200) or refused with 429 (the queue is full), none lost; printed: the
+counts, latency p50/p95 of the answered ones (request sent -> last byte), TTFT p50/p95 from
+their telemetry (`/v1/plans`), and the server's own metrics afterwards.
+
+`--vs-service`: one client instead, the same held-out tasks through `/v1/plans` and through
+the planner service in a process of its own (what `flash-planner plan` runs, warm), each
+task on both, alternating which goes first; printed: p50/p95 of both and of the per-task
+ratio. `--neighbour` measures either mode beside a CPU-bound busy loop on every core.
 
     python bench/serve_load.py [--clients 8] [--requests 25] [--queue-depth 8]
-                               [--endpoint plans|chat] [--json]
+                               [--endpoint plans|chat] [--threads 0] [--neighbour] [--json]
+    python bench/serve_load.py --vs-service [--n 30] [--threads 0] [--neighbour] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -24,6 +29,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
+
+import neighbour  # bench/neighbour.py
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = ["bring the red cup from the kitchen table to the sink", "open the fridge",
@@ -59,51 +66,116 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=25)
     p.add_argument("--queue-depth", type=int, default=8)
     p.add_argument("--endpoint", choices=["plans", "chat"], default="plans")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0,
+                   help="the server's --threads (0 = its default, auto)")
+    p.add_argument("--neighbour", action="store_true",
+                   help="measure beside a CPU-bound busy loop on every core")
+    p.add_argument("--vs-service", action="store_true",
+                   help="one client: /v1/plans against the planner service, task by task")
+    p.add_argument("--n", type=int, default=30, help="held-out tasks of --vs-service")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [sys.executable, "-m", "flash_planner.cli", "serve", "--port", str(port), "--device",
-         "cpu", "--dtype", "fp32", "--queue-depth", str(args.queue_depth)],
-        env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)), cwd=REPO,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+         "cpu", "--dtype", "fp32", "--queue-depth", str(args.queue_depth), "--threads",
+         str(args.threads)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("the server did not start: "
-                                     + server.stderr.read()) from None
-                time.sleep(0.1)
-        url = base + ("/v1/plans" if args.endpoint == "plans" else "/v1/chat/completions")
-
-        def body(i: int) -> dict:
-            task = TASKS[i % len(TASKS)]
-            if args.endpoint == "plans":
-                return {"task": task}
-            return {"model": "demo", "max_tokens": 64, "temperature": 0,
-                    "messages": [{"role": "user", "content": task}]}
-
-        def client(c: int) -> list[tuple[int, dict, float]]:
-            return [post(url, body(c * args.requests + i)) for i in range(args.requests)]
-
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(args.clients) as pool:
-            results = [r for run in pool.map(client, range(args.clients)) for r in run]
-        wall = time.perf_counter() - t0
-        with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
-            metrics = {line.split(" ")[0]: float(line.rsplit(" ", 1)[1])
-                       for line in r.read().decode().splitlines()
-                       if line and not line.startswith("#")}
+        wait_ready(server, base)
+        if args.vs_service:
+            return versus_service(args, base)
+        with neighbour.neighbour(args.neighbour):
+            return load(args, base)
     finally:
         server.terminate()
         server.wait(30)
+
+
+def wait_ready(server: subprocess.Popen, base: str) -> None:
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the server did not start: " + server.stderr.read()) from None
+            time.sleep(0.1)
+
+
+def versus_service(args, base: str) -> int:
+    """The same tasks through /v1/plans and through PlannerService in its own process."""
+    from ros_overhead import ServiceProcess  # bench/ros_overhead.py; needs no rclpy
+
+    from flash_planner.ros.diagnostics import percentile as pct
+    from flash_planner.train.corpus import make_corpus
+
+    def by_server(ex) -> dict:
+        status, body, seconds = post(base + "/v1/plans", {
+            "task": ex.task, "context": ex.context or "",
+            "enable_thinking": ex.thinking is not None})
+        return {"ms": seconds * 1e3, "ok": status == 200 and body.get("success", False)}
+
+    examples = make_corpus(0, n_train=0)[1][:args.n]
+    service = ServiceProcess(args.threads)
+    rows = []
+    try:
+        with neighbour.neighbour(args.neighbour):
+            for ex in examples[:3]:         # first-call costs of both
+                service.plan(ex), by_server(ex)
+            for i, ex in enumerate(examples):
+                first, second = (service.plan, by_server) if i % 2 else (by_server, service.plan)
+                a, b = first(ex), second(ex)
+                rows.append((a, b) if i % 2 else (b, a))
+                print(f"\r{i + 1}/{len(examples)} tasks", end="", file=sys.stderr, flush=True)
+            print(file=sys.stderr)
+    finally:
+        service.close()
+    columns = {"service_ms": [s["ms"] for s, _ in rows], "server_ms": [h["ms"] for _, h in rows],
+               "ratio": [h["ms"] / s["ms"] for s, h in rows]}
+    report = {"tasks": len(rows), "threads": args.threads or "auto",
+              "where": neighbour.label(args.neighbour),
+              "valid": {"service": sum(s["ok"] for s, _ in rows),
+                        "server": sum(h["ok"] for _, h in rows)},
+              **{k: {"p50": pct(v, 50), "p95": pct(v, 95)} for k, v in columns.items()}}
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"/v1/plans vs the planner service: demo model, fp32 CPU, {len(rows)} held-out "
+              f"tasks, threads {report['threads']}, {report['where']}; valid plans: service "
+              f"{report['valid']['service']}, server {report['valid']['server']}")
+        print(f"{'':28}{'p50':>9}{'p95':>9}")
+        for key, name in (("service_ms", "planner service (ms)"),
+                          ("server_ms", "/v1/plans (ms)"), ("ratio", "server / service (x)")):
+            print(f"{name:28}{report[key]['p50']:>9.2f}{report[key]['p95']:>9.2f}")
+    return 0
+
+
+def load(args, base: str) -> int:
+    """N concurrent clients x M requests."""
+    url = base + ("/v1/plans" if args.endpoint == "plans" else "/v1/chat/completions")
+
+    def body(i: int) -> dict:
+        task = TASKS[i % len(TASKS)]
+        if args.endpoint == "plans":
+            return {"task": task}
+        return {"model": "demo", "max_tokens": 64, "temperature": 0,
+                "messages": [{"role": "user", "content": task}]}
+
+    def client(c: int) -> list[tuple[int, dict, float]]:
+        return [post(url, body(c * args.requests + i)) for i in range(args.requests)]
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(args.clients) as pool:
+        results = [r for run in pool.map(client, range(args.clients)) for r in run]
+    wall = time.perf_counter() - t0
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        metrics = {line.split(" ")[0]: float(line.rsplit(" ", 1)[1])
+                   for line in r.read().decode().splitlines()
+                   if line and not line.startswith("#")}
     answered = [r for r in results if r[0] == 200]
     codes = {}
     for status, _, _ in results:
@@ -125,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report))
     else:
         print(f"{args.clients} clients x {args.requests} requests to /v1/{args.endpoint} "
-              f"(queue depth {args.queue_depth}), demo model, fp32 CPU, loopback")
+              f"(queue depth {args.queue_depth}), demo model, fp32 CPU, loopback, threads "
+              f"{args.threads or 'auto'}, {neighbour.label(args.neighbour)}")
         print(f"status counts {codes}; lost {report['lost']}; valid plans "
               f"{valid}/{len(answered)}; {report['throughput_rps']:.1f} answered/s over "
               f"{wall:.1f} s")

@@ -11,6 +11,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# pytest-xdist runs each worker in a process of its own: split the cores among them, or each
+# worker's torch (and every server or node a test starts) would use all of them. Engines read
+# OMP_NUM_THREADS as their automatic thread count (engine/threads.py).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 

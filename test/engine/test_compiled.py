@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from flash_planner.engine.config import ConfigError, EngineConfig
+from flash_planner.engine.config import ConfigError, EngineConfig, cache_home
 from flash_planner.engine.generate import CancelToken, GenerationSettings, generate
 from flash_planner.engine.grammar import JsonGrammarCompiler
 from flash_planner.engine.models import compiled as compiled_mod
@@ -52,8 +52,11 @@ def test_spans_are_whole_periods_of_the_layer_kinds():
 
 
 @pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("compile-cache"))
+def compile_cache():
+    """Kept across runs, as the engine's own cache is: a machine's first run compiles cold
+    (about 10 of its minutes on 2 cores), later ones read the graphs (inductor keys each by
+    its code, shapes and the torch version, so a changed graph compiles again)."""
+    return str(cache_home() / "test_torch_compile")
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,13 @@ from safetensors.torch import load_file, save_file
 
 from flash_planner.train.tiny import write_tiny_checkpoint
 
-# Parallel test runs on one machine must not hear each other: a random domain, loopback only.
-os.environ.setdefault("ROS_DOMAIN_ID", str(random.Random().randrange(1, 101)))
+# Parallel test runs on one machine must not hear each other: a random domain per run,
+# loopback only; pytest-xdist's workers of one run take consecutive domains (they share the
+# run's id, so they draw the same base).
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_BASE = random.Random(os.environ.get("PYTEST_XDIST_TESTRUNUID")).randrange(1, 102 - _WORKERS)
+os.environ.setdefault("ROS_DOMAIN_ID", str(_BASE + _WORKER))
 os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
 
 

@@ -5,6 +5,8 @@ deadline, or answers a plan the catalog rejects. Every request gets exactly one 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from stub_remote import VALID_PLAN, StubRemote
 from test_serve import KEY, Server
@@ -29,10 +31,10 @@ def demo():
 def planner(demo):
     services = []
 
-    def make(url: str, backend: str = "remote_or_local", **remote):
+    def make(url: str, backend: str = "remote_or_local", reserve_s: float = 1.0, **remote):
         service = PlannerService(demo, SkillCatalog.from_yaml(default_skills_path()),
                                  PlannerConfig(backend=backend, remote=RemoteConfig(
-                                     url, "demo", **remote), remote_reserve_s=1.0))
+                                     url, "demo", **remote), remote_reserve_s=reserve_s))
         service.start()
         services.append(service)
         return service
@@ -100,10 +102,14 @@ def test_each_remote_failure_falls_back_to_the_local_engine(planner, mode, why):
 
 
 def test_a_remote_too_slow_for_the_deadline_leaves_time_to_plan_locally(planner):
+    # the reserve is ten local plans of this run, so a loaded machine still plans in it
+    local = time.monotonic()
+    assert _plan(planner("http://127.0.0.1:9/v1", backend="local"))[0].success
+    reserve = round(max(1.0, 10 * (time.monotonic() - local)), 3)
     stub = StubRemote("slow", period=0.1)          # keeps talking, never finishes
     try:
-        service = planner(stub.url, read_timeout_s=5.0)
-        result, _ = _plan(service, deadline_s=4.0)
+        service = planner(stub.url, reserve_s=reserve, read_timeout_s=5.0)
+        result, _ = _plan(service, deadline_s=reserve + 2.0)
         assert result.success, result.error
         assert result.telemetry["backend"] == "local"
         assert "deadline" in result.telemetry["remote_error"]
