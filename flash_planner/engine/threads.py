@@ -6,8 +6,7 @@ intra-op pool, one descheduled worker stalls every op's barrier: beside one CPU-
 neighbour a plan took many times as long as with half the cores (docs/server.md). So
 `threads: 0` (auto) means: on a GPU one thread (the host only launches kernels); on a CPU
 half of the cores this process may use, at least one; `OMP_NUM_THREADS`, when set, wins
-over auto. Inter-op threads are 1: no forward of ours runs
-ops concurrently.
+over auto. Inter-op threads are 1: no forward of ours runs ops concurrently.
 """
 
 from __future__ import annotations
