@@ -17,7 +17,10 @@ from flash_planner.train.tiny import write_tiny_checkpoint
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 _BASE = random.Random(os.environ.get("PYTEST_XDIST_TESTRUNUID")).randrange(1, 102 - _WORKERS)
-os.environ.setdefault("ROS_DOMAIN_ID", str(_BASE + _WORKER))
+if _WORKERS > 1:        # a domain set outside would be shared by the workers: replaced
+    os.environ["ROS_DOMAIN_ID"] = str(_BASE + _WORKER)
+else:
+    os.environ.setdefault("ROS_DOMAIN_ID", str(_BASE))
 os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
 
 
