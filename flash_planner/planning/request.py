@@ -17,7 +17,12 @@ REQUEST_FIELDS = ("id", "task", "context", "max_new_tokens", "enable_thinking", 
 
 
 class RequestError(ValueError):
-    """A request that cannot be planned; the message names the field and the problem."""
+    """A request that cannot be planned; the message names the field and the problem, and
+    `field` is that field's name (None when the request as a whole is wrong)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 def _check_text(value: Any, name: str, limit: int, required: bool) -> str:
@@ -29,22 +34,24 @@ def _check_text(value: Any, name: str, limit: int, required: bool) -> str:
         try:
             value = value.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise RequestError(f"{name} is not valid UTF-8 (byte {exc.start})") from None
+            raise RequestError(f"{name} is not valid UTF-8 (byte {exc.start})", name) from None
     if not isinstance(value, str):
-        raise RequestError(f"{name} must be a string, got {type(value).__name__}")
+        raise RequestError(f"{name} must be a string, got {type(value).__name__}", name)
     value = value.replace("\r\n", "\n").replace("\r", "\n")
     if required and not value.strip():
-        raise RequestError(f"{name} is empty")
+        raise RequestError(f"{name} is empty", name)
     if len(value) > limit:
-        raise RequestError(f"{name} is {len(value)} characters, the limit is {limit}")
+        raise RequestError(f"{name} is {len(value)} characters, the limit is {limit}",
+                           name)
     for at, char in enumerate(value):
         if char == "\ufffd":
             raise RequestError(f"{name} holds U+FFFD at character {at}: the sender's text "
-                               "was not valid UTF-8")
+                               "was not valid UTF-8", name)
         category = unicodedata.category(char)
         if category in ("Cc", "Cs") and char not in "\n\t":
             kind = "a lone surrogate" if category == "Cs" else "the control character"
-            raise RequestError(f"{name} contains {kind} U+{ord(char):04X} at character {at}")
+            raise RequestError(f"{name} contains {kind} U+{ord(char):04X} at character {at}",
+                               name)
     return value
 
 
@@ -55,7 +62,7 @@ def sampling_spec(value: Any, where: str) -> Any:
         try:
             return json.loads(value)
         except ValueError as exc:
-            raise RequestError(f"{where} is not valid JSON: {exc}") from None
+            raise RequestError(f"{where} is not valid JSON: {exc}", where) from None
     return value
 
 
@@ -79,27 +86,29 @@ class PlanRequest:
         task = _check_text(self.task, "task", max_task_chars, required=True)
         context = _check_text(self.context, "context", max_context_chars, required=False)
         if not isinstance(self.id, str) or not self.id.strip():
-            raise RequestError("id must be a non-empty string")
+            raise RequestError("id must be a non-empty string", "id")
         if self.max_new_tokens is not None and (
                 not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0):
             raise RequestError(f"max_new_tokens must be a positive integer, "
-                               f"got {self.max_new_tokens!r}")
+                               f"got {self.max_new_tokens!r}", "max_new_tokens")
         if self.deadline_s is not None and (
                 not isinstance(self.deadline_s, (int, float)) or self.deadline_s <= 0):
-            raise RequestError(f"deadline_s must be a positive number, got {self.deadline_s!r}")
+            raise RequestError(f"deadline_s must be a positive number, got {self.deadline_s!r}",
+                               "deadline_s")
         for name in ("enable_thinking", "speculative"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
-                raise RequestError(f"{name} must be true or false")
+                raise RequestError(f"{name} must be true or false", name)
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(
                 self.seed, int) or not 0 <= self.seed < 2**63):
-            raise RequestError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+            raise RequestError(f"seed must be an integer in [0, 2**63), got {self.seed!r}",
+                               "seed")
         sampling = sampling_spec(self.sampling, "sampling")
         if sampling is not None and not isinstance(sampling, (str, dict, Sampling)):
             raise RequestError("sampling must be a mode name (greedy, model, card) or an "
-                               f"object of settings, got {type(sampling).__name__}")
+                               f"object of settings, got {type(sampling).__name__}", "sampling")
         if self.method is not None and self.method not in METHODS:
             raise RequestError(f"method must be one of {', '.join(METHODS)}, "
-                               f"got {self.method!r}")
+                               f"got {self.method!r}", "method")
         return dataclasses.replace(self, task=task.strip(), context=context.strip(),
                                    sampling=sampling)
 
@@ -108,9 +117,9 @@ class PlanRequest:
         unknown = sorted(set(data) - set(REQUEST_FIELDS))
         if unknown:
             raise RequestError(f"unknown request field(s) {unknown}; known: "
-                               f"{list(REQUEST_FIELDS)}")
+                               f"{list(REQUEST_FIELDS)}", unknown[0])
         if "task" not in data:
-            raise RequestError("the request has no 'task'")
+            raise RequestError("the request has no 'task'", "task")
         kwargs = {k: data[k] for k in REQUEST_FIELDS if k in data and data[k] is not None}
         if "id" in kwargs:
             kwargs["id"] = str(kwargs["id"])

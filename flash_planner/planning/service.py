@@ -139,6 +139,7 @@ class PlanTicket:
         self.cancel_token = CancelToken()
         self.submitted = time.monotonic()
         self.cancel_reason = "cancelled"
+        self.invalid_field: str | None = None   # the field that made submit refuse it
         self._done = threading.Event()
         self._result: PlanResult | None = None
 
@@ -269,6 +270,7 @@ class PlannerService:
                                                        self.config.max_context_chars)
             ticket.request = request = replace(request, sampling=self._sampling(request))
         except RequestError as exc:
+            ticket.invalid_field = exc.field
             self._finish(ticket, _failed(request, f"invalid request: {exc}"))
             return ticket
         return self._enqueue(ticket)
@@ -381,11 +383,12 @@ class PlannerService:
                                         self.engine.generation_defaults, "sampling")
             sampling = sampling.with_seed(request.seed)
         except ValueError as exc:
-            raise RequestError(str(exc)) from None
+            raise RequestError(str(exc), "sampling") from None
         if self.config.relaxed_thinking and not sampling.greedy:
             raise RequestError("this request samples, and relaxed thinking acceptance "
                                "(speculative.relaxed_thinking) is defined for greedy decoding "
-                               "only: send temperature 0 or turn relaxed thinking off")
+                               "only: send temperature 0 or turn relaxed thinking off",
+                               "sampling")
         return sampling
 
     def _settings(self, request: PlanRequest, waited_s: float) -> GenerationSettings:

@@ -93,11 +93,11 @@ def _status_of(result: PlanResult) -> int:
     return 400
 
 
-def _refused(result: PlanResult) -> ApiError:
+def _refused(result: PlanResult, param: str | None = None) -> ApiError:
     status = _status_of(result)
     kind = {429: "rate_limit_exceeded", 503: "service_unavailable"}.get(status,
                                                                        "invalid_request_error")
-    return ApiError(status, result.error, kind)
+    return ApiError(status, result.error, kind, param=param)
 
 
 def _sse(data: Any) -> str:
@@ -302,20 +302,20 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
         try:
             plan_request = PlanRequest.from_dict(body)
         except RequestError as exc:
-            raise bad(str(exc)) from None
+            raise bad(str(exc), exc.field) from None
         if not stream:
             ticket = service.submit(plan_request)
             result = await asyncio.to_thread(ticket.result)
             if not result.success and result.finish_reason == "":
                 if result.error.startswith(("invalid request", *BUSY, "the planner")):
-                    raise _refused(result)
+                    raise _refused(result, ticket.invalid_field)
             metrics.observe("/v1/plans", 200, result.telemetry)
             return result.as_dict()
         relay = _Relay()
         ticket = service.submit(plan_request, lambda fb: relay.put("steps", fb.steps))
         if ticket.done() and not ticket.result().success \
                 and ticket.result().finish_reason == "":
-            raise _refused(ticket.result())
+            raise _refused(ticket.result(), ticket.invalid_field)
         relay.when_done(ticket)
 
         async def events() -> AsyncIterator[str]:

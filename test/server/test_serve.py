@@ -201,6 +201,26 @@ def test_each_error_status_from_a_real_bad_request(server, case, status, code_or
     assert code_or_type in (error["code"], error["type"]), error
 
 
+@pytest.mark.parametrize("body,param", [
+    ({"task": "open the fridge", "method": "warp"}, "method"),
+    ({"task": "open the fridge", "max_new_tokens": 0}, "max_new_tokens"),
+    ({"task": "open the fridge", "deadline_s": -1}, "deadline_s"),
+    ({"task": "open the fridge", "seed": "x"}, "seed"),
+    ({"task": "open the fridge", "sampling": {"temperature": -1}}, "sampling"),
+    ({"task": "   "}, "task"),
+    ({"task": "open the fridge", "context": "a\x00b"}, "context"),
+    ({"task": "open the fridge", "colour": "red"}, "colour"),
+    ({"context": "kitchen"}, "task"),
+])
+def test_a_bad_plan_request_names_its_parameter(server, body, param):
+    for stream in (False, True):
+        got, answer = _http(server.url + "/v1/plans", {**body, "stream": stream})
+        assert got == 400, answer
+        error = answer["error"]
+        assert error["param"] == param and error["type"] == "invalid_request_error", error
+        assert param in error["message"], error
+
+
 def _long_request(url: str, max_tokens: int = 400) -> int:
     body = {"model": "demo", "messages": [{"role": "user", "content": "write a note"}],
             "max_tokens": max_tokens, "temperature": 0,
