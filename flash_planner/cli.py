@@ -59,6 +59,10 @@ def _add_download_arg(p: argparse.ArgumentParser) -> None:
                    "Hugging Face repo id that is not in the local cache (default: cache only)")
 
 
+def _add_json_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     """Engine options; None means 'the preset's or the engine's default'."""
     _add_download_arg(p)
@@ -86,7 +90,6 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_threads, metavar="N", help="torch CPU threads (default: "
                    "the preset's; 0 = auto: 1 with a GPU, else half the usable cores, or "
                    "OMP_NUM_THREADS when set)")
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--drafter", metavar="DIR|REPO", help="DFlash drafter directory or "
                       "repo id (turns speculation on)")
@@ -175,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--remote-timeout", type=float, default=30.0, metavar="S",
                       help="the longest silence inside the remote's stream")
     _add_engine_args(plan)
+    _add_json_arg(plan)
     _add_sampling_args(plan)
 
     gen = sub.add_parser("generate", help="greedy generation from a model")
@@ -189,12 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
                      help="stop string (repeatable)")
     _add_engine_args(gen)
+    _add_json_arg(gen)
     _add_sampling_args(gen)
 
     fetch = sub.add_parser("fetch", help="download models into the Hugging Face cache ahead "
                            "of time (a preset's target and drafter, or repo ids)")
     fetch.add_argument("models", nargs="+", metavar="PRESET|REPO[@REVISION]")
-    fetch.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    _add_json_arg(fetch)
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the planner "
                            "(chat completions, /v1/plans, /health, /metrics)")
@@ -231,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.add_argument("--prompt", default="pick up the red cup and place it on the table")
     smoke.add_argument("--max-new-tokens", type=int, default=64)
     _add_engine_args(smoke)
+    _add_json_arg(smoke)
     _add_sampling_args(smoke)
     return parser
 
@@ -336,7 +342,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     def print_steps(feedback) -> None:
         for index, step in feedback.steps:
-            print(json.dumps({"index": index, **step}), flush=True)
+            print(json.dumps({"index": index, **step}, ensure_ascii=False), flush=True)
 
     try:
         result = service.plan(request, on_feedback=print_steps if args.stream else None)
@@ -345,7 +351,8 @@ def _plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.as_dict()))
     elif result.success and not args.stream:  # valid JSON, one step per line
-        steps = ",\n".join(f"  {json.dumps(step)}" for step in result.plan)
+        # a person reads this: names as written (still valid JSON)
+        steps = ",\n".join(f"  {json.dumps(step, ensure_ascii=False)}" for step in result.plan)
         print(f'{{"plan": [\n{steps}\n]}}')
     if not args.json and not result.success:
         print(f"flash-planner: no valid plan: {result.error}", file=sys.stderr)

@@ -170,6 +170,27 @@ def test_plan_stream_prints_each_step_as_a_json_line(capsys):
     assert "first step" in err
 
 
+def test_a_plan_a_person_reads_prints_names_as_written_and_stays_json(capsys):
+    task = "open the kühlschrank"
+    assert main(["plan", task]) == 0
+    pretty = capsys.readouterr().out
+    assert main(["plan", task, "--stream"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "kühlschrank" in pretty and "\\u00fc" not in pretty + "".join(lines)
+    steps = json.loads(pretty)["plan"]
+    assert [{k: v for k, v in json.loads(line).items() if k != "index"} for line in lines] \
+        == steps
+    assert any("kühlschrank" in step["args"].values() for step in steps)
+
+
+def test_serve_offers_no_json_output(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "--json" not in capsys.readouterr().out
+    assert main(["serve", "--json"]) == 2
+    assert "unrecognized arguments: --json" in capsys.readouterr().err
+
+
 def test_plan_plain_output_explains_the_failure(hybrid_dir, capsys):
     assert main(["plan", "open the fridge", "--model", str(hybrid_dir),
                  "--max-new-tokens", "8"]) == 1
