@@ -323,15 +323,16 @@ def _generate(args: argparse.Namespace, model: str) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from .planning.request import MAX_CONTEXT_CHARS, MAX_TASK_CHARS, PlanRequest
+
+    # checked before torch is imported: a bad task is answered at once
+    request = PlanRequest(task=args.task, context=args.context,
+                          max_new_tokens=args.max_new_tokens, enable_thinking=args.thinking
+                          ).checked(MAX_TASK_CHARS, MAX_CONTEXT_CHARS)
     from .planning.presets import default_skills_path
-    from .planning.request import PlanRequest
     from .planning.service import PlannerConfig, PlannerService
     from .planning.skills import SkillCatalog
 
-    limits = PlannerConfig()
-    request = PlanRequest(task=args.task, context=args.context,
-                          max_new_tokens=args.max_new_tokens, enable_thinking=args.thinking
-                          ).checked(limits.max_task_chars, limits.max_context_chars)
     catalog = SkillCatalog.from_yaml(args.skills or default_skills_path())
     engine, preset = _load_engine(args, args.model)
     request = replace(request, sampling=_sampling(args, engine, preset.sampling))

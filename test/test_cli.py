@@ -183,6 +183,17 @@ def test_a_plan_a_person_reads_prints_names_as_written_and_stays_json(capsys):
     assert any("kühlschrank" in step["args"].values() for step in steps)
 
 
+@pytest.mark.parametrize("task,why", [("", "task is empty"),
+                                      ("x" * 2001, "task is 2001 characters, the limit is 2000"),
+                                      ("a\x07b", "the control character U+0007")])
+def test_a_bad_task_is_refused_before_torch_is_imported(task, why):
+    code = ("import sys; from flash_planner.cli import main; rc = main(['plan', sys.argv[1]]); "
+            "print('torch' in sys.modules, rc)")
+    proc = subprocess.run([sys.executable, "-c", code, task], capture_output=True, text=True)
+    assert proc.stdout.split() == ["False", "2"], proc.stdout + proc.stderr
+    assert why in proc.stderr
+
+
 def test_serve_offers_no_json_output(capsys):
     with pytest.raises(SystemExit):
         main(["serve", "--help"])

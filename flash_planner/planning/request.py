@@ -10,7 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.methods import METHODS
-from ..engine.sampling import Sampling
+
+# The service's default text limits (PlannerConfig); here, so that a request is checked
+# before anything imports torch (`flash-planner plan ""` answers at once).
+MAX_TASK_CHARS = 2000
+MAX_CONTEXT_CHARS = 4000
 
 REQUEST_FIELDS = ("id", "task", "context", "max_new_tokens", "enable_thinking", "deadline_s",
                   "speculative", "method", "sampling", "seed")
@@ -103,6 +107,8 @@ class PlanRequest:
             raise RequestError(f"seed must be an integer in [0, 2**63), got {self.seed!r}",
                                "seed")
         sampling = sampling_spec(self.sampling, "sampling")
+        from ..engine.sampling import Sampling  # torch: only once the text has passed
+
         if sampling is not None and not isinstance(sampling, (str, dict, Sampling)):
             raise RequestError("sampling must be a mode name (greedy, model, card) or an "
                                f"object of settings, got {type(sampling).__name__}", "sampling")

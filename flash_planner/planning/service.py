@@ -38,7 +38,7 @@ from .parse import PlanError, PlanRefused, parse_plan
 from .plan_grammar import PlanGrammar, answer_schema
 from .prompt import build_messages
 from .remote import BACKENDS, RemoteConfig, RemoteError, RemotePlanner
-from .request import PlanRequest, PlanResult, RequestError
+from .request import MAX_CONTEXT_CHARS, MAX_TASK_CHARS, PlanRequest, PlanResult, RequestError
 from .skills import SkillCatalog
 from .steps import StepStream
 
@@ -54,8 +54,8 @@ class UnknownRequestError(ValueError):
 class PlannerConfig:
     queue_depth: int = 4
     policy: str = "queue"
-    max_task_chars: int = 2000
-    max_context_chars: int = 4000
+    max_task_chars: int = MAX_TASK_CHARS
+    max_context_chars: int = MAX_CONTEXT_CHARS
     max_new_tokens: int = 512
     enable_thinking: bool = True
     deadline_s: float | None = None
