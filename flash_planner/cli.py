@@ -59,6 +59,9 @@ def _add_download_arg(p: argparse.ArgumentParser) -> None:
                    "Hugging Face repo id that is not in the local cache (default: cache only)")
 
 
+DTYPE_HELP = "compute dtype (default: the preset's; auto = bf16 on CUDA, fp32 on CPU)"
+
+
 def _add_json_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
@@ -66,14 +69,18 @@ def _add_json_arg(p: argparse.ArgumentParser) -> None:
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     """Engine options; None means 'the preset's or the engine's default'."""
     _add_download_arg(p)
-    p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"])
-    p.add_argument("--kv-dtype", choices=["auto", "fp32", "bf16", "fp16", "fp8"])
+    p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"], help=DTYPE_HELP)
+    p.add_argument("--kv-dtype", choices=["auto", "fp32", "bf16", "fp16", "fp8"],
+                   help="KV cache dtype (default: the preset's; auto = the compute dtype; "
+                   "fp8 = e4m3 with a scale per layer and head)")
     p.add_argument("--device", help="auto | cpu | cuda[:N]")
     p.add_argument("--weights", choices=["auto", "bf16", "fp8", "nvfp4", "int4"],
                    help="Linear weights: auto = as stored (fp8/nvfp4/int4 checkpoints load "
                    "unmodified); bf16 = full precision; fp8/nvfp4/int4 = quantize at load")
-    p.add_argument("--max-context", type=int)
-    p.add_argument("--prefill-chunk", type=int)
+    p.add_argument("--max-context", type=int, metavar="N", help="prompt + generated tokens "
+                   "the state holds (default: the preset's)")
+    p.add_argument("--prefill-chunk", type=int, metavar="N",
+                   help="prompt tokens per prefill forward (default: 256)")
     p.add_argument("--dense-backend", choices=["torch", "onnxruntime", "tensorrt", "auto"],
                    help="how the dense segments run (default torch; auto = TensorRT on "
                    "CUDA when installed)")
@@ -106,8 +113,12 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                       help="do not seed the drafter window from the prompt")
     spec.add_argument("--relaxed-thinking", action="store_true",
                       help="relaxed acceptance inside <think> ... </think>")
-    spec.add_argument("--relaxed-topk", type=int, default=3)
-    spec.add_argument("--relaxed-delta", type=float, default=1.0)
+    spec.add_argument("--relaxed-topk", type=int, default=3, metavar="K",
+                      help="relaxed acceptance: a draft among the target's top K "
+                      "(default: %(default)s)")
+    spec.add_argument("--relaxed-delta", type=float, default=1.0, metavar="D",
+                      help="relaxed acceptance: within D of the top logit (default: "
+                      "%(default)s)")
 
 
 SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "presence_penalty",
@@ -154,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     plan = sub.add_parser("plan", help="plan a task: a validated JSON plan of skills")
-    plan.add_argument("task")
+    plan.add_argument("task", help="what the robot should do, in plain language")
     plan.add_argument("--context", default="", help="scene description")
     plan.add_argument("--model", metavar="PRESET|DIR|REPO", default="demo",
                       help="model preset, checkpoint directory or Hugging Face repo id "
@@ -162,9 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--skills", metavar="YAML", help="skill catalog (default: "
                       "config/skills.yaml)")
     thinking = plan.add_mutually_exclusive_group()
-    thinking.add_argument("--thinking", dest="thinking", action="store_true", default=None)
-    thinking.add_argument("--no-thinking", dest="thinking", action="store_false")
-    plan.add_argument("--max-new-tokens", type=int, default=512)
+    thinking.add_argument("--thinking", dest="thinking", action="store_true", default=None,
+                          help="think before the plan (default: the planner's, on)")
+    thinking.add_argument("--no-thinking", dest="thinking", action="store_false",
+                          help="answer with the plan at once")
+    plan.add_argument("--max-new-tokens", type=int, default=512, metavar="N",
+                      help="tokens generated at most, thought and plan (default: %(default)s)")
     plan.add_argument("--no-constrain", action="store_true", help="decode the answer without "
                       "the catalog's plan grammar (it is only validated afterwards)")
     plan.add_argument("--stream", action="store_true", help="print each plan step the moment "
@@ -176,19 +190,24 @@ def build_parser() -> argparse.ArgumentParser:
                       "$FLASH_PLANNER_REMOTE_KEY")
     plan.add_argument("--remote-model", metavar="NAME", help="the model id it serves")
     plan.add_argument("--remote-timeout", type=float, default=30.0, metavar="S",
-                      help="the longest silence inside the remote's stream")
+                      help="the longest silence inside the remote's stream (default: "
+                      "%(default)s s)")
     _add_engine_args(plan)
     _add_json_arg(plan)
     _add_sampling_args(plan)
 
-    gen = sub.add_parser("generate", help="greedy generation from a model")
-    gen.add_argument("--model", required=True, metavar="PRESET|DIR|REPO")
+    gen = sub.add_parser("generate", help="generate text from a model (greedy unless told to "
+                         "sample)")
+    gen.add_argument("--model", required=True, metavar="PRESET|DIR|REPO",
+                     help="model preset, checkpoint directory or Hugging Face repo id")
     src = gen.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", metavar="TEXT")
-    src.add_argument("--prompt-ids", type=_prompt_ids, metavar="1,2,3")
+    src.add_argument("--prompt", metavar="TEXT", help="the prompt as text")
+    src.add_argument("--prompt-ids", type=_prompt_ids, metavar="1,2,3",
+                     help="the prompt as token ids")
     gen.add_argument("--chat", action="store_true",
                      help="render --prompt as a user message with the chat template")
-    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                     help="tokens generated at most (default: %(default)s)")
     gen.add_argument("--ignore-eos", action="store_true", help="generate until max-new-tokens")
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
                      help="stop string (repeatable)")
@@ -198,43 +217,55 @@ def build_parser() -> argparse.ArgumentParser:
 
     fetch = sub.add_parser("fetch", help="download models into the Hugging Face cache ahead "
                            "of time (a preset's target and drafter, or repo ids)")
-    fetch.add_argument("models", nargs="+", metavar="PRESET|REPO[@REVISION]")
+    fetch.add_argument("models", nargs="+", metavar="PRESET|REPO[@REVISION]",
+                       help="a preset (its target and drafter) or a Hugging Face repo id")
     _add_json_arg(fetch)
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the planner "
                            "(chat completions, /v1/plans, /health, /metrics)")
-    serve.add_argument("--model", metavar="PRESET|DIR|REPO", default="demo")
+    serve.add_argument("--model", metavar="PRESET|DIR|REPO", default="demo",
+                       help="model preset, checkpoint directory or Hugging Face repo id "
+                       "(default: the embedded demo planner)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback "
                        "only; 0.0.0.0 exposes it to the network)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=int, default=8000,
+                       help="TCP port (default: %(default)s)")
     serve.add_argument("--served-model-name", metavar="NAME",
                        help="the model id clients name (default: the preset or repo)")
     serve.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/* "
                        "(default: $FLASH_PLANNER_API_KEY when set)")
     serve.add_argument("--skills", metavar="YAML", help="skill catalog for /v1/plans")
     serve.add_argument("--queue-depth", type=int, default=8,
-                       help="requests waiting at most; more get 429")
-    serve.add_argument("--max-body-bytes", type=int, default=1 << 20)
-    serve.add_argument("--max-prompt-chars", type=int, default=32_000)
-    serve.add_argument("--max-tokens", type=int, default=512,
-                       help="a chat completion's default max_tokens")
+                       help="requests waiting at most; more get 429 (default: %(default)s)")
+    serve.add_argument("--max-body-bytes", type=int, default=1 << 20, metavar="N",
+                       help="larger request bodies get 413 (default: %(default)s)")
+    serve.add_argument("--max-prompt-chars", type=int, default=32_000, metavar="N",
+                       help="longer chat prompts get 413 (default: %(default)s)")
+    serve.add_argument("--max-tokens", type=int, default=512, metavar="N",
+                       help="a chat completion's default max_tokens (default: %(default)s)")
     _add_engine_args(serve)
 
     build = sub.add_parser("build-engines", help="export (and build) every dense segment")
-    build.add_argument("--model", required=True, metavar="PRESET|DIR|REPO")
+    build.add_argument("--model", required=True, metavar="PRESET|DIR|REPO",
+                       help="model preset, checkpoint directory or Hugging Face repo id")
     _add_download_arg(build)
     # The dense backend under the flag name users know; stored where _load_engine reads it
     # (never `backend`, which is where `plan` keeps its local/remote choice).
     build.add_argument("--backend", dest="dense_backend", choices=["onnxruntime", "tensorrt"],
-                       default="tensorrt")
-    build.add_argument("--segment-cache", metavar="DIR")
+                       default="tensorrt", help="what to build the segments for (default: "
+                       "%(default)s)")
+    build.add_argument("--segment-cache", metavar="DIR", help="where the segments go "
+                       "(default: ~/.cache/flash_planner/segments)")
     build.add_argument("--device", help="auto | cpu | cuda[:N]")
-    build.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"])
+    build.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"], help=DTYPE_HELP)
 
     smoke = sub.add_parser("smoke", help="engine smoke run on a tiny random checkpoint")
-    smoke.add_argument("--kind", default="hybrid", choices=["hybrid", "hybrid_vl", "dense"])
-    smoke.add_argument("--prompt", default="pick up the red cup and place it on the table")
-    smoke.add_argument("--max-new-tokens", type=int, default=64)
+    smoke.add_argument("--kind", default="hybrid", choices=["hybrid", "hybrid_vl", "dense"],
+                       help="the tiny checkpoint's architecture (default: %(default)s)")
+    smoke.add_argument("--prompt", default="pick up the red cup and place it on the table",
+                       help="the prompt (default: %(default)r)")
+    smoke.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                       help="tokens generated (default: %(default)s)")
     _add_engine_args(smoke)
     _add_json_arg(smoke)
     _add_sampling_args(smoke)

@@ -194,6 +194,27 @@ def test_a_bad_task_is_refused_before_torch_is_imported(task, why):
     assert why in proc.stderr
 
 
+def test_every_option_has_help_and_a_set_default_is_shown():
+    import argparse
+
+    from flash_planner.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    missing, unshown = [], []
+    for name, command in commands.items():
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            flag = f"{name} {'/'.join(action.option_strings) or action.dest}"
+            if not (action.help or "").strip():
+                missing.append(flag)
+            elif action.default not in (None, False, [], "", argparse.SUPPRESS) \
+                    and not isinstance(action, argparse._StoreFalseAction) \
+                    and "default" not in action.help:
+                unshown.append(flag)
+    assert missing == [] and unshown == [], (missing, unshown)
+
+
 def test_serve_offers_no_json_output(capsys):
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
