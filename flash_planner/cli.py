@@ -327,7 +327,8 @@ def _summary(stats) -> str:
             f"total {stats.total_ms:.1f} ms")
 
 
-def _generate(args: argparse.Namespace, model: str) -> int:
+def _generate(args: argparse.Namespace, model: str, show_text: bool = True) -> int:
+    """Generate and print the text (unless `show_text` is off), then the run's summary."""
     from .engine.generate import GenerationSettings, generate
 
     engine, preset = _load_engine(args, model)
@@ -338,7 +339,8 @@ def _generate(args: argparse.Namespace, model: str) -> int:
     prompt = args.prompt_ids if getattr(args, "prompt_ids", None) else args.prompt
     if getattr(args, "chat", False):
         prompt = [{"role": "user", "content": args.prompt}]
-    stream = None if args.json else (lambda ids, delta: print(delta, end="", flush=True))
+    stream = (lambda ids, delta: print(delta, end="", flush=True)) \
+        if show_text and not args.json else None
     result = generate(engine, prompt, settings, on_token=stream)
     if args.json:
         print(json.dumps({"token_ids": result.token_ids, "text": result.text,
@@ -346,8 +348,8 @@ def _generate(args: argparse.Namespace, model: str) -> int:
                           "stats": result.stats.as_dict(),
                           "memory_bytes": engine.memory.as_dict()}))
     else:
-        print(f"\n[{_summary(result.stats)}, finish={result.finish_reason}; "
-              f"{engine.memory}]")
+        print(("\n" if show_text else "") + f"[{_summary(result.stats)}, "
+              f"finish={result.finish_reason}; {engine.memory}]")
     return EXIT_OK
 
 
@@ -499,7 +501,10 @@ def _smoke(args: argparse.Namespace) -> int:
             print(f"writing a tiny random {args.kind} checkpoint to {tmp} ...", flush=True)
         write_tiny_checkpoint(tmp, kind=args.kind)
         args.ignore_eos, args.stop, args.prompt_ids = True, [], None  # random weights
-        return _generate(args, tmp)
+        if not args.json:
+            print("random weights: the text is noise and not shown; counts and timings:",
+                  flush=True)
+        return _generate(args, tmp, show_text=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -215,6 +215,16 @@ def test_every_option_has_help_and_a_set_default_is_shown():
     assert missing == [] and unshown == [], (missing, unshown)
 
 
+def test_smoke_prints_counts_and_timings_not_random_text(capsys):
+    assert main(["smoke", "--max-new-tokens", "8"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("writing a tiny random hybrid checkpoint")
+    assert lines[1].startswith("random weights: the text is noise")
+    assert len(lines) == 3 and lines[2].startswith("[") and "+ 8 new tokens" in lines[2]
+    assert main(["smoke", "--max-new-tokens", "8", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["token_ids"]) == 8
+
+
 def test_serve_offers_no_json_output(capsys):
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
