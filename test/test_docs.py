@@ -3,6 +3,7 @@ every `make` target they name exists in the Makefile."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -55,3 +56,26 @@ def test_every_committed_chart_is_shown_on_a_page():
     charts = sorted((ROOT / "docs" / "img").glob("*.png"))
     assert charts, "docs/img holds no chart"
     assert not [c.name for c in charts if c.resolve() not in shown]
+
+
+def test_the_demos_stated_sizes_are_its_shipped_sizes():
+    """README and the demo preset state the shipped demo's parameter counts; each stated
+    ~N.NM is the count of what ships, rounded to one decimal."""
+    from safetensors import safe_open
+
+    demo = ROOT / "flash_planner" / "assets" / "demo"
+
+    def count(path: Path, mtp: bool | None) -> float:
+        with safe_open(str(path), "pt") as f:
+            return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys()
+                       if mtp is None or k.startswith("mtp.") == mtp) / 1e6
+
+    target = demo / "target" / "model.safetensors"
+    sizes = [count(target, False), count(target, True),
+             count(demo / "drafter" / "model.safetensors", None)]
+    stated = [f"~{n:.1f}M-parameter" for n in sizes]
+    for page in (ROOT / "README.md", ROOT / "config" / "models" / "demo.yaml"):
+        text = " ".join(page.read_text().split())
+        found = re.findall(r"~\d+(?:\.\d+)?M-parameter", text)
+        assert found[:3] == stated, (page.name, found, stated)
+
