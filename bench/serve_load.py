@@ -110,7 +110,6 @@ def versus_service(args, base: str) -> int:
     """The same tasks through /v1/plans and through PlannerService in its own process."""
     from ros_overhead import ServiceProcess  # bench/ros_overhead.py; needs no rclpy
 
-    from flash_planner.ros.diagnostics import percentile as pct
     from flash_planner.train.corpus import make_corpus
 
     def by_server(ex) -> dict:
@@ -140,7 +139,8 @@ def versus_service(args, base: str) -> int:
               "where": neighbour.label(args.neighbour),
               "valid": {"service": sum(s["ok"] for s, _ in rows),
                         "server": sum(h["ok"] for _, h in rows)},
-              **{k: {"p50": pct(v, 50), "p95": pct(v, 95)} for k, v in columns.items()}}
+              **{k: {"p50": percentile(v, 0.5), "p95": percentile(v, 0.95)}
+                 for k, v in columns.items()}}
     if args.json:
         print(json.dumps(report))
     else:

@@ -16,7 +16,9 @@ if not torch.cuda.is_available():
 # OMP_NUM_THREADS as their automatic thread count (engine/threads.py).
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
-    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
+    from flash_planner.engine.threads import usable_cores
+
+    os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cores() // _WORKERS))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 import sys  # noqa: E402

@@ -66,7 +66,6 @@ def planner_node_class():
             self._planner = self._window = None
             self._phase, self._load_error, self._model = "unconfigured", "", ""
             self._compiled = ""
-            self._threads = ""
             values = params.read(self)
             depths = {k: values[f"qos.{k}_depth"] for k in ("plan", "task", "telemetry")}
             self._diagnostics = DiagnosticsPublisher(
@@ -125,7 +124,6 @@ def planner_node_class():
             self._compiled = (f"yes: {' + '.join(report.parts)}, {report.graphs} graphs in "
                               f"{report.seconds:.1f} s ({report.backend})" if report
                               else "no (eager forwards)")
-            self._threads = str(self._planner.engine.threads)
             self._phase, self._load_error = "inactive", ""
             self.get_logger().info(f"loaded {self._planner.summary()}; warm-up (prefix "
                                    f"prefill) {warm_ms:.0f} ms")
@@ -160,7 +158,6 @@ def planner_node_class():
         def _release(self) -> None:
             self._planner = self._window = None
             self._phase, self._model, self._compiled = "unconfigured", "", ""
-            self._threads = ""
             free_memory()
 
         @property
@@ -200,7 +197,8 @@ def planner_node_class():
                                     service.remote.health if service.remote else None) \
                 if service is not None else ()
             return node_status(self._phase, self._load_error, self._window, budgets, depth,
-                               self._model, self._compiled, backend, self._threads)
+                               self._model, self._compiled, backend,
+                               str(service.engine.threads) if service is not None else "")
 
     return PlannerNode
 

@@ -182,7 +182,7 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
     @app.get("/health")
     async def health():
         if state.service is not None:
-            threads = getattr(state.service.engine, "threads", None)
+            threads = state.service.engine.threads
             return {"status": "ok", "model": state.model_name,
                     "queue_depth": state.service.queue_depth, "busy": state.service.busy,
                     "threads": threads.as_dict() if threads else None}
