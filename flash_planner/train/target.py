@@ -8,6 +8,7 @@ keeps a run reproducible from its seed.
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 import time
@@ -182,6 +183,13 @@ def shared_prefix(ids: torch.Tensor, mask: torch.Tensor) -> int:
     return int(min(same, (first[0].item() if len(first) else ids.shape[1]) - 1))
 
 
+def cache_kwarg(model: torch.nn.Module, cache) -> dict:
+    """The cache as the installed transformers' forward names it: `cache` from 5.24 on, where
+    `past_key_values` still works but warns that it goes in 5.40; `past_key_values` before."""
+    params = inspect.signature(type(model).forward).parameters
+    return {"cache" if "cache" in params else "past_key_values": cache}
+
+
 def prefix_states(model: torch.nn.Module, prefix: torch.Tensor, rows: int,
                   hidden_states: bool = False):
     """(cache, output): the model's cache after `prefix` [1, P], repeated for `rows` rows,
@@ -193,8 +201,8 @@ def prefix_states(model: torch.nn.Module, prefix: torch.Tensor, rows: int,
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    output = model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1,
-                   output_hidden_states=hidden_states)
+    output = model(input_ids=prefix, **cache_kwarg(model, cache), use_cache=True,
+                   logits_to_keep=1, output_hidden_states=hidden_states)
     linear = attention = 0
     for layer in getattr(cache, "layers", ()):
         if getattr(layer, "keys", None) is not None and layer.keys.numel():
@@ -225,7 +233,7 @@ def _loss_sum(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> 
     k = shared_prefix(ids, mask)
     cache = prefix_states(model, ids[:1, :k], len(ids))[0] if k >= 2 else None
     k = k if cache is not None else 0
-    logits = model(input_ids=ids[:, k:], past_key_values=cache,
+    logits = model(input_ids=ids[:, k:], **cache_kwarg(model, cache),
                    use_cache=cache is not None).logits[:, :-1]
     target = ids[:, k + 1:].masked_fill(~mask[:, k + 1:], -100)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
@@ -272,8 +280,8 @@ def frozen_outputs(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
         k = shared_prefix(sub, mask[rows, :width])
         cache, head = prefix_states(model, sub[:1, :k], len(rows), True) if k >= 2 else (None,) * 2
         k = k if cache is not None else 0
-        out = model(input_ids=sub[:, k:], past_key_values=cache, use_cache=cache is not None,
-                    output_hidden_states=True)
+        out = model(input_ids=sub[:, k:], **cache_kwarg(model, cache),
+                    use_cache=cache is not None, output_hidden_states=True)
         taps = torch.cat([out.hidden_states[layer] for layer in layers], dim=-1)
         tokens = out.logits[:, :-1].argmax(dim=-1)
         if k:
