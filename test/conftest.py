@@ -35,6 +35,20 @@ CUDA = torch.cuda.is_available()
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 
+def pytest_configure(config):
+    """Warnings filtered because they come from other packages' imports, not from our calls."""
+    # torch._inductor imports torch.utils.mkldnn, whose classes use torch.jit.script_method:
+    # 14 warnings at import, from torch's own module; we never call torch.jit.
+    config.addinivalue_line("filterwarnings", "ignore:`torch.jit.script_method` is deprecated"
+                            ":DeprecationWarning")
+    # rosidl's parser (imported by the interfaces' generated code) uses lark-parser, which
+    # imports the sre_* modules Python 3.11 deprecates; the parser works the same.
+    config.addinivalue_line("filterwarnings", "ignore:module 'sre_parse' is deprecated"
+                            ":DeprecationWarning")
+    config.addinivalue_line("filterwarnings", "ignore:module 'sre_constants' is deprecated"
+                            ":DeprecationWarning")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _quiet_transformers():
     from transformers.utils import logging as hf_logging
