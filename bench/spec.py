@@ -69,7 +69,7 @@ def bench_config(size, args, workdir):
     vocab = engine.model_config.vocab_size
     plain = run_mode(engine, prompt, args.new_tokens, None, args.repeats)
     ref = plain.token_ids
-    base = engine.proposer
+    base = engine.proposer_for("dflash")      # the drafter the engine loaded
     modes = [("plain", plain)]
     modes.append(("dflash", run_mode(engine, prompt, args.new_tokens, lambda: DFlashProposer(
         base.drafter, base.embed, base.lm_head_weight, block_size=args.block), args.repeats)))

@@ -17,7 +17,7 @@ experts per layer, and the same model scaled by the distinct experts measured on
 over consecutive tokens of its own greedy continuation: each window of n rows is what a fully
 accepted verify block of n rows routes). A dense model reads the same bytes for every n.
 
-    python bench/weight_bytes.py [--tokens-per-cycle 4.66] [--json]
+    python bench/weight_bytes.py [--tokens-per-cycle 6.43] [--json]
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def rows(tokens_per_cycle: float) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tokens-per-cycle", type=float, default=4.66,
+    ap.add_argument("--tokens-per-cycle", type=float, default=6.43,
                     help="DFlash tokens per cycle to scale the floor by (default: the demo's "
                     "measured figure, bench/plan.py)")
     ap.add_argument("--json", action="store_true")

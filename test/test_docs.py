@@ -1,5 +1,7 @@
-"""The docs stay honest: every relative link and image in README.md and docs/ resolves, and
-every `make` target they name exists in the Makefile."""
+"""The docs stay honest: every relative link, anchor and image in README.md and docs/
+resolves, every `make` target they name exists, no page speaks of how the work was done
+instead of what the software does, and performance.md stays short with a command for every
+figure."""
 
 from __future__ import annotations
 
@@ -28,16 +30,72 @@ def test_docs_exist():
     assert (ROOT / "docs" / "architecture.md").is_file()
 
 
+# Words about how figures came about rather than what they are: an issue's number, the work
+# sessions, a machine being lent, the brief, a drawing tool of the developers.
+STALE = re.compile(r"\bissue \d+|\bthis session\b|\bsessions\b|\bwas lent\b|\bnone was lent\b"
+                   r"|\blent to\b|\bthe issue's\b|\bthe brief\b|farm-studio", re.I)
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the page's headings."""
+    found = set()
+    for heading in re.findall(r"^#+ (.+)$", page.read_text(), flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        found.add(slug)
+    return found
+
+
 @pytest.mark.parametrize("page", PAGES, ids=_page_id)
-def test_relative_links_resolve(page: Path):
+def test_relative_links_and_their_anchors_resolve(page: Path):
     broken = []
     for target in LINK.findall(page.read_text()):
-        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
-            continue          # a URL or an anchor on the same page
-        path = target.split("#", 1)[0]
-        if not (page.parent / path).exists():
+        if re.match(r"^[a-z]+:", target):
+            continue          # a URL
+        path, _, anchor = target.partition("#")
+        linked = page.parent / path if path else page
+        if not linked.exists():
+            broken.append(target)
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
             broken.append(target)
     assert not broken, f"{_page_id(page)}: links that resolve to nothing: {broken}"
+
+
+def test_anchors_are_made_as_github_makes_them(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("# Against llama.cpp\n## Constrained plans and the grammar's cost\n")
+    assert anchors(page) == {"against-llamacpp", "constrained-plans-and-the-grammars-cost"}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
+def test_pages_speak_of_the_software_not_of_how_it_was_built(page: Path):
+    stale = [f"line {n}: {line.strip()}" for n, line in enumerate(page.read_text().splitlines(), 1)
+             if STALE.search(line)]
+    assert not stale, f"{_page_id(page)}:\n" + "\n".join(stale)
+
+
+def test_the_stale_wording_check_catches_what_it_is_for():
+    for line in ("issue 14 adds a refusal", "none was lent", "the sessions so far",
+                 "the house has no circle (`farm-studio look`)"):
+        assert STALE.search(line), line
+    assert not STALE.search("a session of the planner service")
+
+
+def test_performance_page_is_short_and_every_figure_names_its_command():
+    """At most ~300 lines; every section holding a table or a code block of figures names
+    the command that reproduces them (`python bench/...`, `make ...` or `flash-planner ...`),
+    or is a summary whose every row links to such a section of the page."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    assert len(text.splitlines()) <= 300
+
+    def summary(section: str) -> bool:
+        rows = [r for r in re.findall(r"^\|.*$", section, flags=re.M)[2:]]
+        return bool(rows) and "```" not in section and all("](#" in r for r in rows)
+
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    silent = [s.splitlines()[0] for s in sections
+              if re.search(r"^(\||```)", s, flags=re.M) and not summary(s)
+              and not re.search(r"`(python bench/|make |flash-planner )", s)]
+    assert not silent, f"sections with figures but no command: {silent}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_page_id)
