@@ -111,6 +111,11 @@ def scene_entries(scene) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(part.strip() for part in entry.split("|")) for entry in scene)
 
 
+def _listed_text(entries) -> str:
+    # every name and short form, each its own stretch for the phrase rule
+    return ". ".join(part for entry in entries for part in entry)
+
+
 @dataclass(frozen=True)
 class RequestWords:
     """The words of one request's task and scene, which grounded arguments are taken from,
@@ -127,14 +132,14 @@ class RequestWords:
     @classmethod
     def of(cls, task: str, context: str = "", scene=()) -> RequestWords:
         entries = scene_entries(scene)
-        listed = ". ".join(part for entry in entries for part in entry)
         return cls(words_of(task), words_of(context),
-                   (phrase_marks(task), phrase_marks(context), phrase_marks(listed)), entries)
+                   (phrase_marks(task), phrase_marks(context),
+                    phrase_marks(_listed_text(entries))), entries)
 
     @cached_property
     def listed(self) -> tuple[str, ...]:
         """The words of the listed names, one stretch per name (see `of`)."""
-        return words_of(". ".join(part for entry in self.scene for part in entry))
+        return words_of(_listed_text(self.scene))
 
     @cached_property
     def scene_values(self) -> tuple[str, ...]:
@@ -144,11 +149,9 @@ class RequestWords:
     def scene_name(self, value: str) -> str | None:
         """The listed name `value` is (or is a declared short form of), modulo case, spaces
         and a leading article; None when it is none of them."""
-        key = " ".join(_normal(words_of(value)))
-        for entry in self.scene:
-            if any(" ".join(_normal(words_of(part))) == key for part in entry) and key:
-                return entry[0]
-        return None
+        key = _normal(words_of(value))
+        return next((entry[0] for entry in self.scene
+                     if key and any(_normal(words_of(part)) == key for part in entry)), None)
 
     def nearest(self, value: str, n: int = 3) -> list[str]:
         """The listed names closest to `value` in spelling (for an error message)."""
