@@ -167,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="plan a task: a validated JSON plan of skills")
     plan.add_argument("task", help="what the robot should do, in plain language")
     plan.add_argument("--context", default="", help="scene description")
+    plan.add_argument("--scene", metavar="NAME", action="append", default=[],
+                      help="an object or place of the scene, with short forms after | "
+                      "(\"coke can|coke\"); repeat for each: `grounded: scene` arguments "
+                      "take only these (default: none, names come from the text)")
     plan.add_argument("--model", metavar="PRESET|DIR|REPO", default="demo",
                       help="model preset, checkpoint directory or Hugging Face repo id "
                       "(default: the embedded demo planner)")
@@ -359,7 +363,7 @@ def _plan(args: argparse.Namespace) -> int:
     from .planning.request import MAX_CONTEXT_CHARS, MAX_TASK_CHARS, PlanRequest
 
     # checked before torch is imported: a bad task is answered at once
-    request = PlanRequest(task=args.task, context=args.context,
+    request = PlanRequest(task=args.task, context=args.context, scene=tuple(args.scene),
                           max_new_tokens=args.max_new_tokens, enable_thinking=args.thinking
                           ).checked(MAX_TASK_CHARS, MAX_CONTEXT_CHARS)
     from .planning.presets import default_skills_path
@@ -390,7 +394,7 @@ def _plan(args: argparse.Namespace) -> int:
         print(f'{{"plan": [\n{steps}\n]}}')
     if not args.json and not result.success:
         print(f"flash-planner: no valid plan: {result.error}", file=sys.stderr)
-    if not args.json:
+    if not args.json and not result.rejected:     # a rejected request never decoded
         t = result.telemetry
         step = (f"first step {t['first_step_ms']:.1f} ms, " if "first_step_ms" in t else "")
         print(f"[{t.get('new_tokens', 0)} tokens, TTFT {t.get('ttft_ms', 0):.1f} ms, {step}"
@@ -398,7 +402,7 @@ def _plan(args: argparse.Namespace) -> int:
               f"{t.get('tokens_per_cycle', 0):.2f} tokens/cycle, "
               + (f"{t['forced_tokens']} forced by the grammar, " if t.get("constrained") else "")
               + f"total {t.get('total_latency_ms', 0):.1f} ms]", file=sys.stderr)
-    return EXIT_OK if result.success else EXIT_FAILED
+    return EXIT_OK if result.success else EXIT_USAGE if result.rejected else EXIT_FAILED
 
 
 SERVE_MODULES = ("fastapi", "uvicorn", "prometheus_client")

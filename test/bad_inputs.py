@@ -20,6 +20,7 @@ class Row:
     task: str | bytes
     expect: str = ""          # a regex the error matches; empty: answered (see above)
     goal: bool = True         # can be sent as a Plan goal (a goal's strings are str)
+    scene: tuple = ()         # the request's scene list
 
 
 ROWS = [
@@ -29,7 +30,8 @@ ROWS = [
         r"^invalid request: task is 2002 characters, the limit is 2000$"),
     Row("over-context-after-templating", ("pick up the blue box " * 95)[:1900],
         r"^cannot plan this request: prompt \(\d+ tokens\) \+ max_new_tokens \(512\) = \d+ "
-        r"exceeds max_context 1024$"),
+        r"exceeds max_context 1024: raise the engine's max_context \(--max-context, "
+        r"engine.max_context\), lower max_new_tokens, or shorten the prompt"),
     Row("invalid-utf8-bytes", b"pick up the \xff cup",
         r"^invalid request: task is not valid UTF-8 \(byte 12\)$", goal=False),
     Row("replacement-char", "pick up the \ufffd cup",
@@ -50,4 +52,25 @@ ROWS = [
     Row("unknown-skill", "use the teleport skill to reach the kitchen"),
     Row("other-output-format", "answer in YAML, not JSON: go to the kitchen"),
     Row("huge-number", "wait for 1e308 seconds then say 99999999999999999999999"),
+    # The scene list (objects and places from perception)
+    Row("scene-not-a-list", REFERENCE_TASK,
+        r"^invalid request: scene must be a list of names, got str$", goal=False,
+        scene="red cup"),
+    Row("scene-empty-name", REFERENCE_TASK, r"^invalid request: scene\[1\] is empty$",
+        scene=("red cup", " ")),
+    Row("scene-too-long", REFERENCE_TASK,
+        r"^invalid request: scene lists 257 names, the limit is 256$",
+        scene=tuple(f"box {i}" for i in range(257))),
+    Row("scene-name-over-limit", REFERENCE_TASK,
+        r"^invalid request: scene\[0\] is 121 characters, the limit is 120$",
+        scene=("x" * 121,)),
+    Row("scene-control-character", REFERENCE_TASK,
+        r"^invalid request: scene\[0\] contains the control character U\+001B at character 3$",
+        scene=("red\x1b[31m cup",)),
+    Row("scene-chat-token-with-bars", REFERENCE_TASK,
+        r"^invalid request: scene\[0\] '<\|im_end\|>': '\|' separates a name from its short "
+        r"forms, and each needs a letter or digit \(got '<'\)$", scene=("<|im_end|>",)),
+    Row("scene-quotes-and-think-tags", REFERENCE_TASK,
+        scene=('the "red" cup|red cup', "<think>sink</think>", "kitchen table")),
+    Row("scene-empty-list", REFERENCE_TASK, scene=()),
 ]

@@ -45,7 +45,8 @@ def reference(service):
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_bad_request_row(service, reference, row):
     before = len(service.results)
-    result = service.plan(PlanRequest(row.task, id=f"row-{row.id}"), timeout=TIMEOUT)
+    result = service.plan(PlanRequest(row.task, scene=row.scene, id=f"row-{row.id}"),
+                          timeout=TIMEOUT)
     if row.expect:
         assert not result.success and re.search(row.expect, result.error), result.error
     else:

@@ -245,6 +245,11 @@ def test_plan_plain_output_explains_the_failure(hybrid_dir, capsys):
     (["plan", "x", "--model", "no_such_preset"], "unknown model preset 'no_such_preset'"),
     (["plan", "x", "--model", "./missing/dir"], "model directory ./missing/dir does not exist"),
     (["plan", "x", "--model", "{model}", "--skills", "/no/skills.yaml"], "not readable"),
+    (["plan", "x", "--model", "{model}", "--max-context", "64"],
+     "exceeds max_context 64: raise the engine's max_context (--max-context, engine.max_context"
+     "), lower max_new_tokens, or shorten the prompt"),
+    (["plan", "x", "--model", "{model}", "--scene", "cup", "--scene", "mug|"],
+     "scene[1] 'mug|': '|' separates a name from its short forms"),
 ])
 def test_plan_usage_errors_exit_2(hybrid_dir, capsys, args, match):
     args = [a.replace("{model}", str(hybrid_dir)) for a in args]

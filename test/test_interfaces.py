@@ -49,6 +49,7 @@ PLAN = {
     "goal": [
         ("string", "task"),
         ("string", "context"),
+        ("string[]", "scene"),
         ("int32", "max_new_tokens"),
         ("bool", "enable_thinking"),
         ("string", "sampling"),

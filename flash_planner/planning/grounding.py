@@ -22,10 +22,17 @@ outside those lists ("the cup Anna wants") can only be named with that verb; the
 say it otherwise ("the cup is Anna's"). `pattern` allows runs of at most `MAX_WORDS` words,
 each as written or in lower case, joined by single spaces; it keeps a request's grammar
 small (tens of ms to compile, even for a 150k vocabulary).
+
+A request may also list the scene's objects and places (`scene`: from perception). Each entry
+is a name, optionally followed by its declared short forms after `|` ("coke can|coke"). An
+argument marked `grounded: scene` then takes exactly one of those names or short forms (the
+grammar's enum), and the validated plan carries the entry's full name; a `grounded: true`
+argument may also take a run of a listed name's words, as of the task's.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -98,29 +105,71 @@ def _regex_word(word: str) -> str:
     return f"({alternatives})" if len(spell) > 1 else alternatives
 
 
+def scene_entries(scene) -> tuple[tuple[str, ...], ...]:
+    """A scene list's entries as (name, *short forms), split at `|` and stripped; entries
+    are checked by the request (`request.check_scene`)."""
+    return tuple(tuple(part.strip() for part in entry.split("|")) for entry in scene)
+
+
+def _listed_text(entries) -> str:
+    # every name and short form, each its own stretch for the phrase rule
+    return ". ".join(part for entry in entries for part in entry)
+
+
 @dataclass(frozen=True)
 class RequestWords:
     """The words of one request's task and scene, which grounded arguments are taken from,
-    and where in them a name may start and end (`phrase_marks`)."""
+    and where in them a name may start and end (`phrase_marks`); and the scene's listed
+    names, which `grounded: scene` arguments are taken from."""
     task: tuple[str, ...]
     context: tuple[str, ...]
-    # per part (task, scene), per word: whether a name may start with it, end with it, and
-    # whether no name goes on past it (`phrase_marks`)
+    # per part (task, scene, listed names), per word: whether a name may start with it, end
+    # with it, and whether no name goes on past it (`phrase_marks`)
     marks: tuple[tuple[tuple[bool, ...], ...], ...]
+    # the listed scene names, each as (name, *short forms)
+    scene: tuple[tuple[str, ...], ...] = ()
 
     @classmethod
-    def of(cls, task: str, context: str = "") -> RequestWords:
-        return cls(words_of(task), words_of(context), (phrase_marks(task), phrase_marks(context)))
+    def of(cls, task: str, context: str = "", scene=()) -> RequestWords:
+        entries = scene_entries(scene)
+        return cls(words_of(task), words_of(context),
+                   (phrase_marks(task), phrase_marks(context),
+                    phrase_marks(_listed_text(entries))), entries)
+
+    @cached_property
+    def listed(self) -> tuple[str, ...]:
+        """The words of the listed names, one stretch per name (see `of`)."""
+        return words_of(_listed_text(self.scene))
+
+    @cached_property
+    def scene_values(self) -> tuple[str, ...]:
+        """Every value a `grounded: scene` argument may take: the names and short forms."""
+        return tuple(dict.fromkeys(part for entry in self.scene for part in entry))
+
+    def scene_name(self, value: str) -> str | None:
+        """The listed name `value` is (or is a declared short form of), modulo case, spaces
+        and a leading article; None when it is none of them."""
+        key = _normal(words_of(value))
+        return next((entry[0] for entry in self.scene
+                     if key and any(_normal(words_of(part)) == key for part in entry)), None)
+
+    def nearest(self, value: str, n: int = 3) -> list[str]:
+        """The listed names closest to `value` in spelling (for an error message)."""
+        names = {part.lower(): entry[0] for entry in self.scene for part in entry}
+        close = difflib.get_close_matches(value.lower(), list(names), n=n * 2, cutoff=0.3)
+        return list(dict.fromkeys(names[c] for c in close))[:n] \
+            or [entry[0] for entry in self.scene[:n]]
 
     def contains(self, value: str) -> bool:
-        """Whether `value` is a run of words of the task or of the scene (modulo case,
-        punctuation and a leading article); an empty name never is."""
+        """Whether `value` is a run of words of the task, of the scene or of one listed name
+        (modulo case, punctuation and a leading article); an empty name never is."""
         name = _normal(words_of(value))
         if not name:
             return False
         needle = f" {' '.join(name)} "
+        names = (words_of(part) for entry in self.scene for part in entry)
         return any(needle in f" {' '.join(w.lower() for w in part)} "
-                   for part in (self.task, self.context))
+                   for part in (self.task, self.context, *names))
 
     @cached_property
     def pattern(self) -> str | None:
@@ -129,7 +178,8 @@ class RequestWords:
         punctuation and function words, that start at a word not in NOT_NAME and end where a
         name may end. None when the request has no such run."""
         runs = set()
-        for part, (starts, ends, stops) in zip((self.task, self.context), self.marks):
+        for part, (starts, ends, stops) in zip((self.task, self.context, self.listed),
+                                               self.marks):
             for start in range(len(part)):
                 if not starts[start]:
                     continue

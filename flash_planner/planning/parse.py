@@ -6,7 +6,10 @@ against the JSON-Schema generated from the skill catalog with the `jsonschema` l
 first the plan's envelope, then each step's arguments against its skill's schema, so that an
 error names the step, the skill and the argument. An invalid plan is never returned as one.
 Given the request's words (`grounding.RequestWords`), a grounded argument that names nothing
-the task or scene mentions is an error too.
+the task or scene mentions is an error too, and a `grounded: scene` argument must be one of the
+request's listed scene names (the step then carries the listed name, not its short form). An
+optional argument left out is filled in with its default, where the catalog gives one. Error
+messages list at most `LISTED` values, the closest ones first.
 
 A refusal, `{"refusal": REASON}`, is the planner's answer when the catalog cannot express
 the task (docs/cli.md, "Refusals"): it raises `PlanRefused`, a `PlanError` carrying the reason.
@@ -14,13 +17,14 @@ the task (docs/cli.md, "Refusals"): it raises `PlanRefused`, a `PlanError` carry
 
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Any
 
 from jsonschema import Draft202012Validator
 
 from .grounding import RequestWords
-from .skills import SkillCatalog
+from .skills import Skill, SkillCatalog
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -38,6 +42,20 @@ _STEP = Draft202012Validator(ENVELOPE["properties"]["plan"]["items"])
 REFUSAL_SCHEMA = {"type": "object", "required": ["refusal"], "additionalProperties": False,
                   "properties": {"refusal": {"type": "string"}}}
 _REFUSAL = Draft202012Validator(REFUSAL_SCHEMA)
+
+
+# values an error message lists at most (an enum of hundreds of names is not printed whole)
+LISTED = 5
+
+
+def closest(value: Any, allowed, n: int = LISTED) -> str:
+    """`allowed` as a short list for an error: all of them when few, else the n closest to
+    `value` in spelling and how many there are."""
+    allowed = [str(a) for a in allowed]
+    if len(allowed) <= n:
+        return ", ".join(allowed)
+    near = difflib.get_close_matches(str(value), allowed, n=n, cutoff=0.0)
+    return f"{len(allowed)} of them, the closest: {', '.join(near)}"
 
 
 class PlanError(ValueError):
@@ -90,43 +108,66 @@ def _where(path) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
 
 
-def _describe(error, step: int, skill: str) -> str:
-    at = f"step {step + 1} ({skill})"
+def _describe(error, step: int, skill: Skill) -> str:
+    at = f"step {step + 1} ({skill.name})"
     if error.validator == "required":
         missing = next(k for k in error.validator_value if k not in error.instance)
         return f"{at}: missing argument '{missing}'"
     if error.validator == "additionalProperties":
-        allowed = set(error.schema.get("properties", {}))
+        allowed = sorted(a.name for a in skill.args)
         extra = sorted(k for k in error.instance if k not in allowed)
-        return f"{at}: unexpected argument '{extra[0]}' (allowed: {', '.join(sorted(allowed))})"
+        if not allowed:
+            return f"{at}: unexpected argument '{extra[0]}' ({skill.name} takes no arguments)"
+        return f"{at}: unexpected argument '{extra[0]}' (allowed: {', '.join(allowed)})"
     arg = error.path[0] if error.path else "?"
     if error.validator == "type":
         got = type(error.instance).__name__
-        return f"{at}: argument '{arg}' must be {error.validator_value}, got {got}"
+        optional = any(a.name == arg and not a.required for a in skill.args)
+        hint = " (leave an optional argument out instead of null)" \
+            if optional and error.instance is None else ""
+        return f"{at}: argument '{arg}' must be {error.validator_value}, got {got}{hint}"
+    if error.validator == "enum":
+        return (f"{at}: argument '{arg}' is {error.instance!r}, not one of its values "
+                f"({closest(error.instance, error.validator_value)})")
     return f"{at}: argument '{arg}': {error.message}"
 
 
 def validate_step(step: Any, index: int, catalog: SkillCatalog,
                   words: RequestWords | None = None) -> dict[str, Any]:
-    """One step of a plan (0-based `index`), or PlanError naming its problem; given the
-    request's words, a grounded argument must be a run of them."""
+    """One step of a plan (0-based `index`) as the robot gets it, or PlanError naming its
+    problem. Given the request's words, a grounded argument must be a run of them, or with a
+    scene list a `grounded: scene` one a listed name (replaced by the entry's full name);
+    optional arguments left out get their defaults."""
     error = next(iter(_STEP.iter_errors(step)), None)
     if error is not None:
         raise PlanError(f"step {index + 1}: {error.message}")
     skill = catalog.get(step["skill"])
     if skill is None:
         raise PlanError(f"step {index + 1}: unknown skill '{step['skill']}' "
-                        f"(known: {', '.join(catalog.names)})")
+                        f"(known: {closest(step['skill'], catalog.names)})")
     errors = sorted(Draft202012Validator(skill.args_schema()).iter_errors(step["args"]),
                     key=lambda e: (e.validator != "required", list(e.path)))
     if errors:
-        raise PlanError(_describe(errors[0], index, skill.name))
+        raise PlanError(_describe(errors[0], index, skill))
+    args = dict(step["args"])
     for arg in skill.grounded if words is not None else ():
-        if not words.contains(step["args"][arg.name]):
+        if arg.name not in args:
+            continue
+        value = args[arg.name]
+        if arg.grounded == "scene" and words.scene:
+            name = words.scene_name(value)
+            if name is None:
+                raise PlanError(f"step {index + 1} ({skill.name}): argument '{arg.name}' is "
+                                f"{value!r}, which is not in the scene list (nearest: "
+                                f"{', '.join(words.nearest(value))})")
+            args[arg.name] = name
+        elif not words.contains(value):
             raise PlanError(f"step {index + 1} ({skill.name}): argument '{arg.name}' is "
-                            f"{step['args'][arg.name]!r}, which the task and scene never "
-                            "mention")
-    return step
+                            f"{value!r}, which the task and scene never mention")
+    for arg in skill.args:
+        if arg.name not in args and arg.default is not None:
+            args[arg.name] = arg.default
+    return {**step, "args": args}
 
 
 def validate_plan(obj: Any, catalog: SkillCatalog, words: RequestWords | None = None

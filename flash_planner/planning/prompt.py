@@ -5,6 +5,7 @@ Kept short on purpose: every prompt token is prefilled before the first plan tok
 
 from __future__ import annotations
 
+from .grounding import scene_entries
 from .skills import SkillCatalog
 
 SYSTEM = (
@@ -17,19 +18,23 @@ REFUSAL_HINT = ', or {"refusal": REASON} if these skills cannot do the task'
 
 
 def system_prompt(catalog: SkillCatalog, refusal_hint: bool = False) -> str:
-    lines = "\n".join(f"- {s.signature()}: {s.description}" for s in catalog.skills)
+    lines = "\n".join(f"- {signature}: {s.description}"
+                      for s, signature in zip(catalog.skills, catalog.signatures()))
     return SYSTEM.format(skills=lines) + (REFUSAL_HINT if refusal_hint else "")
 
 
-def user_prompt(task: str, context: str = "") -> str:
+def user_prompt(task: str, context: str = "", scene=()) -> str:
+    """The task, the scene's text and its listed names (without their short forms)."""
     text = f"Task: {task.strip()}"
     if context.strip():
         text += f"\nScene: {context.strip()}"
+    if scene:
+        text += "\nObjects: " + "; ".join(entry[0] for entry in scene_entries(scene))
     return text
 
 
 def build_messages(catalog: SkillCatalog, task: str, context: str = "",
-                   refusal_hint: bool = False) -> list[dict]:
+                   refusal_hint: bool = False, scene=()) -> list[dict]:
     """Chat messages for the tokenizer's template (thinking on/off is the template's flag)."""
     return [{"role": "system", "content": system_prompt(catalog, refusal_hint)},
-            {"role": "user", "content": user_prompt(task, context)}]
+            {"role": "user", "content": user_prompt(task, context, scene)}]

@@ -15,9 +15,13 @@ from ..engine.methods import METHODS
 # before anything imports torch (`flash-planner plan ""` answers at once).
 MAX_TASK_CHARS = 2000
 MAX_CONTEXT_CHARS = 4000
+# A scene list (the objects and places perception reports): names per request, characters
+# per entry (a name and its `|` short forms). Every name is shown in the prompt.
+MAX_SCENE_NAMES = 256
+MAX_SCENE_ENTRY_CHARS = 120
 
-REQUEST_FIELDS = ("id", "task", "context", "max_new_tokens", "enable_thinking", "deadline_s",
-                  "speculative", "method", "sampling", "seed")
+REQUEST_FIELDS = ("id", "task", "context", "scene", "max_new_tokens", "enable_thinking",
+                  "deadline_s", "speculative", "method", "sampling", "seed")
 
 
 class RequestError(ValueError):
@@ -59,6 +63,33 @@ def _check_text(value: Any, name: str, limit: int, required: bool) -> str:
     return value
 
 
+def check_scene(scene: Any) -> tuple[str, ...]:
+    """The scene list as a tuple of entries, each a name with optional short forms after `|`
+    ("coke can|coke"), or RequestError naming the entry. Each entry passes the text rule; an
+    empty list is no list."""
+    if isinstance(scene, (str, bytes)) or not isinstance(scene, (list, tuple)):
+        raise RequestError(f"scene must be a list of names, got {type(scene).__name__}",
+                           "scene")
+    if len(scene) > MAX_SCENE_NAMES:
+        raise RequestError(f"scene lists {len(scene)} names, the limit is {MAX_SCENE_NAMES}",
+                           "scene")
+    entries = []
+    for i, entry in enumerate(scene):
+        where = f"scene[{i}]"
+        entry = _check_text(entry, where, MAX_SCENE_ENTRY_CHARS, required=True)
+        if "\n" in entry or "\t" in entry:
+            raise RequestError(f"{where} holds a line break or tab: one name per entry",
+                               where)
+        parts = [part.strip() for part in entry.split("|")]
+        bad = next((p for p in parts if not any(c.isalnum() for c in p)), None)
+        if bad is not None:
+            raise RequestError(f"{where} {entry!r}: '|' separates a name from its short "
+                               f"forms, and each needs a letter or digit (got {bad!r})",
+                               where)
+        entries.append("|".join(parts))
+    return tuple(entries)
+
+
 def sampling_spec(value: Any, where: str) -> Any:
     """A sampling spec as given, with a JSON object sent as text (an action goal's string,
     a node parameter) parsed into a dict; RequestError names `where` when it is not JSON."""
@@ -74,6 +105,9 @@ def sampling_spec(value: Any, where: str) -> Any:
 class PlanRequest:
     task: str
     context: str = ""
+    # the scene's objects and places (perception): names, each optionally with short forms
+    # after `|`; what `grounded: scene` arguments are taken from
+    scene: tuple[str, ...] = ()
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     max_new_tokens: int | None = None      # None: the service's default
     enable_thinking: bool | None = None    # None: the service's default
@@ -89,6 +123,7 @@ class PlanRequest:
         """This request with validated text fields, or RequestError."""
         task = _check_text(self.task, "task", max_task_chars, required=True)
         context = _check_text(self.context, "context", max_context_chars, required=False)
+        scene = check_scene(self.scene)
         if not isinstance(self.id, str) or not self.id.strip():
             raise RequestError("id must be a non-empty string", "id")
         if self.max_new_tokens is not None and (
@@ -116,7 +151,7 @@ class PlanRequest:
             raise RequestError(f"method must be one of {', '.join(METHODS)}, "
                                f"got {self.method!r}", "method")
         return dataclasses.replace(self, task=task.strip(), context=context.strip(),
-                                   sampling=sampling)
+                                   scene=scene, sampling=sampling)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PlanRequest:
@@ -133,7 +168,8 @@ class PlanRequest:
 
     @classmethod
     def from_text(cls, text: str | bytes) -> PlanRequest:
-        """A `~/task` message: plain task text, or a JSON object {"id", "task", "context"}."""
+        """A `~/task` message: plain task text, or a JSON object {"id", "task", "context",
+        "scene", ...} (`REQUEST_FIELDS`)."""
         if isinstance(text, bytes):
             text = _check_text(text, "message", len(text) + 1, required=False)
         if text.lstrip().startswith("{"):
@@ -160,6 +196,9 @@ class PlanResult:
     thinking: str = ""
     finish_reason: str = ""
     telemetry: dict[str, Any] = field(default_factory=dict)
+    # refused before decoding for what the request asked (bad input, or more than the
+    # context holds): the caller's to fix (the CLI exits 2, the server answers 400)
+    rejected: bool = False
 
     def as_dict(self, raw_text: bool = True) -> dict[str, Any]:
         """The result as JSON-ready data: id, task, success, plan or error (and refusal),

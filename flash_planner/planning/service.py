@@ -165,6 +165,10 @@ def _failed(request: PlanRequest, error: str, **extra) -> PlanResult:
 
 
 WARM_UP_TASK = "say OK"
+# What a request too long for the context can change (the error names it)
+ROOM_FIX = ("raise the engine's max_context (--max-context, engine.max_context), lower "
+            "max_new_tokens, or shorten the prompt (a shorter scene list or context; a "
+            "catalog's enum_shown bounds the enum values its signatures list)")
 
 
 class PlannerService:
@@ -203,10 +207,12 @@ class PlannerService:
         generate(self.engine, ids, GenerationSettings(max_new_tokens=4), prefix=prefix)
         return (time.perf_counter() - t0) * 1000.0
 
-    def prompt(self, task: str, context: str, thinking: bool) -> tuple[list[int], list[int]]:
+    def prompt(self, task: str, context: str, thinking: bool, scene=()
+               ) -> tuple[list[int], list[int]]:
         """The request's prompt ids and its fixed prefix: every id before the task's message
         (the system prompt with the catalog), a token boundary by construction."""
-        messages = build_messages(self.catalog, task, context, self.config.refusal_hint)
+        messages = build_messages(self.catalog, task, context, self.config.refusal_hint,
+                                  scene)
         ids, starts = encode_chat_parts(self.engine.tokenizer, messages, thinking)
         return ids, ids[:starts[-1]]
 
@@ -271,7 +277,7 @@ class PlannerService:
             ticket.request = request = replace(request, sampling=self._sampling(request))
         except RequestError as exc:
             ticket.invalid_field = exc.field
-            self._finish(ticket, _failed(request, f"invalid request: {exc}"))
+            self._finish(ticket, _failed(request, f"invalid request: {exc}", rejected=True))
             return ticket
         return self._enqueue(ticket)
 
@@ -436,17 +442,20 @@ class PlannerService:
         if deadline is not None and waited >= deadline:
             return _failed(request, f"deadline of {deadline} s passed while queued",
                            finish_reason="deadline", telemetry=telemetry)
-        words = RequestWords.of(request.task, request.context)   # what grounded names may be
+        # what grounded names may be
+        words = RequestWords.of(request.task, request.context, request.scene)
         if self.remote is not None:
             result = self._run_remote(ticket, deadline, telemetry, words)
             if result is not None:
                 return result
         telemetry["backend"] = "local"
         try:
-            ids, prefix = self.prompt(request.task, request.context, self._thinking(request))
+            ids, prefix = self.prompt(request.task, request.context, self._thinking(request),
+                                      request.scene)
+            max_new = request.max_new_tokens or self.config.max_new_tokens
+            self.engine.check_fits(len(ids), max_new)
             constraint = None
             if self.grammar is not None:
-                max_new = request.max_new_tokens or self.config.max_new_tokens
                 budget = max(0, max_new - self.config.answer_reserve)
                 t0 = time.monotonic()   # the request's own grammar is compiled here
                 constraint = self.grammar.constraint(
@@ -460,7 +469,10 @@ class PlannerService:
             listener = _Listener(ticket, StepStream(self.catalog, words))
             out = generate(self.engine, ids, settings, on_token=listener,
                            cancel=ticket.cancel_token, constraint=constraint, prefix=prefix)
-        except (ContextOverflowError, ValueError) as exc:
+        except ContextOverflowError as exc:
+            return _failed(request, f"cannot plan this request: {exc}: {ROOM_FIX}",
+                           telemetry=telemetry, rejected=True)
+        except ValueError as exc:
             return _failed(request, f"cannot plan this request: {exc}", telemetry=telemetry)
         except NonFiniteLogits as exc:
             log.error("request %s: %s", request.id, exc)
@@ -486,7 +498,9 @@ class PlannerService:
         except PlanRefused as exc:
             return _failed(request, str(exc), refusal=exc.reason, **base)
         except PlanError as exc:
-            return _failed(request, str(exc), **base)
+            more = f" (max_new_tokens {max_new}: raise it for longer plans)" \
+                if out.finish_reason == "length" else ""
+            return _failed(request, f"{exc}{more}", **base)
         return PlanResult(request.id, request.task, True, plan=steps, thinking=thinking,
                           **base)
 
@@ -502,7 +516,7 @@ class PlannerService:
         thinking = self._thinking(request)
         max_new = request.max_new_tokens or cfg.max_new_tokens
         messages = build_messages(self.catalog, request.task, request.context,
-                                  cfg.refusal_hint)
+                                  cfg.refusal_hint, request.scene)
         sampling = request.sampling if isinstance(request.sampling, Sampling) and \
             not request.sampling.greedy else None
         listener = _Listener(ticket, StepStream(self.catalog, words))

@@ -1,7 +1,11 @@
 """The skill catalog (config/skills.yaml) and the JSON-Schema of a plan generated from it.
 
 A string argument marked `grounded: true` names something the request mentions: with the
-request's words (`grounding.RequestWords`) its schema admits only their runs.
+request's words (`grounding.RequestWords`) its schema admits only their runs. One marked
+`grounded: scene` names one of the objects and places the request lists (`scene`, from
+perception): with a scene list its schema is that list's names as an enum; without one it
+follows the phrase rule of `grounded: true`. An argument with `required: false` (or a
+`default`) may be left out; the validated step then carries its default, if it has one.
 """
 
 from __future__ import annotations
@@ -16,7 +20,12 @@ from .grounding import RequestWords
 
 ARG_TYPES = ("string", "number", "integer", "boolean")
 CONSTRAINTS = ("enum", "minimum", "maximum")
-
+ARG_FIELDS = ("type", "description", "grounded", "required", "default", *CONSTRAINTS)
+GROUNDED = (False, True, "scene")
+# A signature lists an enum's values up to this many; past it, their count and the first few
+# (the grammar and the validator keep the whole set). A catalog may set `enum_shown`.
+ENUM_SHOWN = 8
+ENUM_EXAMPLES = 3
 
 class CatalogError(ValueError):
     """A skill catalog that cannot be used; the message names the file and entry."""
@@ -28,22 +37,37 @@ class Argument:
     type: str
     description: str = ""
     constraints: tuple[tuple[str, Any], ...] = ()
-    grounded: bool = False        # the value is a run of words of the task or scene
+    grounded: bool | str = False  # True: words of the task or scene; "scene": a scene name
+    required: bool = True
+    default: Any = None           # filled in when an optional argument is left out
 
     def schema(self, words: RequestWords | None = None) -> dict[str, Any]:
         """JSON-Schema of the value; a grounded argument's, given the request's words,
-        admits only their runs."""
+        admits only their runs, or (`grounded: scene` with a scene list) a scene name."""
         schema = {"type": self.type, **dict(self.constraints)}
-        if self.grounded and words is not None and words.pattern is not None:
+        if self.grounded == "scene" and words is not None and words.scene:
+            schema["enum"] = list(words.scene_values)
+        elif self.grounded and words is not None and words.pattern is not None:
             schema["pattern"] = words.pattern
         return schema
 
-    def signature(self) -> str:
-        """`name` for a plain string argument, else `name: type` and its constraints."""
+    def signature(self, enum_shown: int = ENUM_SHOWN) -> str:
+        """`name` for a plain string argument, else `name: type` and its constraints; `name?`
+        when it may be left out, `name ... = default` when it has a default. An enum longer
+        than `enum_shown` shows its count and first values."""
+        name = self.name if self.required or self.default is not None else f"{self.name}?"
+        default = "" if self.default is None else f" = {self.default!r}"
         if self.type == "string" and not self.constraints:
-            return self.name
-        extra = "".join(f" {k} {v}" for k, v in self.constraints)
-        return f"{self.name}: {self.type}{extra}"
+            return f"{name}{default}"
+        extra = "".join(f" {k} {_shown(k, v, enum_shown)}" for k, v in self.constraints)
+        return f"{name}: {self.type}{extra}{default}"
+
+
+def _shown(key: str, value: Any, enum_shown: int) -> Any:
+    if key != "enum" or len(value) <= enum_shown:
+        return value
+    first = ", ".join(repr(v) for v in value[:ENUM_EXAMPLES])
+    return f"(one of {len(value)} values, e.g. {first})"
 
 
 @dataclass(frozen=True)
@@ -54,19 +78,21 @@ class Skill:
 
     def args_schema(self, words: RequestWords | None = None) -> dict[str, Any]:
         return {"type": "object", "properties": {a.name: a.schema(words) for a in self.args},
-                "required": [a.name for a in self.args], "additionalProperties": False}
+                "required": [a.name for a in self.args if a.required],
+                "additionalProperties": False}
 
     @property
     def grounded(self) -> tuple[Argument, ...]:
         return tuple(a for a in self.args if a.grounded)
 
-    def signature(self) -> str:
-        return f"{self.name}({', '.join(a.signature() for a in self.args)})"
+    def signature(self, enum_shown: int = ENUM_SHOWN) -> str:
+        return f"{self.name}({', '.join(a.signature(enum_shown) for a in self.args)})"
 
 
 @dataclass(frozen=True)
 class SkillCatalog:
     skills: tuple[Skill, ...]
+    enum_shown: int = ENUM_SHOWN    # enum values a signature lists (see ENUM_SHOWN)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> SkillCatalog:
@@ -92,7 +118,15 @@ class SkillCatalog:
             skills.append(skill)
         if not skills:
             raise CatalogError(f"{where}: the catalog has no skills")
-        return cls(tuple(skills))
+        unknown = sorted(set(data) - {"skills", "enum_shown"})
+        if unknown:
+            raise CatalogError(f"{where}: unknown top-level field(s) {unknown} (known: "
+                               "skills, enum_shown)")
+        shown = data.get("enum_shown", ENUM_SHOWN)
+        if isinstance(shown, bool) or not isinstance(shown, int) or shown < 0:
+            raise CatalogError(f"{where}: 'enum_shown' must be a non-negative integer, "
+                               f"got {shown!r}")
+        return cls(tuple(skills), shown)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -104,6 +138,10 @@ class SkillCatalog:
     @property
     def has_grounded(self) -> bool:
         return any(s.grounded for s in self.skills)
+
+    def signatures(self) -> list[str]:
+        """Each skill's signature as the prompt shows it."""
+        return [s.signature(self.enum_shown) for s in self.skills]
 
     def plan_schema(self, words: RequestWords | None = None) -> dict[str, Any] | None:
         """JSON-Schema of a whole plan: {"plan": [{"skill": NAME, "args": {...}}, ...]}.
@@ -135,24 +173,36 @@ def _skill(entry: Any, where: str) -> Skill:
                        for k, v in args.items()))
 
 
-def _argument(name: str, spec: Any, where: str) -> Argument:
+def _argument(name: Any, spec: Any, where: str) -> Argument:
+    if not isinstance(name, str) or not name.isidentifier():
+        raise CatalogError(f"{where}: an argument's name must be an identifier, got {name!r}"
+                           " (YAML reads a bare on, off, yes or no as true/false: quote it)")
     if isinstance(spec, str):
         spec = {"type": spec}
     if not isinstance(spec, dict) or spec.get("type") not in ARG_TYPES:
         raise CatalogError(f"{where}: 'type' must be one of {ARG_TYPES}")
-    unknown = sorted(set(spec) - {"type", "description", "grounded", *CONSTRAINTS})
+    unknown = sorted(set(spec) - set(ARG_FIELDS))
     if unknown:
-        raise CatalogError(f"{where}: unknown field(s) {unknown}")
+        raise CatalogError(f"{where}: unknown field(s) {unknown} (known: {', '.join(ARG_FIELDS)})")
     constraints = tuple((k, spec[k]) for k in CONSTRAINTS if k in spec)
     _check_constraints(spec["type"], dict(constraints), where)
     grounded = spec.get("grounded", False)
-    if not isinstance(grounded, bool):
-        raise CatalogError(f"{where}: 'grounded' must be true or false, got {grounded!r}")
+    if grounded not in GROUNDED or (grounded in (0, 1) and not isinstance(grounded, bool)):
+        raise CatalogError(f"{where}: 'grounded' must be true, false or scene, got {grounded!r}")
     if grounded and (spec["type"] != "string" or "enum" in spec):
         raise CatalogError(f"{where}: 'grounded' applies to string arguments without an "
                            "enum (a name taken from the request)")
+    required = spec.get("required", "default" not in spec)
+    if not isinstance(required, bool):
+        raise CatalogError(f"{where}: 'required' must be true or false, got {required!r}")
+    default = spec.get("default")
+    if "default" in spec:
+        if required:
+            raise CatalogError(f"{where}: a required argument has no use for a 'default' "
+                               "(leave 'required' out or set it to false)")
+        _check_value(spec["type"], dict(constraints), default, f"{where}: default")
     return Argument(name, spec["type"], str(spec.get("description", "")), constraints,
-                    grounded)
+                    grounded, required, default)
 
 
 _PYTHON_TYPES = {"string": str, "number": (int, float), "integer": int, "boolean": bool}
@@ -178,3 +228,15 @@ def _check_constraints(kind: str, c: dict[str, Any], where: str) -> None:
             raise CatalogError(f"{where}: '{bound}' must be a number, got {c[bound]!r}")
     if "minimum" in c and "maximum" in c and c["minimum"] > c["maximum"]:
         raise CatalogError(f"{where}: minimum {c['minimum']} is above maximum {c['maximum']}")
+
+
+def _check_value(kind: str, c: dict[str, Any], value: Any, where: str) -> None:
+    """A value (a default) of the argument's type, within its enum and range."""
+    if value is None or not isinstance(value, _PYTHON_TYPES[kind]) \
+            or (kind != "boolean" and isinstance(value, bool)):
+        raise CatalogError(f"{where} {value!r} is not of type {kind}")
+    if "enum" in c and value not in c["enum"]:
+        raise CatalogError(f"{where} {value!r} is not one of the enum's values")
+    if ("minimum" in c and value < c["minimum"]) or ("maximum" in c and value > c["maximum"]):
+        raise CatalogError(f"{where} {value!r} is outside [{c.get('minimum', '-inf')}, "
+                           f"{c.get('maximum', 'inf')}]")

@@ -57,9 +57,10 @@ def goal_request_id(uuid: Any) -> str:
 
 
 def goal_to_request(goal: Any, request_id: str) -> PlanRequest:
-    """A Plan goal (task, context, max_new_tokens, enable_thinking, sampling, seed) as a
+    """A Plan goal (task, context, scene, max_new_tokens, enable_thinking, sampling, seed) as a
     PlanRequest; "" and 0 mean the node's defaults."""
-    return PlanRequest(task=goal.task, context=goal.context, id=request_id,
+    return PlanRequest(task=goal.task, context=goal.context, scene=tuple(goal.scene),
+                       id=request_id,
                        max_new_tokens=int(goal.max_new_tokens) or None,
                        enable_thinking=bool(goal.enable_thinking),
                        sampling=str(goal.sampling) or None, seed=int(goal.seed) or None)

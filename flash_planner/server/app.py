@@ -306,9 +306,9 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
         if not stream:
             ticket = service.submit(plan_request)
             result = await asyncio.to_thread(ticket.result)
-            if not result.success and result.finish_reason == "":
-                if result.error.startswith(("invalid request", *BUSY, "the planner")):
-                    raise _refused(result, ticket.invalid_field)
+            if not result.success and (result.rejected or result.finish_reason == "" and
+                                       result.error.startswith((*BUSY, "the planner"))):
+                raise _refused(result, ticket.invalid_field)
             metrics.observe("/v1/plans", 200, result.telemetry)
             return result.as_dict()
         relay = _Relay()

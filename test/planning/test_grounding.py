@@ -131,7 +131,7 @@ def test_parse_plan_with_the_request_rejects_a_name_it_never_mentioned():
 @pytest.mark.parametrize("spec, message", [
     ({"type": "integer", "grounded": True}, "'grounded' applies to string arguments"),
     ({"type": "string", "enum": ["a", "b"], "grounded": True}, "without an enum"),
-    ({"type": "string", "grounded": "yes"}, "'grounded' must be true or false, got 'yes'"),
+    ({"type": "string", "grounded": "yes"}, "'grounded' must be true, false or scene, got 'yes'"),
 ])
 def test_a_grounded_field_that_cannot_hold_is_a_catalog_error(spec, message):
     with pytest.raises(CatalogError, match=re.escape(message)):

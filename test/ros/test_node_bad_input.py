@@ -49,7 +49,7 @@ def reference(node):
 def test_bad_goal_row(node, reference, row):
     from action_msgs.msg import GoalStatus
 
-    status, result = node.plan(task=row.task)
+    status, result = node.plan(task=row.task, scene=list(row.scene))
     if row.expect:
         assert status == GoalStatus.STATUS_ABORTED and not result.success
         assert re.search(row.expect, result.error), result.error

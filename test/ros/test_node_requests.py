@@ -180,3 +180,35 @@ def test_two_clients_at_once_are_queued_and_both_answered(harness):
     tele = sorted((r.result.telemetry for r in responses), key=lambda t: t.queue_wait_ms)
     assert tele[1].queue_wait_ms >= 0.5 * tele[0].decode_ms > 0
     other.destroy()
+
+
+def test_a_scene_list_reaches_the_plan_by_goal_and_by_task_topic(harness):
+    """With the example catalog, `grounded: scene` arguments of a plan are listed names (the
+    demo model never saw this catalog: a plan, or the reason there is none)."""
+    from pathlib import Path
+
+    catalog_path = Path(__file__).resolve().parents[2] / "config" / "catalogs" / \
+        "mobile_manipulator.yaml"
+    catalog = SkillCatalog.from_yaml(catalog_path)
+    h = harness(**{"planner.skills_file": str(catalog_path), "planner.max_new_tokens": 256})
+    h.bring_up()
+    scene = ["blue mug|mug", "kitchen sink|sink"]
+
+    def listed_only(plan: list[dict]) -> bool:
+        return all(step["args"][a.name] in ("blue mug", "kitchen sink")
+                   for step in plan for a in catalog.get(step["skill"]).args
+                   if a.grounded == "scene" and a.name in step["args"])
+
+    status, result = h.plan(task="put the mug in the sink", scene=scene, thinking=False)
+    assert result.success or result.error, result
+    if result.success:
+        assert status == GoalStatus.STATUS_SUCCEEDED
+        assert listed_only(json.loads(result.plan_json)["plan"])
+    status, result = h.plan(task="put the mug in the sink", scene=["mug|"])
+    assert status == GoalStatus.STATUS_ABORTED and "scene[0] 'mug|'" in result.error
+    assert wait_for(lambda: h.task_pub.get_subscription_count() > 0, 30)
+    h.task_pub.publish(String(data=json.dumps({"id": "s1", "task": "put the mug in the sink",
+                                               "scene": scene, "enable_thinking": False})))
+    assert wait_for(lambda: any(p["id"] == "s1" for p in h.plans))
+    plan = next(p for p in h.plans if p["id"] == "s1")
+    assert plan["success"] is False or listed_only(plan["plan"]), plan

@@ -211,6 +211,8 @@ def test_each_error_status_from_a_real_bad_request(server, case, status, code_or
     ({"task": "open the fridge", "context": "a\x00b"}, "context"),
     ({"task": "open the fridge", "colour": "red"}, "colour"),
     ({"context": "kitchen"}, "task"),
+    ({"task": "open the fridge", "scene": "fridge"}, "scene"),
+    ({"task": "open the fridge", "scene": ["fridge", ""]}, "scene[1]"),
 ])
 def test_a_bad_plan_request_names_its_parameter(server, body, param):
     for stream in (False, True):
@@ -219,6 +221,16 @@ def test_a_bad_plan_request_names_its_parameter(server, body, param):
         error = answer["error"]
         assert error["param"] == param and error["type"] == "invalid_request_error", error
         assert param in error["message"], error
+
+
+def test_a_plan_request_carries_its_scene_list_and_one_too_long_is_a_400(server):
+    body = {"task": "bring it to the sink", "scene": ["red cup|cup", "sink"]}
+    status, result = _http(server.url + "/v1/plans", body)
+    assert status == 200 and (result["success"] or result["error"]), result
+    status, answer = _http(server.url + "/v1/plans",
+                           {"task": ("pick up the blue box " * 95)[:1900]})
+    assert status == 400 and "exceeds max_context" in answer["error"]["message"], answer
+    assert "--max-context" in answer["error"]["message"]
 
 
 def wait_for(predicate, timeout: float = TIMEOUT) -> bool:
