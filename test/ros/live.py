@@ -91,9 +91,14 @@ class Harness:
         self.executor = MultiThreadedExecutor(num_threads=8, context=context)
         self.executor.add_node(self.node)
         self.executor.add_node(self.client_node)
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self._spinning = True
+        self.thread = threading.Thread(target=self._spin, name="harness-executor", daemon=True)
         self.thread.start()
         assert self.client.wait_for_server(timeout_sec=30)
+
+    def _spin(self) -> None:
+        while self._spinning and self.context.ok():
+            self.executor.spin_once(timeout_sec=0.05)
 
     def transition(self, *names: str) -> None:
         """Trigger lifecycle transitions in order; each must succeed."""
@@ -138,8 +143,18 @@ class Harness:
 
     def close(self) -> None:
         self.node.stop_planner()
-        self.executor.shutdown()
+        # rclpy 7.1.6's Executor.shutdown destroys its guard condition without waiting (its
+        # wait tests the flag it has just set): a spin() still inside it then hands a callback
+        # to the pool that triggers the destroyed guard, and the spinning thread dies with
+        # InvalidHandle. So the loop ends first, its last callbacks finish, then shutdown.
+        self._spinning = False
+        self.executor.wake()
         self.thread.join(10)
+        pending = list(getattr(self.executor, "_futures", ()))    # the pool's callbacks
+        end = time.monotonic() + 10
+        while any(not task.done() for task in pending) and time.monotonic() < end:
+            time.sleep(0.01)
+        self.executor.shutdown()
         self.client.destroy()
         self.client_node.destroy_node()
         self.node.destroy_node()

@@ -95,12 +95,14 @@ def test_feedback_fields():
 
 
 def test_goal_to_request_reads_every_goal_field():
-    assert {name for _, name in ACTION["goal"]} == {"task", "context", "max_new_tokens",
-                                                    "enable_thinking", "sampling", "seed"}
+    assert {name for _, name in ACTION["goal"]} == {"task", "context", "scene",
+                                                    "max_new_tokens", "enable_thinking",
+                                                    "sampling", "seed"}
     goal = SimpleNamespace(task="pick up the cup", context="cup on table", max_new_tokens=0,
-                           enable_thinking=False, sampling="", seed=0)
+                           enable_thinking=False, sampling="", seed=0, scene=["red cup|cup"])
     req = convert.goal_to_request(goal, "abc")
     assert (req.task, req.context, req.id) == ("pick up the cup", "cup on table", "abc")
+    assert req.scene == ("red cup|cup",)
     assert req.max_new_tokens is None and req.enable_thinking is False
     assert req.sampling is None and req.seed is None            # the node's defaults
     goal.max_new_tokens, goal.enable_thinking = 64, True
