@@ -5,8 +5,8 @@ after row i's input, so draft d_i is judged by row i-1) and return the accepted 
 device tensor; the loop's one host copy per cycle reads it together with the tokens. The
 committed tokens are d_1..d_n followed by the bonus token argmax(row n).
 
-Both decide a block with `decide(drafts, logits, position) -> (n, picks)`: the count and, per
-row, the token published after n accepted drafts (`picks[n]`; here the row's argmax;
+Both decide a block with `decide(drafts, logits, position) -> (n, picks)`: the count (None
+for a block without drafts) and, per row, the token published after n accepted drafts (`picks[n]`; here the row's argmax;
 `position` is the first row's token position, which sampling's noise depends on). The
 sampled requests' policy (`sampling.SampledAcceptance`) has the same `decide`.
 
@@ -37,12 +37,12 @@ def _accepted(drafts: torch.Tensor, logits: torch.Tensor, relaxed: torch.Tensor,
 
 
 class ArgmaxPicks:
-    """`decide` for the greedy policies: their accepted count, then each row's argmax."""
+    """`decide` for the greedy policies: their accepted count (None without drafts: nothing
+    to accept, nothing to compute on a decode step), then each row's argmax."""
 
     def decide(self, drafts: torch.Tensor, logits: torch.Tensor, position: int = 0
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        n = (self.accept(drafts, logits) if drafts.numel()
-             else torch.zeros((), dtype=torch.long, device=logits.device))
+               ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        n = self.accept(drafts, logits) if drafts.numel() else None
         return n, logits.argmax(dim=-1)
 
 

@@ -303,13 +303,12 @@ class SampledAcceptance(ThinkTracker):
                 ).argmax(dim=-1)
 
     def decide(self, drafts: torch.Tensor, logits: torch.Tensor, position: int
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(accepted count, the token each row publishes): row i is the token at `position`
-        + i, drawn from p_i by its fixed noise; drafts are kept while they match."""
+               ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(accepted count, None without drafts; the token each row publishes): row i is the
+        token at `position` + i, drawn from p_i by its fixed noise; drafts are kept while
+        they match."""
         p = self.distribution(drafts, logits)
         picks = (torch.log(p) + self.noise(position, p.shape[0], p.shape[1], p.device)
                  ).argmax(dim=-1)
         k = drafts.shape[0]
-        n = (accepted_prefix(drafts == picks[:k]) if k
-             else torch.zeros((), dtype=torch.long, device=p.device))
-        return n, picks
+        return (accepted_prefix(drafts == picks[:k]) if k else None), picks

@@ -55,6 +55,17 @@ class Cycle:
                                   # over the sparse layers (0 for a dense target)
 
 
+_EMPTY: dict[torch.device, torch.Tensor] = {}
+
+
+def _no_drafts(device: torch.device) -> torch.Tensor:
+    """An empty draft block on `device` (one per device: a cycle without drafts makes none)."""
+    empty = _EMPTY.get(device)
+    if empty is None:
+        empty = _EMPTY[device] = torch.zeros(0, dtype=torch.long, device=device)
+    return empty
+
+
 def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
               proposer: Proposer | None, policy, num_drafts: int, timer: PhaseTimer,
               constraint: Constraint | None = None, room: int = 0) -> Cycle:
@@ -67,7 +78,7 @@ def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
         if proposer is not None and num_drafts > 0:
             drafts = proposer.propose(anchor_t, start, num_drafts)
         else:
-            drafts = anchor_t[:0]
+            drafts = _no_drafts(device)
     proposed = int(drafts.shape[0])
     if constraint is not None:
         with timer.phase("grammar"):
@@ -94,12 +105,16 @@ def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
         n, picks = policy.decide(drafts, logits, start + 1)
         # The one host sync of the cycle: the count, all candidate tokens, whether each
         # row's logits are finite and (MoE) the experts the block touched, in one copy.
-        # (without drafts nothing is accepted: n is 0, known here, not copied)
-        parts = [n.view(1), drafts, picks, finite.long()] if k else [picks, finite.long()]
-        if routing is not None:
-            experts = routing.distinct_per_layer(model.moe_blocks[0].num_experts).sum()
-            parts.append(experts.view(1).to(picks.device, torch.long))
-        host = torch.cat(parts).tolist()
+        # (without drafts nothing is accepted: n is 0, known here, not copied; two scalars
+        # come back cheaper one by one than through a concatenation)
+        if k or routing is not None:
+            parts = [n.view(1), drafts, picks, finite.long()] if k else [picks, finite.long()]
+            if routing is not None:
+                experts = routing.distinct_per_layer(model.moe_blocks[0].num_experts).sum()
+                parts.append(experts.view(1).to(picks.device, torch.long))
+            host = torch.cat(parts).tolist()
+        else:
+            host = [picks.item(), int(finite.item())]
     if not k:
         host.insert(0, 0)
     n, d, a, ok = host[0], host[1:1 + k], host[1 + k:2 + 2 * k], host[2 + 2 * k:3 + 3 * k]

@@ -381,7 +381,10 @@ class StaticGraphs:
         tb = self.bucket(rows)
         start = self.state.begin(rows, record)
         self.calls += 1
-        self._position_rows[tb].copy_(self.key_positions[start:start + tb])
+        if tb == 1:      # a decode step: the one position, without slicing the arange
+            self._position_rows[1].fill_(start)
+        else:
+            self._position_rows[tb].copy_(self.key_positions[start:start + tb])
         return (tb, *self.padding[(tb, rows)])
 
     def _run(self, tb: int, valid: torch.Tensor, window_rows: torch.Tensor):

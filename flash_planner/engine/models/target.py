@@ -111,7 +111,6 @@ class TargetModel(nn.Module):
         """Run the dense segments with another backend (same `run(index, *tensors)`)."""
         self.dense = runner
 
-    @torch.inference_mode()
     def forward(self, ids: torch.Tensor, state: InferenceState, *, record_steps: bool = False,
                 taps: tuple[int, ...] = (), all_logits: bool = False,
                 routing: RoutingRecord | None = None) -> ForwardOutput:
@@ -123,6 +122,14 @@ class TargetModel(nn.Module):
         all_logits: logits of every row (verify) instead of the last row only (prefill).
         routing: collects each sparse layer's expert ids (MoE targets; telemetry).
         """
+        if torch.is_inference_mode_enabled():   # `generate` runs a request in one scope
+            return self._forward(ids, state, record_steps, taps, all_logits, routing)
+        with torch.inference_mode():
+            return self._forward(ids, state, record_steps, taps, all_logits, routing)
+
+    def _forward(self, ids: torch.Tensor, state: InferenceState, record_steps: bool,
+                 taps: tuple[int, ...], all_logits: bool, routing: RoutingRecord | None
+                 ) -> ForwardOutput:
         if self.static is not None and self.static.accepts(ids, state, record_steps):
             try:
                 logits, tapped, finite = self.static.run(ids, record_steps, taps, all_logits,
