@@ -6,9 +6,10 @@ device tensor; the loop's one host copy per cycle reads it together with the tok
 committed tokens are d_1..d_n followed by the bonus token argmax(row n).
 
 Both decide a block with `decide(drafts, logits, position) -> (n, picks)`: the count (None
-for a block without drafts) and, per row, the token published after n accepted drafts (`picks[n]`; here the row's argmax;
-`position` is the first row's token position, which sampling's noise depends on). The
-sampled requests' policy (`sampling.SampledAcceptance`) has the same `decide`.
+for a block without drafts) and, per row, the token published after n accepted drafts
+(`picks[n]`; here the row's argmax; `position` is the first row's token position, which
+sampling's noise depends on). The sampled requests' policy (`sampling.SampledAcceptance`)
+has the same `decide`.
 
 - `StrictAcceptance`: d_i accepted iff it equals argmax(row i-1) and every earlier draft was
   accepted. Greedy speculative decoding with it is lossless.
