@@ -27,6 +27,7 @@ GROUNDED = (False, True, "scene")
 ENUM_SHOWN = 8
 ENUM_EXAMPLES = 3
 
+
 class CatalogError(ValueError):
     """A skill catalog that cannot be used; the message names the file and entry."""
 
@@ -174,9 +175,10 @@ def _skill(entry: Any, where: str) -> Skill:
 
 
 def _argument(name: Any, spec: Any, where: str) -> Argument:
-    if not isinstance(name, str) or not name.isidentifier():
-        raise CatalogError(f"{where}: an argument's name must be an identifier, got {name!r}"
-                           " (YAML reads a bare on, off, yes or no as true/false: quote it)")
+    if not isinstance(name, str) or not name.strip():
+        raise CatalogError(f"{where}: an argument's name must be a non-empty string, got "
+                           f"{name!r} (YAML reads a bare on, off, yes or no as true/false: "
+                           "quote it)")
     if isinstance(spec, str):
         spec = {"type": spec}
     if not isinstance(spec, dict) or spec.get("type") not in ARG_TYPES:
