@@ -267,8 +267,8 @@ def test_direct_calls_that_disagree_with_dynamo_are_not_used(checkpoints, make_e
         site = learn(*args)
         fn = site.fn
 
-        def wrong(*inputs):
-            out = list(fn(*inputs))
+        def wrong(inputs):
+            out = list(fn(inputs))
             out[0] = out[0] + 1e-3
             return out
 
