@@ -29,6 +29,7 @@ from .moe_gemm.reference import moe_int4_gemm as _moe_int4_gemm_ref
 from .moe_gemm.reference import moe_nvfp4_gemm as _moe_nvfp4_gemm_ref
 from .nvfp4_gemm.reference import dequantize_nvfp4
 from .nvfp4_gemm.reference import nvfp4_gemm as _nvfp4_gemm_ref
+from .toolchain import guarded
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +50,13 @@ def _triton_ops() -> tuple[dict[str, object], str]:
         from .nvfp4_gemm.kernel import nvfp4_gemm
     except ImportError as exc:  # triton is optional at run time (CPU-only installs)
         return {}, f"Triton is not importable ({exc})"
-    return {"accept_rows": accept_rows, "checkpoint_select": checkpoint_select,
-            "fp8_gemm": fp8_gemm, "gdn_steps": gdn_steps, "int4_gemm": int4_gemm,
-            "kv_append": kv_append, "moe_fp8_gemm": moe_fp8_gemm, "moe_gemm": moe_gemm,
-            "moe_int4_gemm": moe_int4_gemm, "moe_nvfp4_gemm": moe_nvfp4_gemm,
-            "nvfp4_gemm": nvfp4_gemm}, ""
+    ops = {"accept_rows": accept_rows, "checkpoint_select": checkpoint_select,
+           "fp8_gemm": fp8_gemm, "gdn_steps": gdn_steps, "int4_gemm": int4_gemm,
+           "kv_append": kv_append, "moe_fp8_gemm": moe_fp8_gemm, "moe_gemm": moe_gemm,
+           "moe_int4_gemm": moe_int4_gemm, "moe_nvfp4_gemm": moe_nvfp4_gemm,
+           "nvfp4_gemm": nvfp4_gemm}
+    # a launch compiles on first use: a ptxas that does not know the GPU fails there
+    return {name: guarded(fn) for name, fn in ops.items()}, ""
 
 
 TRITON_OPS, TRITON_MISSING = _triton_ops()

@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from .specs import Spec
+from .toolchain import ToolchainError, guarded
 
 MODULES = ("accept", "checkpoint_select", "fp8_gemm", "gdn_steps", "int4_gemm", "kv_append",
            "moe_gemm", "nvfp4_gemm")
@@ -103,9 +104,9 @@ def compile_row(spec: Spec, target: str) -> dict:
     from triton.compiler import ASTSource
 
     source = ASTSource(fn=spec.kernel, signature=spec.signature(), constexprs=spec.constexprs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", TARGETS[target], 32),
-                              options={"num_warps": spec.num_warps,
-                                       "num_stages": spec.num_stages})
+    compiled = guarded(triton.compile)(source, target=GPUTarget("cuda", TARGETS[target], 32),
+                                       options={"num_warps": spec.num_warps,
+                                                "num_stages": spec.num_stages})
     usage = resource_usage(compiled.asm["cubin"])
     ptx = compiled.asm["ptx"]
     return {"kernel": spec.name, "spec": spec.label, "target": target,
@@ -136,7 +137,10 @@ def main() -> None:
     why = cannot_compile()
     if why is not None:
         sys.exit(f"kernels report: {why}")
-    rows = report()
+    try:
+        rows = report()
+    except ToolchainError as exc:
+        sys.exit(f"kernels report: {exc}")
     if args.json:
         print(json.dumps(rows))
     else:

@@ -1,8 +1,9 @@
 """The engine with every hot-path op on its Triton kernel: the same tokens as the references.
 
-Forced with `set_backend("triton")` (interpreted on CPU): FP8 KV appends, the GDN verify
-recurrence with per-step checkpoints, rollback selects and acceptance all run as kernels
-inside real speculative decoding, against the same request on the torch references.
+Forced with `set_backend("triton")` (interpreted on a CPU, compiled on a CUDA GPU, where
+the engine is built): FP8 KV appends, the GDN verify recurrence with per-step checkpoints,
+rollback selects and acceptance all run as kernels inside real speculative decoding, against
+the same request on the torch references.
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ from flash_planner.engine.generate import GenerationSettings, generate
 from flash_planner.engine.proposer import ReplayProposer
 from flash_planner.kernels import dispatch
 
+# Triton runs on a CPU only in its interpreter: with a GPU the engines live on it
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 @pytest.fixture
 def triton_backend():
     dispatch.set_backend("triton")
-    cpu = torch.zeros(1)
+    probe = torch.zeros(1, device=DEVICE)
     for op in ("gdn_steps", "kv_append", "checkpoint_select", "accept_rows"):
-        assert dispatch._pick(op, None, cpu) is dispatch.TRITON_OPS[op], op
+        assert dispatch._pick(op, None, probe) is dispatch.TRITON_OPS[op], op
     yield
     dispatch.set_backend("auto")
 
@@ -47,7 +51,7 @@ def _references_then_kernels(engine, request, new_tokens):
 @pytest.mark.parametrize("kv", ["fp32", "fp8"])
 def test_speculative_decoding_on_kernels_matches_the_references(hybrid_dir, make_engine, kv,
                                                                 request):
-    engine = make_engine(hybrid_dir, kv_dtype=kv)
+    engine = make_engine(hybrid_dir, kv_dtype=kv, device=DEVICE)
     ref, reference, kernels = _references_then_kernels(engine, request, 24)
     assert kernels.token_ids == reference.token_ids == ref
     assert kernels.stats.accept_hist == reference.stats.accept_hist
@@ -58,10 +62,10 @@ def test_speculative_decoding_on_kernels_matches_the_references(hybrid_dir, make
 def test_quantized_weights_on_the_gemm_kernels_match_the_references(hybrid_dir, make_engine,
                                                                    weights, request):
     """The same speculative request with every Linear on its weight-only GEMM kernel."""
-    engine = make_engine(hybrid_dir, weights=weights)
+    engine = make_engine(hybrid_dir, weights=weights, device=DEVICE)
     ref, reference, kernels = _references_then_kernels(engine, request, 12)
     op = f"{weights}_gemm"
-    assert dispatch._pick(op, None, torch.zeros(1)) is dispatch.TRITON_OPS[op]
+    assert dispatch._pick(op, None, torch.zeros(1, device=DEVICE)) is dispatch.TRITON_OPS[op]
     assert kernels.token_ids == reference.token_ids == ref
     assert kernels.stats.accept_hist == reference.stats.accept_hist
 
@@ -71,9 +75,9 @@ def test_moe_target_on_the_moe_kernels_matches_the_references(checkpoints, make_
                                                               weights, request):
     """An MoE target's experts on the grouped GEMM kernels, full precision and quantized at
     load: the same speculative request as on the references."""
-    engine = make_engine(checkpoints("hybrid_moe"), weights=weights)
+    engine = make_engine(checkpoints("hybrid_moe"), weights=weights, device=DEVICE)
     ref, reference, kernels = _references_then_kernels(engine, request, 12)
     op = "moe_gemm" if weights == "auto" else f"moe_{weights}_gemm"
-    assert dispatch._pick(op, None, torch.zeros(1)) is dispatch.TRITON_OPS[op]
+    assert dispatch._pick(op, None, torch.zeros(1, device=DEVICE)) is dispatch.TRITON_OPS[op]
     assert kernels.token_ids == reference.token_ids == ref
     assert kernels.stats.accept_hist == reference.stats.accept_hist

@@ -25,9 +25,12 @@ def _inputs(b, t, hk, hv, dk, dv, seed=0):
     ids=["S1", "S7-nonpow2", "S16-gqa", "S40-prefill"])
 def test_matches_transformers_recurrent_form(b, t, hk, hv, dk, dv):
     q, k, v, g, beta, state = _inputs(b, t, hk, hv, dk, dv)
+    # q and k heads repeated here, as transformers' GDN layer does before calling the rule:
+    # 5.24's function repeats them itself, 5.17's does not (setup.py admits both)
+    rep = hv // hk
     ref_out, ref_state = torch_recurrent_gated_delta_rule(
-        q, k, v, g, beta, initial_state=state.clone(), output_final_state=True,
-        use_qk_l2norm_in_kernel=True)
+        q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2), v, g, beta,
+        initial_state=state.clone(), output_final_state=True, use_qk_l2norm_in_kernel=True)
     live = state.clone()
     out = gdn_steps(q, k, v, g, beta, live)
     assert (out - ref_out).abs().max() <= 1e-5

@@ -13,6 +13,7 @@ import importlib
 import inspect
 
 import pytest
+import torch
 
 from flash_planner.engine.generate import GenerationSettings, generate
 from flash_planner.engine.proposer import ReplayProposer
@@ -44,6 +45,8 @@ def test_every_jit_kernel_declares_specs_and_every_helper_is_used(name):
     assert all(spec.constexprs or spec.types for spec in module.SPECS)
 
 
+# Triton runs on a CPU only in its interpreter: with a GPU the engines live on it
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CONFIGS = [("fp32", "fp32"), ("fp32", "fp8"), ("bf16", "bf16"), ("bf16", "fp8")]
 # The weight-only GEMMs run only for quantized checkpoints and the MoE GEMMs only for MoE
 # targets, neither of which this dense-MLP hybrid run loads; test_weight_gemm.py and
@@ -56,7 +59,7 @@ def test_engine_launches_only_declared_specs_and_every_spec_is_launched(hybrid_d
                                                                          make_engine):
     specs, used = all_specs(), set()
     for dtype, kv in CONFIGS:
-        engine = make_engine(hybrid_dir, dtype=dtype, kv_dtype=kv)
+        engine = make_engine(hybrid_dir, dtype=dtype, kv_dtype=kv, device=DEVICE)
         prompt = engine.tokenizer.encode("put the apple in the fridge",
                                          add_special_tokens=False)
         ref = list(range(5, 11))  # two cycles: one rejects at once, one partly accepts

@@ -1,0 +1,54 @@
+"""Turning a Triton toolchain that cannot build for this GPU into one clear error.
+
+Thor's compute capability is 11.0 under CUDA 13. A Triton whose bundled ptxas predates it
+(Triton 3.6's ptxas-blackwell, for one) fails the first kernel launch with
+`ptxas fatal: Value 'sm_110a' is not defined for option 'gpu-name'`, deep in a traceback.
+Both ways out are named here: a newer Triton, or TRITON_PTXAS_PATH pointing at the CUDA
+toolkit's own ptxas.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+OLD_PTXAS = re.compile(r"Value '(sm_\w+)' is not defined for option 'gpu-name'")
+
+
+class ToolchainError(RuntimeError):
+    """Triton's compiler cannot build kernels for this GPU; the message says how to fix it."""
+
+
+def toolchain_error(exc: BaseException) -> ToolchainError | None:
+    """The clear error for `exc` when it is a ptxas that does not know the GPU, else None."""
+    found = OLD_PTXAS.search(str(exc))
+    if found is None:
+        return None
+    try:
+        import triton
+
+        version = f"Triton {triton.__version__}"
+    except ImportError:
+        version = "Triton"
+    return ToolchainError(
+        f"{version}'s ptxas cannot build kernels for {found.group(1)} (this GPU; Thor is "
+        "sm_110 under CUDA 13). Install a Triton whose bundled ptxas knows it, or point "
+        "TRITON_PTXAS_PATH at the CUDA toolkit's ptxas (e.g. "
+        "TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas), then start again.")
+
+
+def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` (a kernel's launcher) with a toolchain failure raised as `ToolchainError`."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            clear = toolchain_error(exc)
+            if clear is None:
+                raise
+            raise clear from exc
+
+    call.__name__ = getattr(fn, "__name__", "kernel")
+    call.__wrapped__ = fn
+    return call
