@@ -10,7 +10,7 @@ LINT_PATHS := flash_planner kernels test bench launch tools setup.py
 
 DEMO_TASK  ?= bring the red cup from the kitchen table to the sink
 
-.PHONY: all venv ros-env thor-deps thor-image test demo demo-model bench bench-peer bench-ros kernels-report lint lint-fix clean distclean
+.PHONY: all venv ros-env thor-deps thor-image test demo demo-model bench bench-peer bench-ros bench-gpu kernels-report lint lint-fix clean distclean
 
 all: test
 
@@ -76,6 +76,11 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/weight_bytes.py --png-dir docs/img
 	$(VENV)/bin/python bench/moe_lengths.py
 	$(VENV)/bin/python bench/overhead.py --cold-and-warm
+
+# The GPU figures in one command (bench/gpu.py): run on a CUDA machine; its Python needs
+# torch, triton and transformers, and this tree (no install). The JSON goes to bench/out/.
+bench-gpu:
+	mkdir -p bench/out && PYTHONPATH=. $(PYTHON) bench/gpu.py --json-out bench/out/gpu.json
 
 # Ours against llama.cpp, side by side: llama.cpp is built once from the pinned
 # llama-cpp-python source distribution (needs cmake and g++; cached, see bench/peer.py).

@@ -1,0 +1,178 @@
+"""The GPU figures from one command: ceilings, weight-only GEMMs, and the Thor line.
+
+Parts (each one table, all of them in one JSON file):
+  ceilings  device-to-device copy bandwidth (bytes read + written) and a bf16 matmul's
+            TFLOP/s, measured in this run;
+  gemm      weight-only GEMMs at Qwen3.6-27B and 35B-A3B shapes, rows 1, 2, 4, 8, 16: bf16
+            (torch) and the engine's fp8, nvfp4 and int4 layouts (dispatch: the Triton kernels
+            on CUDA), as time and as the fraction of the copy bandwidth their weight bytes
+            reach;
+  thor      the full 27B's and 35B-A3B's bytes per forward (bench/weight_bytes.py) over Thor's
+            273 GB/s at the NVFP4 GEMMs' measured fraction: ms and tok/s per token.
+Not in it yet: the MoE grouped GEMM, the engine slices eager against CUDA graphs, the demo
+through the planner service (bench/kernels.py has the hot-path kernels' table).
+
+    python bench/gpu.py [--parts ceilings gemm thor] [--json-out FILE]   # a CUDA GPU
+    python bench/gpu.py --small     # tiny shapes on a CPU, kernels interpreted: a smoke run
+
+The GPU's Python needs torch, triton and transformers; our other dependencies are not used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+SMALL = "--small" in sys.argv
+if SMALL:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+# bench/kernels.py's timers, loaded under another name: a module called `kernels` would
+# shadow Hugging Face's package of that name, which transformers probes for
+_spec = importlib.util.spec_from_file_location("bench_kernels", HERE / "kernels.py")
+_bench_kernels = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_bench_kernels)
+copy_bandwidth, timed_ms = _bench_kernels.copy_bandwidth, _bench_kernels.timed_ms
+
+PARTS = ("ceilings", "gemm", "thor")
+ROWS = (1, 2, 4, 8, 16)
+THOR_GBPS = 273.0
+# (name, N, K): the Linear shapes one decode step reads most of
+SHAPES = {
+    "big": [("27B MLP up", 17408, 5120), ("27B MLP down", 5120, 17408),
+            ("27B attention q", 12288, 5120), ("27B lm_head", 248320, 5120),
+            ("35B-A3B expert up", 1024, 2048), ("35B-A3B lm_head", 248320, 2048)],
+    "small": [("tiny up", 256, 128), ("tiny down", 128, 256)],
+}
+FORMATS = ("bf16", "fp8", "nvfp4", "int4")
+
+
+def _layout(fmt: str):
+    from flash_planner.engine.weights import fp8, int4, nvfp4
+
+    return {"fp8": fp8, "nvfp4": nvfp4, "int4": int4}[fmt].quantize_at_load()
+
+
+def weight_op(fmt: str, n: int, k: int, device: str, dtype: torch.dtype):
+    """(x -> y, weight bytes) for one Linear [N, K] in `fmt`, random weights."""
+    w = torch.randn(n, k, device=device, dtype=torch.float32) * 0.02
+    if fmt == "bf16":
+        w = w.to(dtype)
+        return (lambda x: torch.nn.functional.linear(x, w)), w.nbytes
+    layout = _layout(fmt)
+    module = layout.module(n, k).to_empty(device=device)
+    module.set_packed(layout.convert({"weight": w}, n, k))
+    nbytes = sum(b.nbytes for b in module.buffers())
+    return module.gemm, nbytes
+
+
+def ceilings(device: str, small: bool) -> dict:
+    bw = copy_bandwidth(device)
+    n = 256 if small else 8192
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    ms = timed_ms(lambda: a @ b, 3 if small else 20)
+    return {"copy_gbps": bw / 1e9, "matmul_tflops": 2 * n ** 3 / (ms / 1000) / 1e12,
+            "matmul_n": n, "matmul_dtype": str(dtype).removeprefix("torch.")}
+
+
+def gemm_rows(device: str, small: bool, bw: float, repeats: int) -> list[dict]:
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    out = []
+    for name, n, k in SHAPES["small" if small else "big"]:
+        for fmt in FORMATS:
+            op, nbytes = weight_op(fmt, n, k, device, dtype)
+            for m in (ROWS[:2] if small else ROWS):
+                x = torch.randn(m, k, device=device, dtype=dtype)
+                ms = timed_ms(lambda op=op, x=x: op(x), repeats)
+                out.append({"shape": name, "n": n, "k": k, "format": fmt, "rows": m,
+                            "ms": ms, "weight_bytes": nbytes,
+                            "of_copy_bw": nbytes / (ms / 1000) / bw})
+    return out
+
+
+def thor_rows(fraction: float) -> list[dict]:
+    """Bytes per forward of the full models (analytic) at `fraction` of Thor's bandwidth."""
+    from weight_bytes import MODELS, analytic_bytes
+
+    out = []
+    for model, raw in MODELS.items():
+        if "4B" in model:
+            continue
+        gb = analytic_bytes(raw, "nvfp4") / 1e9
+        ms = gb / (THOR_GBPS * fraction) * 1000
+        out.append({"model": model, "format": "nvfp4", "gb_per_forward": gb,
+                    "fraction": fraction, "ms_per_token": ms, "tok_s": 1000 / ms})
+    return out
+
+
+def print_tables(report: dict) -> None:
+    c = report.get("ceilings")
+    if c:
+        print(f"ceilings: copy {c['copy_gbps']:.0f} GB/s (read + write), {c['matmul_dtype']} "
+              f"matmul {c['matmul_n']}^3 {c['matmul_tflops']:.1f} TFLOP/s")
+    if report.get("gemm"):
+        print(f"{'shape':<20}{'format':<8}{'rows':>5}{'ms':>10}{'weight MB':>11}"
+              f"{'of copy bw':>12}")
+        for r in report["gemm"]:
+            print(f"{r['shape']:<20}{r['format']:<8}{r['rows']:>5}{r['ms']:>10.4f}"
+                  f"{r['weight_bytes'] / 1e6:>11.2f}{100 * r['of_copy_bw']:>11.1f}%")
+    if report.get("thor"):
+        print(f"Thor line: {THOR_GBPS:.0f} GB/s at the nvfp4 GEMMs' measured fraction "
+              f"({100 * report['thor'][0]['fraction']:.0f}%, 1 row)")
+        for r in report["thor"]:
+            print(f"  {r['model']:<18}{r['gb_per_forward']:>7.2f} GB  {r['ms_per_token']:>8.1f} "
+                  f"ms/token  {r['tok_s']:>7.1f} tok/s")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--small", action="store_true",
+                        help="tiny shapes on a CPU, kernels interpreted (default: off)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="which tables (default: all)")
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="write the report there as JSON (default: print only)")
+    args = parser.parse_args(argv)
+    if not args.small and not torch.cuda.is_available():
+        print("bench/gpu.py needs a CUDA GPU (use --small for a CPU smoke run)",
+              file=sys.stderr)
+        return 2
+    device = "cpu" if args.small else "cuda"
+    if args.small:   # the kernels themselves, interpreted (auto would pick the references)
+        from flash_planner.kernels import dispatch
+
+        dispatch.set_backend("triton")
+    t0 = time.perf_counter()
+    report: dict = {"device": torch.cuda.get_device_name() if device == "cuda"
+                    else "CPU (Triton interpreter)", "small": args.small}
+    ceil = ceilings(device, args.small)
+    if "ceilings" in args.parts:
+        report["ceilings"] = ceil
+    bw = ceil["copy_gbps"] * 1e9
+    if "gemm" in args.parts or "thor" in args.parts:
+        report["gemm"] = gemm_rows(device, args.small, bw, 2 if args.small else 50)
+    if "thor" in args.parts:
+        one = [r["of_copy_bw"] for r in report["gemm"] if r["format"] == "nvfp4"
+               and r["rows"] == 1]
+        report["thor"] = thor_rows(max(one) if one else 0.0)
+    report["wall_s"] = time.perf_counter() - t0
+    print(f"{report['device']}; wall {report['wall_s']:.0f} s")
+    print_tables(report)
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

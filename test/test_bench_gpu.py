@@ -1,0 +1,40 @@
+"""bench/gpu.py runs (`--small`: tiny shapes, the Triton kernels interpreted on a CPU), so the
+GPU yardstick cannot rot between the sessions that have a GPU; its JSON holds every part."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "gpu.py"
+
+
+def test_the_gpu_bench_runs_small_and_reports_every_part(tmp_path):
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--small", "--json-out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["small"] and report["ceilings"]["copy_gbps"] > 0
+    gemm = report["gemm"]
+    assert {r["format"] for r in gemm} == {"bf16", "fp8", "nvfp4", "int4"}
+    assert all(r["ms"] > 0 and r["weight_bytes"] > 0 for r in gemm)
+    # the quantized layouts read fewer bytes than bf16 weights of the same shape
+    by = {(r["shape"], r["format"]): r["weight_bytes"] for r in gemm}
+    assert all(by[(s, f)] < by[(s, "bf16")] for s, f in by if f != "bf16")
+    assert [r["model"] for r in report["thor"]] == ["Qwen3.6-27B", "Qwen3.6-35B-A3B"]
+    assert "Thor line" in proc.stdout
+
+
+def test_the_full_run_needs_a_gpu_and_says_so_without_one():
+    import torch
+
+    args = ["--help"] if torch.cuda.is_available() else []   # with one: only its usage
+    proc = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True,
+                          text=True, timeout=120)
+    if args:
+        assert proc.returncode == 0 and "--small" in proc.stdout
+    else:
+        assert proc.returncode == 2 and "needs a CUDA GPU (use --small" in proc.stderr
