@@ -105,9 +105,10 @@ def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
         n, picks = policy.decide(drafts, logits, start + 1)
         # The one host sync of the cycle: the count, all candidate tokens, whether each
         # row's logits are finite and (MoE) the experts the block touched, in one copy.
-        # (without drafts nothing is accepted: n is 0, known here, not copied; two scalars
-        # come back cheaper one by one than through a concatenation)
-        if k or routing is not None:
+        # (without drafts nothing is accepted: n is 0, known here, not copied). A CPU decode
+        # step reads its two scalars directly, cheaper than a concatenation; on a GPU each
+        # read would be a sync of its own, so they come back together there too.
+        if k or routing is not None or picks.is_cuda:
             parts = [n.view(1), drafts, picks, finite.long()] if k else [picks, finite.long()]
             if routing is not None:
                 experts = routing.distinct_per_layer(model.moe_blocks[0].num_experts).sum()
