@@ -55,8 +55,10 @@ def _triton_ops() -> tuple[dict[str, object], str]:
            "kv_append": kv_append, "moe_fp8_gemm": moe_fp8_gemm, "moe_gemm": moe_gemm,
            "moe_int4_gemm": moe_int4_gemm, "moe_nvfp4_gemm": moe_nvfp4_gemm,
            "nvfp4_gemm": nvfp4_gemm}
-    # a launch compiles on first use: a ptxas that does not know the GPU fails there
-    return {name: guarded(fn) for name, fn in ops.items()}, ""
+    # A launch compiles on first use, where a ptxas that does not know the GPU fails: each op
+    # is guarded until it has run once, then called directly (no wrapper per launch).
+    return {name: guarded(fn, lambda name=name, fn=fn: TRITON_OPS.__setitem__(name, fn))
+            for name, fn in ops.items()}, ""
 
 
 TRITON_OPS, TRITON_MISSING = _triton_ops()

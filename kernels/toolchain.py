@@ -38,16 +38,23 @@ def toolchain_error(exc: BaseException) -> ToolchainError | None:
         "TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas), then start again.")
 
 
-def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn` (a kernel's launcher) with a toolchain failure raised as `ToolchainError`."""
+def guarded(fn: Callable[..., Any], proven: Callable[[], None] | None = None
+            ) -> Callable[..., Any]:
+    """`fn` (a kernel's launcher, or Triton's compile) with a toolchain failure raised as
+    `ToolchainError`. `proven` runs after the first call that succeeded: a kernel that
+    compiled and ran proves the toolchain, so a caller can put `fn` itself back in place and
+    keep the wrapper off the hot path."""
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
         except Exception as exc:
             clear = toolchain_error(exc)
             if clear is None:
                 raise
             raise clear from exc
+        if proven is not None:
+            proven()
+        return out
 
     call.__name__ = getattr(fn, "__name__", "kernel")
     call.__wrapped__ = fn

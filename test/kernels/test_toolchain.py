@@ -35,7 +35,14 @@ def test_a_kernel_launch_that_hits_it_raises_the_clear_error(monkeypatch):
         other()
 
 
-def test_every_engine_kernel_is_guarded():
-    assert dispatch.TRITON_OPS, "Triton is importable here"
-    assert all(getattr(fn, "__wrapped__", None) is not None
-               for fn in dispatch.TRITON_OPS.values())
+def test_every_engine_kernel_is_guarded_until_it_has_run_once(monkeypatch):
+    fresh, missing = dispatch._triton_ops()
+    assert fresh and not missing, "Triton is importable here"
+    assert all(getattr(fn, "__wrapped__", None) is not None for fn in fresh.values())
+    monkeypatch.setitem(dispatch.TRITON_OPS, "accept_rows", fresh["accept_rows"])
+    monkeypatch.setattr(dispatch, "_backend", "triton")
+    torch = dispatch.torch
+    drafts, logits = torch.tensor([[1, 2]]), torch.randn(1, 3, 8)
+    dispatch.accept_rows(drafts, logits, torch.zeros(1, 2, dtype=torch.bool), 1, 0.0)
+    # the toolchain is proven: the kernel is called directly from now on
+    assert dispatch.TRITON_OPS["accept_rows"] is fresh["accept_rows"].__wrapped__
