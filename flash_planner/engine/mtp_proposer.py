@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .cache import InferenceState, StateCopy
+from .models.inference import inference
 from .models.mtp import MTPHead
 from .models.target import TargetModel
 from .proposer import Proposer
@@ -62,7 +63,7 @@ class MTPProposer(Proposer):
         self.pending_tokens: list[int] = []
         self._prefix: HeadPrefix | None = None     # set by use_prefix_state for one begin
 
-    @torch.inference_mode()
+    @inference
     def prefix_state(self, prefix_ids: Sequence[int], taps: dict[int, torch.Tensor]
                      ) -> dict[str, object]:
         hidden = taps.get(self.tap_ids[0])
@@ -93,7 +94,7 @@ class MTPProposer(Proposer):
         self.pending_hidden = [taps[:, start:-1], taps[:, -1:]]
         self.pending_tokens = list(prompt_ids[start:])
 
-    @torch.inference_mode()
+    @inference
     def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
         hidden = torch.cat(self.pending_hidden, dim=1)                 # [1, start-P, H]
         if hidden.shape[1] != start - self.state.length:
@@ -131,7 +132,7 @@ class MTPProposer(Proposer):
     def _draft(self, out: torch.Tensor, position: int) -> torch.Tensor:
         return self.pick(out[0] @ self.lm_head_weight.T, position)     # [1]
 
-    @torch.inference_mode()
+    @inference
     def commit(self, tokens: Sequence[int], taps: torch.Tensor | None, start: int) -> None:
         if taps is None:
             raise ValueError("MTPProposer.commit needs the committed rows' taps")

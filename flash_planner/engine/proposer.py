@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .models.dflash import DFlashDrafter
+from .models.inference import inference
 from .window import ContextWindow
 
 
@@ -98,7 +99,7 @@ class DFlashProposer(Proposer):
         self._fold(len(self._pending))
         return self._window
 
-    @torch.inference_mode()
+    @inference
     def _fold(self, commits: int) -> None:
         """Add the oldest `commits` pending commits to the window, in commit order."""
         if commits <= 0:
@@ -115,7 +116,7 @@ class DFlashProposer(Proposer):
             end = len(prompt_ids)
             self._window.append(taps, torch.arange(end - m, end, device=taps.device))
 
-    @torch.inference_mode()
+    @inference
     def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
         t0 = time.perf_counter()
         self._fold(len(self._pending) - 1)

@@ -23,6 +23,7 @@ from ..cache import InferenceState
 from ..config import FULL_ATTENTION, ConfigError, ModelConfig
 from .compiled_drafts import StaticHead
 from .context import ForwardContext
+from .inference import inference
 from .layers import RMSNorm
 from .target import DecoderLayer
 
@@ -59,7 +60,7 @@ class MTPHead(nn.Module):
         return self.fc(torch.cat((self.pre_fc_norm_embedding(embedded),
                                   self.pre_fc_norm_hidden(hidden)), dim=-1))
 
-    @torch.inference_mode()
+    @inference
     def forward(self, embedded: torch.Tensor, hidden: torch.Tensor, state: InferenceState
                 ) -> torch.Tensor:
         """Rows at the head state's next positions -> normed outputs [B, T, H].

@@ -21,6 +21,7 @@ from .attention import Attention
 from .compiled import StaticForward
 from .context import ForwardContext
 from .gdn import GatedDeltaNet
+from .inference import inference
 from .layers import MLP, RMSNorm
 from .moe import RoutingRecord, SparseMoeBlock
 from .segments import build_segments, layer_arity
@@ -111,6 +112,7 @@ class TargetModel(nn.Module):
         """Run the dense segments with another backend (same `run(index, *tensors)`)."""
         self.dense = runner
 
+    @inference
     def forward(self, ids: torch.Tensor, state: InferenceState, *, record_steps: bool = False,
                 taps: tuple[int, ...] = (), all_logits: bool = False,
                 routing: RoutingRecord | None = None) -> ForwardOutput:
@@ -122,14 +124,6 @@ class TargetModel(nn.Module):
         all_logits: logits of every row (verify) instead of the last row only (prefill).
         routing: collects each sparse layer's expert ids (MoE targets; telemetry).
         """
-        if torch.is_inference_mode_enabled():   # `generate` runs a request in one scope
-            return self._forward(ids, state, record_steps, taps, all_logits, routing)
-        with torch.inference_mode():
-            return self._forward(ids, state, record_steps, taps, all_logits, routing)
-
-    def _forward(self, ids: torch.Tensor, state: InferenceState, record_steps: bool,
-                 taps: tuple[int, ...], all_logits: bool, routing: RoutingRecord | None
-                 ) -> ForwardOutput:
         if self.static is not None and self.static.accepts(ids, state, record_steps):
             try:
                 logits, tapped, finite = self.static.run(ids, record_steps, taps, all_logits,
