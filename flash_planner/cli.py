@@ -59,6 +59,7 @@ def _add_download_arg(p: argparse.ArgumentParser) -> None:
                    "Hugging Face repo id that is not in the local cache (default: cache only)")
 
 
+MODEL_HELP = "model preset, checkpoint directory or Hugging Face repo id"
 DTYPE_HELP = "compute dtype (default: the preset's; auto = bf16 on CUDA, fp32 on CPU)"
 
 
@@ -172,8 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "(\"coke can|coke\"); repeat for each: `grounded: scene` arguments "
                       "take only these (default: none, names come from the text)")
     plan.add_argument("--model", metavar="PRESET|DIR|REPO", default="demo",
-                      help="model preset, checkpoint directory or Hugging Face repo id "
-                      "(default: the embedded demo planner)")
+                      help=f"{MODEL_HELP} (default: the embedded demo planner)")
     plan.add_argument("--skills", metavar="YAML", help="skill catalog (default: "
                       "config/skills.yaml)")
     thinking = plan.add_mutually_exclusive_group()
@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text from a model (greedy unless told to "
                          "sample)")
     gen.add_argument("--model", required=True, metavar="PRESET|DIR|REPO",
-                     help="model preset, checkpoint directory or Hugging Face repo id")
+                     help=MODEL_HELP)
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="the prompt as text")
     src.add_argument("--prompt-ids", type=_prompt_ids, metavar="1,2,3",
@@ -228,8 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the planner "
                            "(chat completions, /v1/plans, /health, /metrics)")
     serve.add_argument("--model", metavar="PRESET|DIR|REPO", default="demo",
-                       help="model preset, checkpoint directory or Hugging Face repo id "
-                       "(default: the embedded demo planner)")
+                       help=f"{MODEL_HELP} (default: the embedded demo planner)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default loopback "
                        "only; 0.0.0.0 exposes it to the network)")
     serve.add_argument("--port", type=int, default=8000,
@@ -251,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     build = sub.add_parser("build-engines", help="export (and build) every dense segment")
     build.add_argument("--model", required=True, metavar="PRESET|DIR|REPO",
-                       help="model preset, checkpoint directory or Hugging Face repo id")
+                       help=MODEL_HELP)
     _add_download_arg(build)
     # The dense backend under the flag name users know; stored where _load_engine reads it
     # (never `backend`, which is where `plan` keeps its local/remote choice).
