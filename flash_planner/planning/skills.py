@@ -210,6 +210,12 @@ def _argument(name: Any, spec: Any, where: str) -> Argument:
 _PYTHON_TYPES = {"string": str, "number": (int, float), "integer": int, "boolean": bool}
 
 
+def _of_type(kind: str, value: Any) -> bool:
+    """Whether `value` is of the argument type `kind` (a bool is no number)."""
+    return isinstance(value, _PYTHON_TYPES[kind]) and (kind == "boolean"
+                                                       or not isinstance(value, bool))
+
+
 def _check_constraints(kind: str, c: dict[str, Any], where: str) -> None:
     """Constraints no value can meet are catalog errors (the plan grammar could not be
     compiled from them, and no plan could validate)."""
@@ -217,8 +223,7 @@ def _check_constraints(kind: str, c: dict[str, Any], where: str) -> None:
         enum = c["enum"]
         if not isinstance(enum, list) or not enum:
             raise CatalogError(f"{where}: 'enum' must be a non-empty list")
-        bad = [v for v in enum if not isinstance(v, _PYTHON_TYPES[kind])
-               or (kind != "boolean" and isinstance(v, bool))]
+        bad = [v for v in enum if not _of_type(kind, v)]
         if bad:
             raise CatalogError(f"{where}: enum value {bad[0]!r} is not of type {kind}")
     for bound in ("minimum", "maximum"):
@@ -234,8 +239,7 @@ def _check_constraints(kind: str, c: dict[str, Any], where: str) -> None:
 
 def _check_value(kind: str, c: dict[str, Any], value: Any, where: str) -> None:
     """A value (a default) of the argument's type, within its enum and range."""
-    if value is None or not isinstance(value, _PYTHON_TYPES[kind]) \
-            or (kind != "boolean" and isinstance(value, bool)):
+    if not _of_type(kind, value):
         raise CatalogError(f"{where} {value!r} is not of type {kind}")
     if "enum" in c and value not in c["enum"]:
         raise CatalogError(f"{where} {value!r} is not one of the enum's values")
