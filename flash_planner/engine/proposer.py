@@ -10,6 +10,7 @@ loop-overhead benchmark at a fixed acceptance length). The checkpoint's own MTP 
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ import torch
 
 from .models.dflash import DFlashDrafter
 from .models.inference import inference
+from .models.selector import walk
 from .window import ContextWindow
 
 
@@ -74,7 +76,8 @@ class Proposer:
 class DFlashProposer(Proposer):
     """The drafter's window takes committed rows when it next drafts: the rows of the last
     commit as part of the cycle, rows of cycles another proposer drafted (auto) before them
-    as a catch-up (`catchup_ms`), at most a window's worth."""
+    as a catch-up (`catchup_ms`), at most a window's worth. A DFlash2 drafter's drafts are
+    its candidate selector's walk; the method is dflash for both."""
 
     name = "dflash"
 
@@ -127,11 +130,26 @@ class DFlashProposer(Proposer):
         ctx_kv, ctx_pos = self.window.context(anchor.device, self.lm_head_weight.dtype)
         static = self.drafter.static
         if static is not None and static.accepts(ids, ctx_pos.shape[0]):
-            logits = static.propose(ids, start, ctx_kv, ctx_pos)[:num]
+            out = static.propose(ids, start, ctx_kv, ctx_pos)
         else:
             hidden = self.drafter(self.embed(ids)[None], start, ctx_kv, ctx_pos)  # [1, B, H]
-            logits = self.drafter.draft_logits(hidden[0, 1:num + 1], self.lm_head_weight)
-        return self.pick(logits, start + 1)
+            out = self.drafter.draft_output(hidden[0, 1:num + 1], self.lm_head_weight, anchor)
+        if isinstance(out, torch.Tensor):
+            return self.pick(out[:num], start + 1)
+        return self._walk(out[0][:num], out[1][:num], start + 1)
+
+    def _walk(self, cand: torch.Tensor, scores: torch.Tensor, position: int) -> torch.Tensor:
+        """The selector's path: greedy, or each step drawn by a sampled request's `pick`
+        from the pair scores as a row over the vocabulary (-inf off the candidates)."""
+        if self.picker is None:
+            return walk(cand, scores)
+        vocab = self.lm_head_weight.shape[0]
+
+        def choose(row: torch.Tensor, t: int) -> torch.Tensor:
+            full = row.new_full((1, vocab), -math.inf).scatter(1, cand[t][None], row[None])
+            return (cand[t] == self.picker(full, position + t)).int().argmax()
+
+        return walk(cand, scores, choose)
 
     def commit(self, tokens: Sequence[int], taps: torch.Tensor | None, start: int) -> None:
         if taps is None:

@@ -274,22 +274,24 @@ class SampledAcceptance(ThinkTracker):
 
     def noise(self, position: int, rows: int, vocab: int, device) -> torch.Tensor:
         """[rows, vocab] Gumbel noise for positions position..position+rows-1, each row a
-        function of (seed, its position) alone. The rows a proposer's `pick` drew for a
-        cycle's drafts are kept, so its verification draws only the one row more."""
+        function of (seed, its position) alone. Rows drawn from `position` on are kept
+        (rows before it are dropped), so a cycle's verification reuses what its proposer's
+        `pick` drew for the drafts, whether in one call or one position at a time."""
         start, kept = self._noise
         offset = position - start
-        if kept is not None and 0 <= offset < kept.shape[0]:
-            have = kept[offset:offset + rows]             # noise depends on (seed, position)
+        if kept is not None and 0 <= offset <= kept.shape[0]:
+            kept = kept[offset:]                          # noise depends on (seed, position)
         else:
-            have = torch.empty(0, vocab, device=device)
-        extra = torch.empty(rows - have.shape[0], vocab, device=device)
+            kept = torch.empty(0, vocab, device=device)
+        extra = torch.empty(max(0, rows - kept.shape[0]), vocab, device=device)
         for r in range(extra.shape[0]):
-            at = position + have.shape[0] + r
+            at = position + kept.shape[0] + r
             self.generator.manual_seed((self.seed + at * _MIX) % 2**63)
             extra[r].uniform_(generator=self.generator)
-        out = torch.cat((have, -torch.log(-torch.log(extra.clamp_(min=1e-20)))))
-        self._noise = (position, out)
-        return out
+        if extra.shape[0]:
+            kept = torch.cat((kept, -torch.log(-torch.log(extra.clamp_(min=1e-20)))))
+        self._noise = (position, kept)
+        return kept[:rows]
 
     def pick(self, logits: torch.Tensor, position: int) -> torch.Tensor:
         """Drafts from a proposer's logits [n, V] for positions position..+n-1: each the

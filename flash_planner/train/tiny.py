@@ -223,11 +223,31 @@ def per_expert(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _dflash2_tensors(hidden: int, vocab: int, num_layers: int, settings: dict,
+                     gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Random DFlash2 convs (near identity: tap 0 about 1) and selector, published names."""
+    k, groups, rank = (settings["conv_kernel_size"], hidden // settings["conv_group_size"],
+                       settings["selector_rank"])
+    out = {}
+    for i in range(num_layers):
+        for conv in ("attention_conv", "mlp_conv"):
+            base = 0.3 * torch.randn(2, k, hidden, generator=gen)
+            base[:, 0] += 1.0
+            out[f"layers.{i}.{conv}.base_kernel"] = base
+            out[f"layers.{i}.{conv}.kernel_projection.weight"] = 0.1 * torch.randn(
+                2 * k * groups, hidden, generator=gen)
+    out["candidate_selector.hidden_projection.weight"] = 0.3 * torch.randn(rank, hidden,
+                                                                           generator=gen)
+    for book in ("predecessor_codebook", "successor_codebook"):
+        out[f"candidate_selector.{book}"] = torch.randn(vocab, rank, generator=gen)
+    return out
+
+
 def write_tiny_drafter(path: str | Path, target: str | Path, num_layers: int = 2,
                        block_size: int = 8, layer_types: list[str] | None = None,
                        sliding_window: int | None = 6, tap_ids: list[int] | None = None,
                        omit_tap_ids: bool = False, seed: int = 0, extra: dict | None = None,
-                       intermediate: int | None = None) -> Path:
+                       intermediate: int | None = None, dflash2: dict | None = None) -> Path:
     """Write a random DFlash drafter for the checkpoint at `target`, in the upstream format.
 
     config.json is a transformers Qwen3Config plus `architectures: ["DFlashDraftModel"]`,
@@ -236,6 +256,11 @@ def write_tiny_drafter(path: str | Path, target: str | Path, num_layers: int = 2
     `hidden_norm` (no embeddings, no lm_head: those are the target's). omit_tap_ids leaves
     target_layer_ids out of the config, so loaders must apply the upstream fallback rule.
     intermediate: the drafter's MLP width (default twice the target's hidden size).
+    dflash2: write a DFlash2 drafter in its published layout instead, with these
+    dflash_config settings over the defaults (conv_kernel_size 2, conv_group_size 16,
+    selector_rank 8, selector_top_k 4): `is_causal: false`, every layer a two-sided
+    sliding window, random convs around each sublayer and a random candidate selector
+    (codebooks stored without a `.weight` suffix).
     """
     import json
 
@@ -274,6 +299,12 @@ def write_tiny_drafter(path: str | Path, target: str | Path, num_layers: int = 2
     raw.update(architectures=["DFlashDraftModel"], num_target_layers=n_target,
                dflash_config={"mask_token_id": vocab - 1, "block_size": block_size,
                               **({} if omit_tap_ids else {"target_layer_ids": taps})})
+    if dflash2 is not None:
+        settings = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8,
+                    "selector_top_k": 4, **dflash2}
+        tensors.update(_dflash2_tensors(hidden, vocab, num_layers, settings, gen))
+        raw.update(architectures=["DFlash2DraftModel"], is_causal=False)
+        raw["dflash_config"].update(settings)
     raw.update(extra or {})
     (path / "config.json").write_text(json.dumps(raw, indent=2))
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})

@@ -149,6 +149,25 @@ def test_a_sampled_request_gives_the_eager_tokens_compiled(pairs, method):
         assert drafter.calls - before == got.stats.method_cycles["dflash"] > 0
 
 
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_dflash2_drafter_runs_compiled_with_the_eager_tokens(
+        checkpoints, make_engine, tmp_path_factory, compile_cache, sampled):
+    """The DFlash2 block (convs, two-sided window) and its selector's pair scores as one
+    compiled graph; the walk after it draws greedy or sampled drafts as eager does."""
+    path = checkpoints("hybrid", init=0.25, mtp=True)
+    drafter = write_tiny_drafter(tmp_path_factory.mktemp("dflash2"), path, num_layers=2,
+                                 block_size=BLOCK, sliding_window=3,
+                                 layer_types=["sliding_attention"] * 2, dflash2={})
+    common = dict(drafter_path=str(drafter), method="dflash", max_block=BLOCK,
+                  compile_cache=compile_cache)
+    eager, compiled = (make_engine(path, compile=c, **common) for c in ("off", "on"))
+    sampling = Sampling(QWEN3_THINKING, QWEN3_THINKING, seed=4) if sampled else None
+    ref, got = (_generate(e, "dflash", sampling=sampling) for e in (eager, compiled))
+    static = compiled.proposers["dflash"].drafter.static
+    assert static.calls == got.stats.method_cycles["dflash"] > 0
+    assert got.token_ids == ref.token_ids and got.stats.accepted == ref.stats.accepted
+
+
 @pytest.mark.parametrize("method", ["none", "dflash", "mtp"])
 def test_compiled_tokens_equal_eager_under_the_grammar(pairs, method):
     eager, compiled = pairs("hybrid")

@@ -151,6 +151,16 @@ def spec_engine(checkpoints, tmp_path_factory, make_engine):
     return make_engine(path, drafter_path=str(drafter), method="auto")
 
 
+@pytest.fixture(scope="module")
+def dflash2_engine(checkpoints, tmp_path_factory, make_engine):
+    """The same target with a DFlash2 drafter: the selector's walk draws the drafts."""
+    path = checkpoints("hybrid", mtp=True, init=0.25)
+    drafter = write_tiny_drafter(tmp_path_factory.mktemp("sdrafter2"), path, num_layers=2,
+                                 block_size=4, layer_types=["sliding_attention"] * 2,
+                                 dflash2={"selector_top_k": 8})
+    return make_engine(path, drafter_path=str(drafter), method="dflash")
+
+
 def exact_continuations(engine, params: SamplingParams, grammar=None) -> dict:
     """P(t1, .., tL) for L = LENGTH, enumerated from the engine's processed distributions
     (the grammar's masks applied as it would apply them after each prefix)."""
@@ -212,6 +222,13 @@ def test_speculative_sampling_gives_plain_samplings_distribution(spec_engine, me
                                N_SAMPLES, proposer=proposer)
     stat, df = chi_square(counts, exact, N_SAMPLES)
     assert chi2_sf(stat, df) > ALPHA, (method, stat, counts, exact)
+
+
+def test_dflash2_sampling_gives_plain_samplings_distribution(spec_engine, dflash2_engine):
+    exact = exact_continuations(spec_engine, FLAT)
+    counts = sample_continuations(dflash2_engine, FLAT, "dflash", N_SAMPLES)
+    stat, df = chi_square(counts, exact, N_SAMPLES)
+    assert chi2_sf(stat, df) > ALPHA, (stat, counts, exact)
 
 
 @pytest.mark.parametrize("method", ["none", "auto", "replay"])

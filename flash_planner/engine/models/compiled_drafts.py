@@ -76,7 +76,8 @@ def _mtp_head(head: nn.Module, caches: tuple[tuple[torch.Tensor, ...], ...],
 
 
 class StaticDrafter:
-    """The DFlash drafter's proposal (block forward and logits) as one compiled graph:
+    """The DFlash drafter's proposal (block forward and logits, or a DFlash2 selector's
+    candidates and pair scores) as one compiled graph:
     the block is the proposer's fixed block size and the context window is padded to its
     capacity, its empty rows at a position no block precedes (so the drafter's own mask
     hides them)."""
@@ -107,11 +108,10 @@ class StaticDrafter:
         return (self.report is not None and ids.shape[0] == self.block_size
                 and window_rows <= self.window)
 
-    def propose(self, ids: torch.Tensor, start: int, ctx_kv, ctx_pos: torch.Tensor
-                ) -> torch.Tensor:
-        """Draft logits [block_size - 1, V] for the block ids [block_size] at `start`, over
-        the window's per-layer (k, v) [1, n, Hkv, D] at positions ctx_pos [n] (the proposer
-        picks the drafts: argmax, or a sampled request's draw)."""
+    def propose(self, ids: torch.Tensor, start: int, ctx_kv, ctx_pos: torch.Tensor):
+        """`draft_output` of the block ids [block_size] at `start` (logits [block_size - 1,
+        V], or a selector's candidates and pair scores), over the window's per-layer (k, v)
+        [1, n, Hkv, D] at positions ctx_pos [n] (the proposer picks the drafts)."""
         self.calls += 1
         n = ctx_pos.shape[0]
         for (k, v), (ck, cv) in zip(self.ctx_kv, ctx_kv):
@@ -123,8 +123,10 @@ class StaticDrafter:
         self.start.fill_(start)
         if self.graph.direct:
             return self._forward()
-        logits = run_graph(self.captured, self._forward)
-        return logits.clone() if self.captured is not None else logits
+        out = run_graph(self.captured, self._forward)
+        if self.captured is None:
+            return out
+        return out.clone() if isinstance(out, torch.Tensor) else tuple(t.clone() for t in out)
 
     def _forward(self) -> torch.Tensor:
         return self.graph.call(0, self.drafter, self.embed, self.lm_head_weight, self.ids,
@@ -155,4 +157,4 @@ EMPTY_POSITION = 1 << 40
 def _dflash_drafts(drafter: nn.Module, embed: nn.Embedding, lm_head_weight: torch.Tensor,
                    ids: torch.Tensor, start: torch.Tensor, ctx_kv, ctx_pos: torch.Tensor):
     hidden = drafter(embed(ids)[None], start, ctx_kv, ctx_pos)          # [1, B, H]
-    return drafter.draft_logits(hidden[0, 1:], lm_head_weight)
+    return drafter.draft_output(hidden[0, 1:], lm_head_weight, ids[:1])

@@ -1,4 +1,5 @@
-"""The DFlash block-diffusion drafter, loaded from its upstream on-disk format.
+"""The DFlash block-diffusion drafters (DFlash and DFlash2), loaded from their upstream
+on-disk format.
 
 A drafter directory holds a Qwen3 `config.json` (`architectures: ["DFlashDraftModel"]`) with
 `dflash_config` {target_layer_ids, mask_token_id, block_size?} and weights `fc`,
@@ -8,7 +9,13 @@ Context features = hidden_norm(fc(concat of the target's tapped hidden states)).
 fed straight into every draft layer's k_proj / v_proj (with k_norm and RoPE at their absolute
 positions, no input norm): "KV injection". Queries come only from the block
 [anchor, mask x (B-1)] at positions start .. start+B-1. Each layer is causal within a window
-(sliding_attention) or bidirectional (full_attention); a top-level `is_causal` overrides.
+(sliding_attention) or bidirectional (full_attention); a top-level `is_causal` overrides; a
+window on a bidirectional layer applies on both sides (|q - k| < window).
+
+DFlash2 (`DFlash2DraftModel`) adds, from `dflash_config`: a grouped dynamic causal conv around
+each attention and MLP sublayer (`conv_kernel_size`, `conv_group_size`: draft_conv.py) and a
+candidate selector that walks one path through the head's top-K candidates per position
+(`selector_rank`, `selector_top_k`: selector.py). Its block size must be given.
 """
 
 from __future__ import annotations
@@ -25,9 +32,18 @@ from torch import nn
 from ..config import ConfigError, ModelConfig, RopeConfig
 from ..weights.load import load_module, open_shard
 from ..weights.scheme import WeightFormatError, read_scheme
+from .draft_conv import GroupedDynamicConv
 from .layers import MLP, RMSNorm, apply_rope, rope_cos_sin
+from .selector import CandidateSelector
 
-SUPPORTED_ARCHITECTURES = ("DFlashDraftModel",)
+DFLASH, DFLASH2 = "DFlashDraftModel", "DFlash2DraftModel"
+SUPPORTED_ARCHITECTURES = (DFLASH, DFLASH2)
+# Every dflash_config key a DFlash2 drafter may carry; another one is refused by name
+DFLASH2_KEYS = {"block_size", "mask_token_id", "target_layer_ids", "conv_kernel_size",
+                "conv_group_size", "selector_rank", "selector_top_k", "output_multiplier",
+                "final_logit_softcapping", "input_embedding_scale"}
+DFLASH2_NEEDS = ("block_size", "conv_kernel_size", "conv_group_size", "selector_rank",
+                 "selector_top_k")
 
 
 class DrafterError(ValueError):
@@ -63,21 +79,34 @@ class DraftConfig:
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
+    architecture: str = DFLASH
+    conv_kernel_size: int | None = None      # DFlash2's convs (None: none)
+    conv_group_size: int = 16
+    selector_rank: int | None = None         # DFlash2's candidate selector (None: argmax)
+    selector_top_k: int = 16
 
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any], where: str,
                      target_layers: int | None = None) -> DraftConfig:
         archs = raw.get("architectures") or []
-        if any(a not in SUPPORTED_ARCHITECTURES for a in archs):
+        if any(a not in SUPPORTED_ARCHITECTURES for a in archs) or len(set(archs)) > 1:
             raise DrafterError(f"{where}: architecture {archs} is not supported (supported: "
-                               f"{', '.join(SUPPORTED_ARCHITECTURES)}; DFlash2 drafters with "
-                               "dynamic convs are not)")
+                               f"one of {', '.join(SUPPORTED_ARCHITECTURES)})")
+        arch = archs[0] if archs else DFLASH
         dflash = raw.get("dflash_config") or {}
 
         def need(key: str) -> Any:
             if raw.get(key) is None:
                 raise DrafterError(f"{where}: required field '{key}' is missing")
             return raw[key]
+
+        def draft_field(key: str, default: Any = None) -> Any:
+            """A drafter setting: dflash_config's, else the top level's (as upstream)."""
+            value = dflash.get(key)
+            return raw.get(key, default) if value is None else value
+
+        if arch == DFLASH2:
+            _check_dflash2(raw, dflash, where)
 
         n = int(need("num_hidden_layers"))
         heads = int(need("num_attention_heads"))
@@ -93,11 +122,13 @@ class DraftConfig:
                 raise DrafterError(f"{where}: no dflash_config.target_layer_ids and no "
                                    "num_target_layers to derive them from")
             taps = default_tap_ids(int(num_target), n)
-        block = dflash.get("block_size", raw.get("block_size", 16))
+        block = draft_field("block_size", 16)
         types = raw.get("layer_types") or ["full_attention"] * n
         if len(types) != n:
             raise DrafterError(f"{where}: layer_types has {len(types)} entries for {n} layers")
         window = raw.get("sliding_window")
+        if arch == DFLASH2 and raw.get("use_sliding_window") is False:
+            window = None        # transformers' Qwen3 rule: the flag switches windows off
         override = raw.get("is_causal")
         causal, windows = [], []
         for t in types:
@@ -119,15 +150,23 @@ class DraftConfig:
             tap_ids=tuple(int(t) for t in taps), layer_causal=tuple(causal),
             layer_window=tuple(windows),
             num_target_layers=None if num_target is None else int(num_target),
-            input_embedding_scale=float(raw.get("input_embedding_scale") or 1.0),
-            output_multiplier=float(raw.get("output_multiplier") or 1.0),
-            final_logit_softcapping=raw.get("final_logit_softcapping"))
+            input_embedding_scale=float(draft_field("input_embedding_scale") or 1.0),
+            output_multiplier=float(draft_field("output_multiplier") or 1.0),
+            final_logit_softcapping=draft_field("final_logit_softcapping"),
+            architecture=arch,
+            **({} if arch != DFLASH2 else {
+                key: int(draft_field(key)) for key in DFLASH2_NEEDS[1:]}))
+
+    @property
+    def selects(self) -> bool:
+        """Whether drafts are walked by a candidate selector (DFlash2), not argmax."""
+        return self.selector_rank is not None
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The upstream on-disk config.json (a Qwen3 config plus dflash_config)."""
         window = next((w for w in self.layer_window if w is not None), None)
         out = {
-            "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+            "architectures": [self.architecture], "model_type": "qwen3",
             "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
             "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
@@ -142,6 +181,8 @@ class DraftConfig:
                               "mask_token_id": self.mask_token_id,
                               "block_size": self.block_size},
         }
+        if self.architecture == DFLASH2:
+            out["dflash_config"].update({key: getattr(self, key) for key in DFLASH2_NEEDS[1:]})
         if any(c != (w is not None) for c, w in zip(self.layer_causal, self.layer_window)):
             out["is_causal"] = self.layer_causal[0]   # an override applies to every layer
         for key in ("input_embedding_scale", "output_multiplier"):
@@ -169,9 +210,42 @@ class DraftConfig:
                             f"has {target.num_layers}")
         if self.block_size < 2:
             problems.append(f"block_size {self.block_size} < 2")
+        if self.conv_kernel_size is not None and (
+                self.conv_kernel_size < 1 or self.conv_group_size < 1
+                or self.hidden_size % self.conv_group_size):
+            problems.append(f"conv_kernel_size {self.conv_kernel_size} / conv_group_size "
+                            f"{self.conv_group_size}: need >= 1 and a group size dividing "
+                            f"hidden_size {self.hidden_size}")
+        if self.selects and not (self.selector_rank >= 1
+                                 and 1 <= self.selector_top_k <= self.vocab_size):
+            problems.append(f"selector_rank {self.selector_rank} / selector_top_k "
+                            f"{self.selector_top_k}: need rank >= 1 and 1 <= top_k <= "
+                            "vocab_size")
         if problems:
             raise DrafterError(f"{where}: drafter does not fit the target: "
                                + "; ".join(problems))
+
+
+def _check_dflash2(raw: dict[str, Any], dflash: dict[str, Any], where: str) -> None:
+    """A DFlash2 config names every setting its forward depends on; refuse what we would
+    otherwise have to guess or ignore."""
+    unknown = sorted(set(dflash) - DFLASH2_KEYS)
+    if unknown:
+        raise DrafterError(f"{where}: dflash_config {', '.join(unknown)} not supported for "
+                           f"{DFLASH2} (supported: {', '.join(sorted(DFLASH2_KEYS))})")
+    missing = [k for k in (*DFLASH2_NEEDS, "mask_token_id")
+               if dflash.get(k, raw.get(k)) is None]
+    if raw.get("layer_types") is None:
+        missing.append("layer_types")
+    if missing:
+        raise DrafterError(f"{where}: {DFLASH2} needs {', '.join(missing)} (dflash_config "
+                           "or top level); a missing block size is never taken as 16")
+    if raw.get("attention_bias"):
+        raise DrafterError(f"{where}: attention_bias true is not supported (no bias in the "
+                           "published drafters)")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise DrafterError(f"{where}: hidden_act {raw['hidden_act']!r} is not supported "
+                           "(silu)")
 
 
 class DraftAttention(nn.Module):
@@ -212,10 +286,25 @@ class DraftLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centred=False)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps,
                                                 zero_centred=False)
+        self.convs = cfg.conv_kernel_size is not None
+        if self.convs:
+            size = (cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
+            self.attention_conv = GroupedDynamicConv(*size)
+            self.mlp_conv = GroupedDynamicConv(*size)
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        u = self.input_layernorm(x)
+        if not self.convs:
+            x = x + self.self_attn(u, cos, sin, ctx_k, ctx_v, mask)
+            return x + self.mlp(self.post_attention_layernorm(x))
+        conv = self.attention_conv
+        deltas = conv.deltas(u)
+        a = self.self_attn(conv.mix(u, deltas, 0), cos, sin, ctx_k, ctx_v, mask)
+        x = x + conv.mix(a, deltas, 1)
+        v = self.post_attention_layernorm(x)
+        conv = self.mlp_conv
+        deltas = conv.deltas(v)
+        return x + conv.mix(self.mlp(conv.mix(v, deltas, 0)), deltas, 1)
 
 
 class DFlashDrafter(nn.Module):
@@ -226,6 +315,9 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centred=False)
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centred=False)
+        if cfg.selects:
+            self.candidate_selector = CandidateSelector(cfg.hidden_size, cfg.vocab_size,
+                                                        cfg.selector_rank, cfg.selector_top_k)
         self.static = None   # compiled proposals (compiled.StaticDrafter), when set
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype):
@@ -244,11 +336,12 @@ class DFlashDrafter(nn.Module):
         """[..., T, C+T] visibility of keys at k_pos [..., C+T] for queries at q_pos [..., T]."""
         diff = q_pos[..., :, None] - k_pos[..., None, :]
         visible = torch.ones_like(diff, dtype=torch.bool)
-        if self.cfg.layer_causal[layer]:
+        causal = self.cfg.layer_causal[layer]
+        if causal:
             visible &= diff >= 0
         window = self.cfg.layer_window[layer]
         if window is not None:
-            visible &= diff < window
+            visible &= (diff if causal else diff.abs()) < window
         return visible
 
     def forward(self, block_embeds: torch.Tensor, start: int | torch.Tensor, ctx_kv,
@@ -285,6 +378,15 @@ class DFlashDrafter(nn.Module):
         if cap:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def draft_output(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor,
+                     anchor: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """What drafts are read from, for the draft rows' hidden [n, H]: the logits [n, V];
+        with a candidate selector, its candidates [n, K] and pair scores [n, K, K]."""
+        logits = self.draft_logits(hidden, lm_head_weight)
+        if not self.cfg.selects:
+            return logits
+        return self.candidate_selector.edge_scores(hidden, logits, anchor)
 
 
 def load_drafter(path: str | Path, target: ModelConfig, dtype: torch.dtype,
