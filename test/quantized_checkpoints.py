@@ -7,6 +7,14 @@ reference). compressed-tensors checkpoints are made by compressed-tensors itself
 compressors pack, its `fake_quantize` dequantizes); Qwen FP8, ModelOpt NVFP4/FP8, AutoAWQ and
 GPTQ are written here from the format descriptions (FACTS.md section 11), by code that shares
 nothing with the engine's loaders.
+
+Mixed precision, NVIDIA's Qwen3.6 recipe (attention and the big GDN projections FP8, the MLP
+NVFP4): `modelopt-mixed` as older ModelOpt exports wrote it (hf_quant_config.json's
+`quantized_layers` only), `modelopt-mixed-groups` as newer ones do (also config.json's
+`quantization_config` with one config group per format, targets the module names; nvidia-
+modelopt is not installed here, so that config is written from the format description),
+`ct-mixed` as compressed-tensors writes two groups in different formats (top-level `format`
+mixed-precision, each group its own: FP8 per channel and NVFP4).
 """
 
 from __future__ import annotations
@@ -22,8 +30,15 @@ E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3
 AWQ_POSITION = [0, 4, 1, 5, 2, 6, 3, 7]
 # the unquantized projections of the published recipes (and transformers' lm_head rule)
 KEEP = ("in_proj_a", "in_proj_b", "lm_head", "mtp.fc")
-FORMATS = ("qwen-fp8", "modelopt-nvfp4", "modelopt-mixed", "ct-fp8-block", "ct-fp8-channel",
-           "ct-nvfp4", "ct-w4a16", "ct-w4a16-asym", "awq", "gptq")
+FORMATS = ("qwen-fp8", "modelopt-nvfp4", "modelopt-mixed", "modelopt-mixed-groups",
+           "ct-fp8-block", "ct-fp8-channel", "ct-nvfp4", "ct-mixed", "ct-w4a16", "ct-w4a16-asym",
+           "awq", "gptq")
+MIXED = ("modelopt-mixed", "modelopt-mixed-groups")
+# ct-mixed: NVIDIA's Qwen3.6 recipe spelled as compressed-tensors targets: attention and the
+# big GDN projections FP8 per channel, the MLP NVFP4
+CT_MIXED_FP8 = [r"re:.*self_attn\.[qkvo]_proj$",
+                r"re:.*linear_attn\.(in_proj_qkv|in_proj_z|out_proj)$"]
+CT_MIXED_NVFP4 = [r"re:.*mlp.*proj$"]
 
 
 def _projections(tensors: dict[str, torch.Tensor]) -> list[str]:
@@ -116,7 +131,7 @@ def _write_here(fmt: str, tensors: dict, linears: list[str], own_prefix: str,
     for name in linears:
         w = tensors[f"{name}.weight"].float()
         del out[f"{name}.weight"]
-        mixed_fp8 = fmt == "modelopt-mixed" and ".mlp." not in name
+        mixed_fp8 = fmt in MIXED and ".mlp." not in name
         if fmt == "qwen-fp8":
             q, s, d = _fp8_blocks(w, 32, 32)
             out[f"{name}.weight"], out[f"{name}.weight_scale_inv"] = q, s
@@ -127,7 +142,7 @@ def _write_here(fmt: str, tensors: dict, linears: list[str], own_prefix: str,
             out[f"{name}.weight"], out[f"{name}.weight_scale"] = q, s.reshape(())
             out[f"{name}.input_scale"] = torch.tensor(1.0)
             layers[name] = {"quant_algo": "FP8"}
-        elif fmt in ("modelopt-nvfp4", "modelopt-mixed"):
+        elif fmt == "modelopt-nvfp4" or fmt in MIXED:
             packed, s, s2, d = _nvfp4(w)
             out[f"{name}.weight"], out[f"{name}.weight_scale"] = packed, s
             out[f"{name}.weight_scale_2"], out[f"{name}.input_scale"] = s2, torch.tensor(1.0)
@@ -163,10 +178,33 @@ def _write_here(fmt: str, tensors: dict, linears: list[str], own_prefix: str,
     if fmt == "modelopt-nvfp4":
         hf_quant = {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ignore,
                     "kv_cache_quant_algo": None}
-    elif fmt == "modelopt-mixed":
+    elif fmt in MIXED:
         hf_quant = {"quant_algo": "MIXED_PRECISION", "quantized_layers": layers,
                     "exclude_modules": ignore, "kv_cache_quant_algo": None}
+    if fmt == "modelopt-mixed-groups":   # newer exports: config.json has it too, as groups
+        config = _modelopt_groups(hf_quant)
     return out, deq, config, hf_quant
+
+
+def _modelopt_groups(hf_quant: dict) -> dict:
+    """config.json's `quantization_config` of a ModelOpt MIXED_PRECISION export (what its
+    export's converter derives from hf_quant_config.json, written from the format
+    description): one config group per distinct per-layer config, numbered in order of
+    first appearance, targets the sorted module names; the per-layer map kept beside."""
+    weights = {"FP8": {"dynamic": False, "num_bits": 8, "type": "float"},
+               "NVFP4": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}}
+    inputs = {"FP8": weights["FP8"], "NVFP4": weights["NVFP4"]}
+    by_config: dict[str, list[str]] = {}
+    for name, layer in hf_quant["quantized_layers"].items():
+        by_config.setdefault(json.dumps(layer, sort_keys=True), []).append(name)
+    groups = {}
+    for i, (key, names) in enumerate(by_config.items()):
+        algo = json.loads(key)["quant_algo"]
+        groups[f"group_{i}"] = {"input_activations": dict(inputs[algo]),
+                                "weights": dict(weights[algo]), "targets": sorted(names)}
+    return {"config_groups": groups, "quantized_layers": hf_quant["quantized_layers"],
+            "ignore": hf_quant["exclude_modules"], "quant_algo": "MIXED_PRECISION",
+            "producer": {"name": "modelopt", "version": "0.47.0"}, "quant_method": "modelopt"}
 
 
 def _gptq_qweight(q: torch.Tensor) -> torch.Tensor:
@@ -176,7 +214,15 @@ def _gptq_qweight(q: torch.Tensor) -> torch.Tensor:
 
 # ---- compressed-tensors, made by compressed-tensors --------------------------------------
 
-def _ct_scheme(fmt: str):
+def _ct_groups(fmt: str) -> dict:
+    """The config groups of the format: llm-compressor's preset schemes."""
+    if fmt == "ct-mixed":
+        return {"group_0": _ct_scheme("ct-fp8-channel", CT_MIXED_FP8),
+                "group_1": _ct_scheme("ct-nvfp4", CT_MIXED_NVFP4)}
+    return {"group_0": _ct_scheme(fmt)}
+
+
+def _ct_scheme(fmt: str, targets: list[str] | None = None):
     """llm-compressor's preset scheme for the format, with groups/blocks small enough for the
     tiny models (the presets' 128 does not divide their 64-wide layers)."""
     from compressed_tensors.quantization import preset_name_to_scheme
@@ -188,7 +234,7 @@ def _ct_scheme(fmt: str):
         "ct-w4a16": ("W4A16", {"group_size": 32}),
         "ct-w4a16-asym": ("W4A16_ASYM", {"group_size": 32}),
     }[fmt]
-    scheme = preset_name_to_scheme(preset, ["Linear"])
+    scheme = preset_name_to_scheme(preset, targets or ["Linear"])
     scheme.weights = scheme.weights.model_copy(update=override)
     return scheme
 
@@ -216,7 +262,7 @@ def _write_ct(fmt: str, src: Path, dst: Path, ignore: list[str], kind: str) -> N
 
     cls = Qwen3_5ForConditionalGeneration if kind == "hybrid_vl" else AutoModelForCausalLM
     model = cls.from_pretrained(str(src), dtype=torch.float32).eval()
-    config = QuantizationConfig(config_groups={"group_0": _ct_scheme(fmt)}, ignore=ignore)
+    config = QuantizationConfig(config_groups=_ct_groups(fmt), ignore=ignore)
     apply_quantization_config(model, config)
     reference: dict[str, torch.Tensor] = {}
     with torch.no_grad():

@@ -18,10 +18,14 @@ from transformers import AutoModelForCausalLM, Qwen3_5ForConditionalGeneration
 from flash_planner.engine.checkpoint import CheckpointError, load_checkpoint
 from flash_planner.engine.generate import GenerationSettings, generate
 from flash_planner.engine.weights.linear import QuantLinear
+from flash_planner.engine.weights.scheme import WeightFormatError, read_scheme
 
 FAMILY = {"qwen-fp8": {"fp8"}, "ct-fp8-block": {"fp8"}, "ct-fp8-channel": {"fp8"},
           "modelopt-nvfp4": {"nvfp4"}, "ct-nvfp4": {"nvfp4"}, "modelopt-mixed": {"fp8", "nvfp4"},
+          "modelopt-mixed-groups": {"fp8", "nvfp4"}, "ct-mixed": {"fp8", "nvfp4"},
           "ct-w4a16": {"int4"}, "ct-w4a16-asym": {"int4"}, "awq": {"int4"}, "gptq": {"int4"}}
+# the mixed recipes: attention and the big GDN projections fp8, the MLP nvfp4
+MIXED_GROUPS = ("modelopt-mixed-groups", "ct-mixed")
 PROMPT = "pick up the red cup"
 
 
@@ -71,7 +75,8 @@ def _assert_same_as_reference(engine, ref_dir, kind, new_tokens=24):
 # compressed-tensors quantizes nn.Linear modules; transformers holds experts fused as 3-D
 # parameters, so compressed-tensors run on a transformers MoE leaves them unquantized: the MoE
 # kind takes the formats written here from the format descriptions
-MOE_FORMATS = ("qwen-fp8", "modelopt-nvfp4", "modelopt-mixed", "awq", "gptq")
+MOE_FORMATS = ("qwen-fp8", "modelopt-nvfp4", "modelopt-mixed", "modelopt-mixed-groups", "awq",
+               "gptq")
 CASES = [(fmt, kind) for kind in ("hybrid", "dense") for fmt in FORMATS] + [
     (fmt, "hybrid_moe") for fmt in MOE_FORMATS]
 
@@ -145,3 +150,95 @@ def test_mtp_head_loads_quantized_and_stays_lossless(quantized, make_engine, fmt
     spec = generate(engine, prompt, GenerationSettings(max_new_tokens=40))
     assert spec.stats.cycles < len(spec.token_ids), "MTP accepted nothing: a weak test"
     assert spec.token_ids == plain.token_ids
+
+
+def _recipe_families(model) -> dict[str, set[str]]:
+    """projection -> the families its modules loaded in (e.g. q_proj -> {"fp8"})."""
+    found: dict[str, set[str]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, QuantLinear):
+            found.setdefault(name.rsplit(".", 1)[-1], set()).add(module.family)
+    return found
+
+
+RECIPE = {**dict.fromkeys(("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z",
+                           "out_proj"), {"fp8"}),
+          **dict.fromkeys(("gate_proj", "up_proj", "down_proj"), {"nvfp4"})}
+
+
+def _copy(quant_dir, tmp_path):
+    import shutil
+
+    return shutil.copytree(quant_dir, tmp_path / "copy")
+
+
+def _edit_quant_config(path, edit) -> None:
+    cfg = json.loads((path / "config.json").read_text())
+    edit(cfg["quantization_config"])
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("fmt", MIXED_GROUPS)
+def test_mixed_groups_load_each_linear_in_its_groups_format(quantized, fmt):
+    """Attention q/k/v/o and GDN in_proj_qkv/in_proj_z/out_proj as fp8 modules, the MLP as
+    nvfp4 ones, in_proj_a/b and the head in full precision."""
+    quant_dir, _ = quantized(fmt, "hybrid")
+    ckpt = load_checkpoint(quant_dir)
+    assert _recipe_families(ckpt.model) == RECIPE
+    gdn = ckpt.model.layers[0].linear_attn
+    assert not isinstance(gdn.in_proj_a, QuantLinear)
+    assert not isinstance(gdn.in_proj_b, QuantLinear)
+    fp8_label = "fp8 per-tensor (ModelOpt)" if fmt.startswith("modelopt") else (
+        "fp8 per-channel (compressed-tensors)")
+    assert ckpt.quantized[fp8_label] == 14          # 2 layers x 4 attention, 2 x 3 GDN
+
+
+@pytest.mark.parametrize("variant", ["groups-only", "layers-in-hf-file-only"])
+def test_modelopt_mixed_reads_groups_or_the_per_layer_map(quantized, tmp_path, variant):
+    """config_groups alone suffice (no quantized_layers anywhere); an older export whose
+    config.json names MIXED_PRECISION without any per-layer detail takes hf_quant_config's."""
+    quant_dir, _ = quantized("modelopt-mixed-groups", "hybrid")
+    path = _copy(quant_dir, tmp_path)
+    if variant == "groups-only":
+        _edit_quant_config(path, lambda qc: qc.pop("quantized_layers"))
+        (path / "hf_quant_config.json").unlink()
+    else:
+        _edit_quant_config(path, lambda qc: [qc.pop(k) for k in ("quantized_layers",
+                                                                   "config_groups")])
+    assert _recipe_families(load_checkpoint(path).model) == RECIPE
+
+
+def _unsupported_group(qc) -> str:
+    """Turn the NVFP4 group into one the engine does not load: ModelOpt's W4A16_AWQ (int4,
+    group 128), compressed-tensors' W8A8 int8 (int-quantized, per channel). Its name."""
+    key = next(k for k, g in qc["config_groups"].items() if g["weights"]["num_bits"] == 4)
+    group = qc["config_groups"][key]
+    if qc["quant_method"] == "modelopt":
+        group["weights"] = {"dynamic": False, "num_bits": 4, "type": "int", "group_size": 128}
+    else:
+        group["format"] = "int-quantized"
+        group["weights"].update(num_bits=8, type="int", strategy="channel", group_size=None)
+    return key
+
+
+@pytest.mark.parametrize("fmt", MIXED_GROUPS)
+def test_an_unsupported_group_format_names_the_group(quantized, tmp_path, fmt):
+    quant_dir, _ = quantized(fmt, "hybrid")
+    path = _copy(quant_dir, tmp_path)
+    keys = []
+    _edit_quant_config(path, lambda qc: keys.append(_unsupported_group(qc)))
+    raw = json.loads((path / "config.json").read_text())
+    with pytest.raises(WeightFormatError, match=rf"config_groups\.{keys[0]}: .*not supported "
+                       r"\(supported.*(NVFP4|nvfp4)"):
+        read_scheme(path, raw)
+    with pytest.raises(CheckpointError, match=rf"config_groups\.{keys[0]}"):
+        load_checkpoint(path)
+
+
+def test_a_mixed_precision_group_without_its_format_is_an_error(quantized, tmp_path):
+    quant_dir, _ = quantized("ct-mixed", "hybrid")
+    path = _copy(quant_dir, tmp_path)
+    _edit_quant_config(path, lambda qc: qc["config_groups"]["group_1"].pop("format"))
+    with pytest.raises(WeightFormatError, match=r"config_groups\.group_1: the top-level format "
+                       "is mixed-precision"):
+        read_scheme(path, json.loads((path / "config.json").read_text()))

@@ -200,6 +200,40 @@ def test_kernels_decode_every_code_exactly():
                        baseline_int4(packed, scale, zero, 32, 127))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("m", [1, 37], ids=lambda m: f"M{m}")
+def test_per_channel_fp8_as_loaded_runs_on_the_triton_backend(m, dtype):
+    """compressed-tensors' per-channel FP8 (a [N, 1] scale) as the loader builds it: an
+    Fp8Linear with block_n 1 whose one scale per row is spread over [N, K / 128], called
+    through dispatch with the Triton backend forced: the dequantized weight's product."""
+    from flash_planner.engine.weights import fp8
+
+    n, k = 45, 260                                   # N off the tile, K off the 128 blocks
+    gen = torch.Generator().manual_seed(m)
+    w = torch.randn(n, k, generator=gen)
+    scale = w.abs().amax(1, keepdim=True) / 448                         # [N, 1] on disk
+    q = (w / scale).to(torch.float8_e4m3fn)
+    layout = fp8.ct_fp8("channel", None)
+    with torch.device("meta"):
+        module = layout.module(n, k)
+    module = module.to_empty(device=DEVICE)
+    packed = layout.convert({"weight": q, "weight_scale": scale}, n, k)
+    module.set_packed({name: t.to(DEVICE) for name, t in packed.items()})
+    assert (module.block_n, module.block_k) == (1, 128)
+    assert tuple(module.scale.shape) == (n, 3)
+    x = torch.randn(m, k, generator=gen).to(dtype).to(DEVICE)
+    dispatch.set_backend("triton")
+    try:
+        assert dispatch._pick("fp8_gemm", None, x) is dispatch.TRITON_OPS["fp8_gemm"]
+        with record_launches() as launches:
+            out = module(x)
+    finally:
+        dispatch.set_backend("auto")
+    assert len(launches) == 1
+    want = (x.float() @ (q.float() * scale).to(DEVICE).T).to(dtype)
+    _close(out, want)
+
+
 # ---- launches, signatures, errors
 
 @pytest.mark.parametrize("case", ["fp8-channel-45x260", "nvfp4-77x272", "int4-g128-61x301"])
