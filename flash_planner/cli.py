@@ -181,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="think before the plan (default: the planner's, on)")
     thinking.add_argument("--no-thinking", dest="thinking", action="store_false",
                           help="answer with the plan at once")
+    plan.add_argument("--reasoning-effort", metavar="WORD",
+                      help="passed to chat templates that define reasoning_effort, e.g. "
+                      "Qwen3.8's (xhigh, medium, low); refused for a model whose template "
+                      "does not take it (default: the template's)")
     plan.add_argument("--max-new-tokens", type=int, default=512, metavar="N",
                       help="tokens generated at most, thought and plan (default: %(default)s)")
     plan.add_argument("--no-constrain", action="store_true", help="decode the answer without "
@@ -363,7 +367,8 @@ def _plan(args: argparse.Namespace) -> int:
 
     # checked before torch is imported: a bad task is answered at once
     request = PlanRequest(task=args.task, context=args.context, scene=tuple(args.scene),
-                          max_new_tokens=args.max_new_tokens, enable_thinking=args.thinking
+                          max_new_tokens=args.max_new_tokens, enable_thinking=args.thinking,
+                          reasoning_effort=args.reasoning_effort
                           ).checked(MAX_TASK_CHARS, MAX_CONTEXT_CHARS)
     from .planning.presets import default_skills_path
     from .planning.service import PlannerConfig, PlannerService

@@ -250,6 +250,10 @@ def test_plan_plain_output_explains_the_failure(hybrid_dir, capsys):
      "), lower max_new_tokens, or shorten the prompt"),
     (["plan", "x", "--model", "{model}", "--scene", "cup", "--scene", "mug|"],
      "scene[1] 'mug|': '|' separates a name from its short forms"),
+    (["plan", "x", "--model", "{model}", "--reasoning-effort", "HIGH"],
+     "reasoning_effort must be a short lowercase word ([a-z_], 1 to 16 characters"),
+    (["plan", "x", "--model", "{model}", "--reasoning-effort", "low"],
+     "invalid request: the model's chat template does not take reasoning_effort"),
 ])
 def test_plan_usage_errors_exit_2(hybrid_dir, capsys, args, match):
     args = [a.replace("{model}", str(hybrid_dir)) for a in args]
@@ -258,6 +262,34 @@ def test_plan_usage_errors_exit_2(hybrid_dir, capsys, args, match):
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert match in err and "\n" not in err and "Traceback" not in err
+
+
+def test_plan_reasoning_effort_reaches_a_chat_template_that_takes_it(tmp_path, capsys):
+    """--reasoning-effort renders into the prompt of a model whose template takes it (ours
+    here, shaped as Qwen3.8's is described); one it refuses exits 2 with its message."""
+    from transformers import AutoTokenizer
+
+    from flash_planner.train.tiny import write_tiny_checkpoint
+    from flash_planner.train.tokenizer import CHAT_TEMPLATE
+
+    path = write_tiny_checkpoint(tmp_path / "effort", kind="hybrid", layers=2)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    tok.chat_template = (
+        "{% if reasoning_effort is defined and reasoning_effort not in ['xhigh', 'medium', "
+        "'low'] %}{{ raise_exception('Unexpected reasoning effort ' ~ reasoning_effort) }}"
+        "{% endif %}{% if reasoning_effort is defined %}<|im_start|>system\nEffort: "
+        "{{ reasoning_effort }}<|im_end|>\n{% endif %}" + CHAT_TEMPLATE)
+    tok.save_pretrained(str(path))
+    base = ["plan", "open the fridge", "--model", str(path), "--json", "--max-new-tokens", "4",
+            "--no-constrain"]
+    assert main(base) == 1
+    plain = json.loads(capsys.readouterr().out)["telemetry"]["prompt_tokens"]
+    assert main(base + ["--reasoning-effort", "low"]) == 1
+    assert json.loads(capsys.readouterr().out)["telemetry"]["prompt_tokens"] > plain
+    assert main(base + ["--reasoning-effort", "high"]) == 2
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error.startswith("invalid request: reasoning_effort 'high': ") and \
+        "Unexpected reasoning effort high" in error
 
 
 @pytest.mark.parametrize("missing", ["fastapi", "uvicorn", "prometheus_client"])

@@ -8,20 +8,99 @@ are the only control tokens), and each message's content is encoded by the same 
 with every added token removed, so `<|im_end|>` or `</think>` inside a task is split into
 ordinary text tokens. For text that holds no added token this gives the same ids as encoding
 the rendered string whole (tested on the demo's held-out tasks).
+
+Other template variables (`template_vars`, e.g. Qwen3.8's `reasoning_effort`) are passed to
+the template only when its source names them: a variable the template never reads would be
+dropped without a word, so asking for one is an error (`TemplateVariableError`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 _PLAIN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+# A reasoning effort as a request names it: a short lowercase word, passed to chat templates
+# that take `reasoning_effort` (Qwen3.8's take xhigh, medium and low; the template decides)
+REASONING_EFFORT = re.compile(r"[a-z_]{1,16}")
+# What encode_chat_parts sets itself: never a template variable of the caller's
+RESERVED_VARS = frozenset({"messages", "add_generation_prompt", "enable_thinking", "tokenize",
+                           "tools", "documents", "continue_final_message", "chat_template",
+                           "return_dict"})
+TemplateVars = Mapping[str, str | bool | int | None]
+
+
 class TemplateError(ValueError):
-    """The chat template does not carry a message's content through verbatim."""
+    """The chat template cannot render the prompt as asked: it does not carry a message's
+    content through verbatim, or it refused the prompt or a variable (raise_exception)."""
+
+
+class TemplateVariableError(TemplateError):
+    """A template variable was given that the model's chat template does not take; `name`
+    is the variable."""
+
+    def __init__(self, message: str, name: str):
+        super().__init__(message)
+        self.name = name
+
+
+def check_reasoning_effort(value: Any, where: str = "reasoning_effort") -> str | None:
+    """`value` when it is None or a short lowercase word ([a-z_]{1,16}), else ValueError
+    naming `where`."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not REASONING_EFFORT.fullmatch(value):
+        raise ValueError(f"{where} must be a short lowercase word ([a-z_], 1 to 16 "
+                         f"characters, e.g. low), got {value!r}")
+    return value
+
+
+def template_source(tokenizer) -> str:
+    """The tokenizer's chat template text (every named template, when it has several)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        return "\n".join(str(t) for t in template.values())
+    return template if isinstance(template, str) else ""
+
+
+def template_takes(tokenizer, name: str) -> bool:
+    """Whether the tokenizer's chat template names the variable `name` at all."""
+    return re.search(rf"(?<![\w.]){re.escape(name)}\b", template_source(tokenizer)) is not None
+
+
+def _checked_vars(variables: TemplateVars | None, tokenizer) -> dict[str, Any]:
+    """The variables that are set (None means unset), each checked: a plain name that is not
+    one encode_chat_parts sets itself, taken by the tokenizer's chat template
+    (TemplateVariableError names it otherwise)."""
+    out = {}
+    for name, value in (variables or {}).items():
+        if value is None:
+            continue
+        if not isinstance(name, str) or not name.isidentifier() or name in RESERVED_VARS:
+            raise ValueError(f"{name!r} cannot be passed as a chat template variable")
+        if not template_takes(tokenizer, name):
+            raise TemplateVariableError(
+                f"the model's chat template does not take {name} (its template never names "
+                f"it): leave {name} unset for this model", name)
+        out[name] = value
+    return out
+
+
+def check_template_vars(tokenizer, variables: TemplateVars | None,
+                        enable_thinking: bool | None = None) -> None:
+    """Raise what encode_chat would for these variables, on a one-turn probe rendered but
+    not tokenized (so any thread may call it): a variable the template does not take
+    (TemplateVariableError), or a value it refuses (TemplateError with the template's own
+    message, e.g. Qwen3.8's for an effort it does not know)."""
+    kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    _render(tokenizer, [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+            {**kwargs, **_checked_vars(variables, tokenizer)})
 
 
 def plain_text_tokenizer(tokenizer):
@@ -49,17 +128,22 @@ def encode_text(tokenizer, text: str) -> list[int]:
 
 
 def encode_chat(tokenizer, messages: list[dict[str, Any]],
-                enable_thinking: bool | None = None) -> list[int]:
+                enable_thinking: bool | None = None,
+                template_vars: TemplateVars | None = None) -> list[int]:
     """The chat prompt's ids with a generation prompt: template markers as control tokens,
-    every message's content as plain text."""
-    return encode_chat_parts(tokenizer, messages, enable_thinking)[0]
+    every message's content as plain text. `template_vars`: more variables for the
+    template (e.g. {"reasoning_effort": "low"}); None values are left unset."""
+    return encode_chat_parts(tokenizer, messages, enable_thinking, template_vars)[0]
 
 
 def encode_chat_parts(tokenizer, messages: list[dict[str, Any]],
-                      enable_thinking: bool | None = None) -> tuple[list[int], list[int]]:
+                      enable_thinking: bool | None = None,
+                      template_vars: TemplateVars | None = None
+                      ) -> tuple[list[int], list[int]]:
     """`encode_chat`'s ids and where each message's content starts in them: a token
     boundary by construction (template text and contents are encoded apart), so the ids
     before a message are a prefix every prompt with the same messages before it shares."""
+    extra = _checked_vars(template_vars, tokenizer)
     contents = [m.get("content") for m in messages]
     for i, content in enumerate(contents):
         if not isinstance(content, str):
@@ -71,8 +155,7 @@ def encode_chat_parts(tokenizer, messages: list[dict[str, Any]],
     marks = [f"\ue000{nonce}:{i}\ue001" for i in range(len(messages))]
     masked = [{**m, "content": mark} for m, mark in zip(messages, marks)]
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-    rendered = tokenizer.apply_chat_template(masked, add_generation_prompt=True,
-                                             tokenize=False, **kwargs)
+    rendered = _render(tokenizer, masked, {**kwargs, **extra})
     ids: list[int] = []
     starts: list[int] = []
     rest = rendered
@@ -86,6 +169,17 @@ def encode_chat_parts(tokenizer, messages: list[dict[str, Any]],
         starts.append(len(ids))
         ids += encode_text(tokenizer, content)
     return ids + _template_ids(tokenizer, rest), starts
+
+
+def _render(tokenizer, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:
+    from jinja2 import TemplateError as JinjaError
+
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                             tokenize=False, **kwargs)
+    except JinjaError as exc:   # raise_exception(...) in the template, or a template bug
+        asked = ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "no variables"
+        raise TemplateError(f"the chat template refused the prompt ({asked}): {exc}") from None
 
 
 def _template_ids(tokenizer, text: str) -> list[int]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .acceptance import RelaxedThinking, StrictAcceptance, think_token_ids
-from .chat import encode_chat
+from .chat import check_reasoning_effort, encode_chat
 from .constraint import Constraint, masked
 from .engine import Engine
 from .methods import METHODS
@@ -50,8 +50,11 @@ class GenerationSettings:
     enable_thinking: bool | None = None  # passed to the chat template for message prompts
     profile_phases: bool = False        # exact per-phase split on CUDA (adds syncs)
     sampling: Sampling | None = None    # per-phase sampling and seed; None or 0 = greedy
+    # passed to the chat template for message prompts (one that takes it: Qwen3.8's)
+    reasoning_effort: str | None = None
 
     def __post_init__(self) -> None:
+        check_reasoning_effort(self.reasoning_effort)
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be a positive integer, "
                              f"got {self.max_new_tokens!r}")
@@ -97,7 +100,13 @@ class GenerationResult:
 
 
 def encode_prompt(engine: Engine, prompt: Sequence[int] | str | list[dict],
-                  enable_thinking: bool | None = None) -> list[int]:
+                  enable_thinking: bool | None = None,
+                  reasoning_effort: str | None = None) -> list[int]:
+    """The prompt's ids: ids as given (checked against the vocabulary), a string encoded as
+    written, or chat messages through the chat template (`chat.encode_chat`) with
+    `enable_thinking` and `reasoning_effort` (None: the template's default; both apply to
+    chat messages only). A reasoning effort for a template that does not take it is a
+    `chat.TemplateVariableError` (a ValueError)."""
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict)):
         tok = engine.tokenizer
         if tok is None:
@@ -105,7 +114,8 @@ def encode_prompt(engine: Engine, prompt: Sequence[int] | str | list[dict],
                              "pass token ids instead of text")
         if isinstance(prompt, str):
             return list(tok.encode(prompt, add_special_tokens=False))
-        return encode_chat(tok, prompt, enable_thinking)
+        return encode_chat(tok, prompt, enable_thinking,
+                           {"reasoning_effort": reasoning_effort})
     ids = [int(i) for i in prompt]
     vocab = engine.model_config.vocab_size
     bad = [i for i in ids if not 0 <= i < vocab]
@@ -283,7 +293,7 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
     settings = settings or GenerationSettings()
     t0 = now_ms()
     deadline = None if settings.deadline_s is None else time.monotonic() + settings.deadline_s
-    ids = encode_prompt(engine, prompt, settings.enable_thinking)
+    ids = encode_prompt(engine, prompt, settings.enable_thinking, settings.reasoning_effort)
     engine.check_fits(len(ids), settings.max_new_tokens)
     if not settings.speculative:
         proposer = None

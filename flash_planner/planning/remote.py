@@ -3,7 +3,8 @@
 
 A plan request becomes one streamed chat completion: our prompt (the system prompt with the
 skill catalog, then the task), the answer's JSON schema (a plan or a refusal,
-`plan_grammar.answer_schema`) as `response_format`, `chat_template_kwargs.enable_thinking`,
+`plan_grammar.answer_schema`) as `response_format`, `chat_template_kwargs.enable_thinking`
+(and `reasoning_effort` when a request or the planner sets one),
 and the request's sampling (the thinking phase's settings when it thinks: one set per
 request is all the protocol carries) and seed. The streamed text goes through the caller's
 token callback, so the step boundary sends each step as it closes, exactly as for a local
@@ -80,13 +81,17 @@ class RemotePlanner:
         self.health = RemoteHealth()
 
     def body(self, messages: list[dict], schema: dict[str, Any], max_tokens: int,
-             thinking: bool, sampling: Sampling | None) -> dict[str, Any]:
+             thinking: bool, sampling: Sampling | None,
+             reasoning_effort: str | None = None) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"enable_thinking": thinking}
+        if reasoning_effort is not None:   # a template variable, as vLLM and SGLang pass it
+            kwargs["reasoning_effort"] = reasoning_effort
         body: dict[str, Any] = {
             "model": self.config.model, "messages": messages, "stream": True,
             "max_tokens": max_tokens, "temperature": 0.0,
             "response_format": {"type": "json_schema",
                                 "json_schema": {"name": "plan", "schema": schema}},
-            "chat_template_kwargs": {"enable_thinking": thinking}}
+            "chat_template_kwargs": kwargs}
         if sampling is not None:
             params = sampling.thinking if thinking else sampling.answer
             body.update(temperature=params.temperature, top_p=params.top_p,

@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engine.chat import check_reasoning_effort
 from ..engine.methods import METHODS
 
 # The service's default text limits (PlannerConfig); here, so that a request is checked
@@ -21,7 +22,8 @@ MAX_SCENE_NAMES = 256
 MAX_SCENE_ENTRY_CHARS = 120
 
 REQUEST_FIELDS = ("id", "task", "context", "scene", "max_new_tokens", "enable_thinking",
-                  "deadline_s", "speculative", "method", "sampling", "seed")
+                  "deadline_s", "speculative", "method", "sampling", "seed",
+                  "reasoning_effort")
 
 
 class RequestError(ValueError):
@@ -118,6 +120,9 @@ class PlanRequest:
     # (both phases, or per phase under "thinking" / "answer"), or an engine Sampling
     sampling: Any = None
     seed: int | None = None                # makes a sampled request reproducible
+    # passed to chat templates that take it (Qwen3.8's: xhigh, medium, low); a short
+    # lowercase word; None: the service's default
+    reasoning_effort: str | None = None
 
     def checked(self, max_task_chars: int, max_context_chars: int) -> PlanRequest:
         """This request with validated text fields, or RequestError."""
@@ -150,6 +155,10 @@ class PlanRequest:
         if self.method is not None and self.method not in METHODS:
             raise RequestError(f"method must be one of {', '.join(METHODS)}, "
                                f"got {self.method!r}", "method")
+        try:
+            check_reasoning_effort(self.reasoning_effort)
+        except ValueError as exc:
+            raise RequestError(str(exc), "reasoning_effort") from None
         return dataclasses.replace(self, task=task.strip(), context=context.strip(),
                                    scene=scene, sampling=sampling)
 

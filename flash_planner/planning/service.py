@@ -27,7 +27,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..engine.cache import ContextOverflowError
-from ..engine.chat import encode_chat_parts
+from ..engine.chat import (
+    TemplateError,
+    TemplateVariableError,
+    check_reasoning_effort,
+    check_template_vars,
+    encode_chat_parts,
+)
 from ..engine.engine import Engine
 from ..engine.generate import CancelToken, GenerationSettings, generate
 from ..engine.grammar import MAX_STRING_TOKENS, JsonGrammarCompiler
@@ -58,6 +64,9 @@ class PlannerConfig:
     max_context_chars: int = MAX_CONTEXT_CHARS
     max_new_tokens: int = 512
     enable_thinking: bool = True
+    # passed to chat templates that take it (Qwen3.8's: xhigh, medium, low) unless a request
+    # names its own; None: the template's default
+    reasoning_effort: str | None = None
     deadline_s: float | None = None
     speculative: bool = True
     relaxed_thinking: bool = False
@@ -92,6 +101,7 @@ class PlannerConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.deadline_s is not None and self.deadline_s <= 0:
             raise ValueError(f"deadline_s must be positive, got {self.deadline_s!r}")
+        check_reasoning_effort(self.reasoning_effort)
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend != "local" and self.remote is None:
@@ -177,6 +187,15 @@ class PlannerService:
             raise ValueError(f"{engine.config.model_path} has no tokenizer (tokenizer.json "
                              "and tokenizer_config.json): the planner needs one to read tasks")
         self.engine, self.catalog, self.config = engine, catalog, config
+        # the local model's template must take it (unless only a remote model plans)
+        if config.reasoning_effort is not None and config.backend != "remote":
+            try:
+                check_template_vars(engine.tokenizer,
+                                    {"reasoning_effort": config.reasoning_effort},
+                                    config.enable_thinking)
+            except TemplateError as exc:
+                raise ValueError(f"planner reasoning_effort {config.reasoning_effort!r}: "
+                                 f"{exc}") from None
         # compiled once, at configure: a catalog it cannot express fails here (CatalogError)
         self.grammar = (PlanGrammar(catalog, JsonGrammarCompiler.for_engine(engine))
                         if config.constrain else None)
@@ -203,17 +222,21 @@ class PlannerService:
         prefix cache, through one short plan request, so the first request neither prefills
         it nor pays first-call costs; returns ms."""
         t0 = time.perf_counter()
-        ids, prefix = self.prompt(WARM_UP_TASK, "", self.config.enable_thinking)
+        # the requests' own effort, so that the cached prefix is theirs
+        ids, prefix = self.prompt(WARM_UP_TASK, "", self.config.enable_thinking,
+                                  reasoning_effort=self.config.reasoning_effort)
         generate(self.engine, ids, GenerationSettings(max_new_tokens=4), prefix=prefix)
         return (time.perf_counter() - t0) * 1000.0
 
-    def prompt(self, task: str, context: str, thinking: bool, scene=()
-               ) -> tuple[list[int], list[int]]:
+    def prompt(self, task: str, context: str, thinking: bool, scene=(),
+               reasoning_effort: str | None = None) -> tuple[list[int], list[int]]:
         """The request's prompt ids and its fixed prefix: every id before the task's message
-        (the system prompt with the catalog), a token boundary by construction."""
+        (the system prompt with the catalog), a token boundary by construction.
+        `reasoning_effort` goes to the chat template (None: the template's default)."""
         messages = build_messages(self.catalog, task, context, self.config.refusal_hint,
                                   scene)
-        ids, starts = encode_chat_parts(self.engine.tokenizer, messages, thinking)
+        ids, starts = encode_chat_parts(self.engine.tokenizer, messages, thinking,
+                                        {"reasoning_effort": reasoning_effort})
         return ids, ids[:starts[-1]]
 
     def _grammar_state(self) -> str:
@@ -275,6 +298,7 @@ class PlannerService:
             ticket.request = request = request.checked(self.config.max_task_chars,
                                                        self.config.max_context_chars)
             ticket.request = request = replace(request, sampling=self._sampling(request))
+            self._check_effort(request)
         except RequestError as exc:
             ticket.invalid_field = exc.field
             self._finish(ticket, _failed(request, f"invalid request: {exc}", rejected=True))
@@ -397,6 +421,26 @@ class PlannerService:
                                "sampling")
         return sampling
 
+    def _check_effort(self, request: PlanRequest) -> None:
+        """RequestError when the request names a reasoning effort the local model's chat
+        template does not take, or a value it refuses (its own message); a remote-only
+        planner leaves that to the remote model."""
+        if request.reasoning_effort is None or self.config.backend == "remote":
+            return
+        try:
+            check_template_vars(self.engine.tokenizer,
+                                {"reasoning_effort": request.reasoning_effort},
+                                self._thinking(request))
+        except TemplateVariableError as exc:
+            raise RequestError(str(exc), "reasoning_effort") from None
+        except TemplateError as exc:
+            raise RequestError(f"reasoning_effort {request.reasoning_effort!r}: {exc}",
+                               "reasoning_effort") from None
+
+    def _effort(self, request: PlanRequest) -> str | None:
+        return (self.config.reasoning_effort if request.reasoning_effort is None
+                else request.reasoning_effort)
+
     def _settings(self, request: PlanRequest, waited_s: float) -> GenerationSettings:
         cfg = self.config
         deadline = request.deadline_s if request.deadline_s is not None else cfg.deadline_s
@@ -407,7 +451,8 @@ class PlannerService:
             method=request.method,
             relaxed_thinking=cfg.relaxed_thinking,
             relaxed_topk=cfg.relaxed_topk, relaxed_delta=cfg.relaxed_delta,
-            enable_thinking=self._thinking(request), sampling=request.sampling)
+            enable_thinking=self._thinking(request), sampling=request.sampling,
+            reasoning_effort=self._effort(request))
 
     def _thinking(self, request: PlanRequest) -> bool:
         return (self.config.enable_thinking if request.enable_thinking is None
@@ -451,7 +496,7 @@ class PlannerService:
         telemetry["backend"] = "local"
         try:
             ids, prefix = self.prompt(request.task, request.context, self._thinking(request),
-                                      request.scene)
+                                      request.scene, self._effort(request))
             max_new = request.max_new_tokens or self.config.max_new_tokens
             self.engine.check_fits(len(ids), max_new)
             constraint = None
@@ -524,7 +569,7 @@ class PlannerService:
         try:
             text = self.remote.complete(
                 self.remote.body(messages, answer_schema(self.catalog, words), max_new,
-                                 thinking, sampling),
+                                 thinking, sampling, self._effort(request)),
                 lambda delta: listener([], delta), end,
                 lambda: ticket.cancel_token.cancelled)
             steps, thought = parse_plan(text, self.catalog, words=words)

@@ -31,6 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from ..engine.chat import TemplateError, check_template_vars
 from ..engine.generate import GenerationSettings
 from ..engine.grammar import GrammarError, JsonGrammarCompiler
 from ..planning.request import PlanRequest, PlanResult, RequestError
@@ -211,6 +212,8 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
             raise ApiError(413, f"the prompt is {chars} characters, the limit is "
                            f"{state.max_prompt_chars}", param="messages",
                            code="context_length_exceeded")
+        if chat.reasoning_effort is not None:
+            _check_effort(service, chat)
         grammar = state.grammar(chat.schema) if chat.schema is not None else None
         cid = "chatcmpl-" + uuid.uuid4().hex[:24]
         if chat.stream:
@@ -222,11 +225,23 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
         return completion_body(cid, state.model_name, result.raw_text, result.finish_reason,
                                result.telemetry)
 
+    def _check_effort(service: PlannerService, chat: ChatRequest) -> None:
+        """400 naming reasoning_effort when the model's chat template does not take it or
+        refuses the value (the template's own message)."""
+        try:
+            check_template_vars(service.engine.tokenizer,
+                                {"reasoning_effort": chat.reasoning_effort},
+                                chat.enable_thinking)
+        except TemplateError as exc:
+            raise bad(f"reasoning_effort {chat.reasoning_effort!r}: {exc}",
+                      "reasoning_effort") from None
+
     def _completion(chat: ChatRequest, grammar, on_token=None) -> Completion:
         max_new = chat.max_tokens or state.default_max_tokens
         settings = GenerationSettings(
             max_new_tokens=max_new, stop_strings=chat.stop, enable_thinking=chat.enable_thinking,
-            sampling=None if chat.sampling.greedy else chat.sampling)
+            sampling=None if chat.sampling.greedy else chat.sampling,
+            reasoning_effort=chat.reasoning_effort)
         constraint = None
         if grammar is not None:
             budget = max_new - min(SCHEMA_ANSWER_RESERVE, max_new // 2)

@@ -6,9 +6,12 @@ Implemented: `model`, `messages` (system / user / assistant; content a string or
 parts), `max_tokens` / `max_completion_tokens`, `stop`, `stream` (+ `stream_options.
 include_usage`), `seed`, `temperature`, `top_p`, `presence_penalty`, `frequency_penalty`,
 and, as vLLM accepts them, `top_k`, `min_p`, `repetition_penalty` and
-`chat_template_kwargs.enable_thinking`; `response_format` text / json_object / json_schema
-(compiled by our grammar into the speculative loop). Refused with 400 naming the field:
-`n` > 1, `tools` / `functions`, `logprobs`, `logit_bias` and any other field.
+`chat_template_kwargs.enable_thinking`; `reasoning_effort` (top level, as OpenAI's API has
+it, or `chat_template_kwargs.reasoning_effort`): passed to a chat template that takes it
+(Qwen3.8's), a 400 naming it for one that does not (app.py); `response_format` text /
+json_object / json_schema (compiled by our grammar into the speculative loop). Refused with
+400 naming the field: `n` > 1, `tools` / `functions`, `logprobs`, `logit_bias` and any other
+field.
 """
 
 from __future__ import annotations
@@ -18,15 +21,16 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from ..engine.chat import check_reasoning_effort
 from ..engine.sampling import Sampling, SamplingParams
 
 KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "stream",
          "stream_options", "seed", "temperature", "top_p", "top_k", "min_p",
          "presence_penalty", "frequency_penalty", "repetition_penalty", "response_format",
-         "chat_template_kwargs", "n", "user"}
+         "chat_template_kwargs", "n", "user", "reasoning_effort"}
 UNSUPPORTED = {"tools", "tool_choice", "functions", "function_call", "logprobs",
                "top_logprobs", "logit_bias", "parallel_tool_calls", "audio", "modalities",
-               "prediction", "reasoning_effort", "service_tier", "store", "metadata"}
+               "prediction", "service_tier", "store", "metadata"}
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                  "frequency_penalty", "repetition_penalty")
 ROLES = ("system", "user", "assistant", "developer")
@@ -61,6 +65,7 @@ class ChatRequest:
     sampling: Sampling
     schema: dict[str, Any] | None      # a JSON schema the answer must follow, or None
     enable_thinking: bool | None
+    reasoning_effort: str | None = None    # for the chat template; None: its default
 
 
 def _text(content: Any, where: str) -> str:
@@ -149,7 +154,24 @@ def parse_chat(body: Any, served_model: str) -> ChatRequest:
                   "chat_template_kwargs")
     return ChatRequest(model, messages, max_tokens, stops, stream,
                        bool(options.get("include_usage")), sampling,
-                       _schema(body.get("response_format")), thinking)
+                       _schema(body.get("response_format")), thinking,
+                       _reasoning_effort(body, kwargs))
+
+
+def _reasoning_effort(body: dict, kwargs: Any) -> str | None:
+    """`reasoning_effort` at the top level or in chat_template_kwargs (the same value when
+    both are given), checked: a short lowercase word."""
+    top = body.get("reasoning_effort")
+    inner = kwargs.get("reasoning_effort") if isinstance(kwargs, dict) else None
+    if top is not None and inner is not None and top != inner:
+        raise bad(f"reasoning_effort {top!r} and chat_template_kwargs.reasoning_effort "
+                  f"{inner!r} differ: give one", "reasoning_effort")
+    value = top if top is not None else inner
+    where = "reasoning_effort" if top is not None else "chat_template_kwargs.reasoning_effort"
+    try:
+        return check_reasoning_effort(value, where)
+    except ValueError as exc:
+        raise bad(str(exc), "reasoning_effort") from None
 
 
 def _schema(fmt: Any) -> dict[str, Any] | None:

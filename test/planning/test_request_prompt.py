@@ -31,10 +31,18 @@ def _checked(**kwargs):
     ({"task": "ok", "deadline_s": -1}, "deadline_s must be a positive number"),
     ({"task": "ok", "speculative": "no"}, "speculative must be true or false"),
     ({"task": "ok", "method": "eagle"}, "method must be one of auto, dflash, mtp, none"),
+    ({"task": "ok", "reasoning_effort": "High"},
+     r"^reasoning_effort must be a short lowercase word \(\[a-z_\], 1 to 16 characters, "
+     r"e\.g\. low\), got 'High'$"),
+    ({"task": "ok", "reasoning_effort": "x" * 17}, "reasoning_effort must be a short"),
+    ({"task": "ok", "reasoning_effort": ""}, "reasoning_effort must be a short"),
+    ({"task": "ok", "reasoning_effort": 2}, "reasoning_effort must be a short .* got 2$"),
 ])
 def test_bad_requests_are_refused_with_the_reason(kwargs, match):
-    with pytest.raises(RequestError, match=match):
+    with pytest.raises(RequestError, match=match) as info:
         _checked(**kwargs)
+    if "reasoning_effort" in kwargs:
+        assert info.value.field == "reasoning_effort"
 
 
 def test_good_request_is_normalised():
@@ -64,6 +72,9 @@ def test_task_messages_plain_and_json():
                                 '"speculative": false, "method": "mtp"}')
     assert (req.id, req.task, req.context) == ("7", "open it", "fridge ahead")
     assert req.speculative is False and req.method == "mtp"
+    req = PlanRequest.from_text('{"task": "open it", "reasoning_effort": "low"}')
+    assert req.reasoning_effort == "low" and _checked(task="ok").reasoning_effort is None
+    assert _checked(task="ok", reasoning_effort="x_high").reasoning_effort == "x_high"
 
 
 def test_prompt_lists_every_skill_and_renders_with_the_chat_template(hybrid_dir):

@@ -87,7 +87,8 @@ def test_path_and_overrides_on_top_of_a_preset(hybrid_dir, tmp_path):
         "speculative.enabled": False, "speculative.method": "mtp",
         "speculative.mtp_steps": 5, "planner.queue_policy": "preempt",
         "planner.deadline_s": 2, "planner.max_new_tokens": 100,
-        "planner.skills_file": str(skills), "planner.enable_thinking": False})
+        "planner.skills_file": str(skills), "planner.enable_thinking": False,
+        "planner.reasoning_effort": "low"})
     assert engine.model_path == str(hybrid_dir) and engine.drafter_path == str(drafter)
     assert (engine.dtype, engine.kv_dtype, engine.device) == ("fp32", "fp8", "cpu")
     assert (engine.max_context, engine.block_size, engine.window) == (1024, 8, 32)
@@ -95,6 +96,7 @@ def test_path_and_overrides_on_top_of_a_preset(hybrid_dir, tmp_path):
     assert not planner.speculative and planner.policy == "preempt"
     assert planner.deadline_s == 2.0 and planner.max_new_tokens == 100
     assert not planner.enable_thinking and skills_path == skills
+    assert planner.reasoning_effort == "low"
 
 
 def test_defaults_use_the_demo_preset():

@@ -157,3 +157,20 @@ def test_every_cli_backend_plans_through_a_served_instance(monkeypatch, capsys):
     assert "unreachable" in result["telemetry"]["remote_error"]
     code, result = plan("remote")
     assert code == 1 and result["error"].startswith("remote backend: ")
+
+
+def test_a_reasoning_effort_goes_to_the_remote_template(planner):
+    """The demo's own template takes no effort; a remote-only planner passes it on as a
+    template variable (vLLM's and SGLang's chat_template_kwargs) and leaves it to them."""
+    stub = StubRemote("error")
+    try:
+        service = planner(stub.url, backend="remote", read_timeout_s=0.5)
+        result, _ = _plan(service, reasoning_effort="low")
+        assert not result.success and result.error.startswith("remote backend: ")
+        kwargs = stub.requests[0]["chat_template_kwargs"]
+        assert kwargs == {"enable_thinking": True, "reasoning_effort": "low"}
+        local = planner(stub.url, read_timeout_s=0.5)      # the fallback could not honour it
+        refused, _ = _plan(local, reasoning_effort="low")
+        assert refused.rejected and "does not take reasoning_effort" in refused.error
+    finally:
+        stub.close()

@@ -201,6 +201,71 @@ def test_each_error_status_from_a_real_bad_request(server, case, status, code_or
     assert code_or_type in (error["code"], error["type"]), error
 
 
+NOT_TAKEN = "the model's chat template does not take reasoning_effort"
+
+
+@pytest.mark.parametrize("extra,why", [
+    ({"reasoning_effort": "low"}, NOT_TAKEN),
+    ({"chat_template_kwargs": {"reasoning_effort": "low"}}, NOT_TAKEN),
+    ({"reasoning_effort": "Low"}, "reasoning_effort must be a short lowercase word"),
+    ({"reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "medium"}},
+     "differ: give one"),
+])
+def test_reasoning_effort_is_refused_naming_it_for_the_demo_template(server, extra, why):
+    """reasoning_effort is taken (top level as in OpenAI's API, or among
+    chat_template_kwargs) and passed to a chat template that takes it (Qwen3.8's:
+    engine/test_qwen38.py); the demo planner's template does not, so a value is a 400
+    naming the parameter, never silently dropped; so is a value that is not a short
+    lowercase word, or two that differ."""
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4, **extra}
+    got, answer = _http(server.url + "/v1/chat/completions", body)
+    assert got == 400, answer
+    error = answer["error"]
+    assert error["param"] == "reasoning_effort" and error["type"] == "invalid_request_error"
+    assert why in error["message"], error
+    got, answer = _http(server.url + "/v1/plans", {"task": "open the fridge",
+                                                   "reasoning_effort": "low"})
+    assert got == 400 and answer["error"]["param"] == "reasoning_effort", answer
+    assert NOT_TAKEN in answer["error"]["message"], answer
+
+
+def test_reasoning_effort_reaches_a_chat_template_that_takes_it(tmp_path):
+    """A tiny model whose template takes reasoning_effort (as Qwen3.8's does; this one is
+    ours): either form of the parameter renders into the prompt, and a value the template
+    refuses is a 400 with the template's own message."""
+    from transformers import AutoTokenizer
+
+    from flash_planner.train.tiny import write_tiny_checkpoint
+    from flash_planner.train.tokenizer import CHAT_TEMPLATE
+
+    path = write_tiny_checkpoint(tmp_path / "effort", kind="hybrid", layers=2)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    tok.chat_template = (
+        "{% if reasoning_effort is defined and reasoning_effort not in ['xhigh', 'medium', "
+        "'low'] %}{{ raise_exception('Unexpected reasoning effort ' ~ reasoning_effort) }}"
+        "{% endif %}{% if reasoning_effort is defined %}<|im_start|>system\nEffort: "
+        "{{ reasoning_effort }}<|im_end|>\n{% endif %}" + CHAT_TEMPLATE)
+    tok.save_pretrained(str(path))
+    server = Server("--model", str(path), "--served-model-name", "tiny", "--threads", "1")
+    try:
+        url = server.wait_ready().url + "/v1/chat/completions"
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "open it"}],
+                "max_tokens": 2, "temperature": 0}
+        got, plain = _http(url, body)
+        assert got == 200, plain
+        for extra in ({"reasoning_effort": "low"},
+                      {"chat_template_kwargs": {"reasoning_effort": "low"}}):
+            got, answer = _http(url, {**body, **extra})
+            assert got == 200, answer
+            assert answer["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]
+        got, answer = _http(url, {**body, "reasoning_effort": "high"})
+        assert got == 400 and answer["error"]["param"] == "reasoning_effort", answer
+        assert "Unexpected reasoning effort high" in answer["error"]["message"], answer
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("body,param", [
     ({"task": "open the fridge", "method": "warp"}, "method"),
     ({"task": "open the fridge", "max_new_tokens": 0}, "max_new_tokens"),
@@ -213,6 +278,7 @@ def test_each_error_status_from_a_real_bad_request(server, case, status, code_or
     ({"context": "kitchen"}, "task"),
     ({"task": "open the fridge", "scene": "fridge"}, "scene"),
     ({"task": "open the fridge", "scene": ["fridge", ""]}, "scene[1]"),
+    ({"task": "open the fridge", "reasoning_effort": "HIGH"}, "reasoning_effort"),
 ])
 def test_a_bad_plan_request_names_its_parameter(server, body, param):
     for stream in (False, True):
