@@ -379,6 +379,7 @@ def _plan(args: argparse.Namespace) -> int:
     request = replace(request, sampling=_sampling(args, engine, preset.sampling))
     service = PlannerService(engine, catalog, PlannerConfig(
         constrain=not args.no_constrain, refusal_hint=preset.refusal_hint,
+        reasoning_effort=preset.reasoning_effort,
         **_backend(args, preset), **_spec_settings(args, preset)))
     service.start()
 
@@ -449,7 +450,8 @@ def _serve(args: argparse.Namespace) -> int:
         engine, _ = _load_engine(args, args.model)
         service = PlannerService(engine, catalog, PlannerConfig(
             queue_depth=args.queue_depth, refusal_hint=preset.refusal_hint,
-            sampling=preset.sampling, **_spec_settings(args, preset)))
+            sampling=preset.sampling, reasoning_effort=preset.reasoning_effort,
+            **_spec_settings(args, preset)))
         service.start()
         service.warm_up()
         _progress_to_stderr(f"serving {state.model_name} on http://{args.host}:{args.port}")

@@ -83,6 +83,9 @@ class ModelPreset:
     # how requests sample unless they say (PlannerConfig.sampling): a mode, greedy | model |
     # card, or a mapping per phase; model = the checkpoint's generation_config.json
     sampling: Any = "model"
+    # passed to chat templates that take it (PlannerConfig.reasoning_effort: Qwen3.8's
+    # xhigh | medium | low) unless a request says; None = the template's default
+    reasoning_effort: str | None = None
     # where plans are made (PlannerConfig.backend): local | remote | remote_or_local, and the
     # remote's base url and model id (its key comes from the environment, never a preset)
     backend: str = "local"

@@ -95,7 +95,7 @@ PARAMS: tuple[Param, ...] = (
     _p("planner.enable_thinking", True, "Thinking phase for ~/task requests that do not say."),
     _p("planner.reasoning_effort", "", "Reasoning effort for chat templates that take one "
        "(Qwen3.8's: xhigh, medium, low) for ~/task requests that do not say; '' = the "
-       "template's default."),
+       "preset's (else the template's default)."),
     _p("planner.sampling", "", "How requests that do not say sample: '' = the preset's; greedy; "
        "model (the checkpoint's generation_config.json); card (the Qwen3 cards' values per "
        "phase); or a JSON object of settings for both phases or per phase ('thinking', "
@@ -276,7 +276,7 @@ def build_configs(values: dict[str, Any]):
         max_task_chars=v["planner.max_task_chars"],
         max_context_chars=v["planner.max_context_chars"],
         max_new_tokens=v["planner.max_new_tokens"], enable_thinking=v["planner.enable_thinking"],
-        reasoning_effort=v["planner.reasoning_effort"] or None,
+        reasoning_effort=v["planner.reasoning_effort"] or preset.reasoning_effort,
         constrain=v["planner.constrain"], answer_reserve=v["planner.answer_reserve"],
         max_string_tokens=v["planner.max_string_tokens"],
         deadline_s=v["planner.deadline_s"] or None, speculative=v["speculative.enabled"],

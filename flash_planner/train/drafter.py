@@ -59,10 +59,20 @@ def sample_anchors(mask: torch.Tensor, k: int, rng: random.Random) -> list[list[
     return out
 
 
-def drafter_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, mask: torch.Tensor,
-                 anchors: list[list[int]], window: int,
-                 target_labels: bool = True) -> torch.Tensor:
-    """Weighted block cross-entropy for blocks at `anchors` of the sequences `ids` [N, S].
+@dataclass
+class Blocks:
+    """A batch of training blocks through the drafter: per draft row (block rows 1..B-1)."""
+
+    hidden: torch.Tensor     # [M, B-1, H] the drafter's normed output
+    logits: torch.Tensor     # [M, B-1, V] its draft logits
+    goal: torch.Tensor       # [M, B-1] the token each row should draft
+    weight: torch.Tensor     # [M, B-1] exp(-(k-1)/gamma) where the goal is an answer token
+    anchor: torch.Tensor     # [M] the block's anchor token
+
+
+def run_blocks(drafter: DFlashDrafter, target, ids: torch.Tensor, mask: torch.Tensor,
+               anchors: list[list[int]], window: int, target_labels: bool = True) -> Blocks:
+    """Blocks at `anchors` of the sequences `ids` [N, S] through the drafter.
 
     target_labels: row k learns the frozen target's greedy next token at a+k-1 instead of
     the corpus token x[a+k]. Verification accepts what the target would emit, not what the
@@ -85,18 +95,30 @@ def drafter_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, mask: torch.
     block_ids[:, 0] = ids[seq, start]
     embed = target.get_input_embeddings()
     hidden = drafter(embed(block_ids), start, [(k[seq], v[seq]) for k, v in ctx_kv],
-                     positions, context_window=window)
-    logits = drafter.draft_logits(hidden[:, 1:], embed.weight)          # [N*K, B-1, V]
+                     positions, context_window=window)[:, 1:]
+    logits = drafter.draft_logits(hidden, embed.weight)                # [N*K, B-1, V]
     goal_pos = start[:, None] + torch.arange(1, b)                     # [N*K, B-1]
     valid = goal_pos < s
     goal_pos = goal_pos.clamp(max=s - 1)
-    goal = labels[seq[:, None], goal_pos]
     valid &= mask[seq[:, None], goal_pos]
-    weight = torch.exp(-torch.arange(b - 1, dtype=torch.float32) / GAMMA.get(b, b / 2.3))
+    decay = torch.exp(-torch.arange(b - 1, dtype=torch.float32) / GAMMA.get(b, b / 2.3))
+    return Blocks(hidden, logits, labels[seq[:, None], goal_pos], decay[None, :] * valid,
+                  block_ids[:, 0])
+
+
+def weighted_ce(logits: torch.Tensor, goal: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of logits [..., C] against goal [...], averaged under weight [...]."""
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), goal.reshape(-1),
                          reduction="none").view_as(goal)
-    w = weight[None, :] * valid
-    return (ce * w).sum() / w.sum().clamp_min(1e-6)
+    return (ce * weight).sum() / weight.sum().clamp_min(1e-6)
+
+
+def drafter_loss(drafter: DFlashDrafter, target, ids: torch.Tensor, mask: torch.Tensor,
+                 anchors: list[list[int]], window: int,
+                 target_labels: bool = True) -> torch.Tensor:
+    """The weighted block cross-entropy of the blocks at `anchors` (`run_blocks`)."""
+    blocks = run_blocks(drafter, target, ids, mask, anchors, window, target_labels)
+    return weighted_ce(blocks.logits, blocks.goal, blocks.weight)
 
 
 def save_drafter(drafter: DFlashDrafter, out_dir: str | Path) -> Path:

@@ -305,3 +305,24 @@ def test_settings_that_do_not_fit_the_target_are_refused(tmp_path, target, make_
     (path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(DrafterError, match=match):
         make_engine(target, drafter_path=str(path), method="dflash")
+
+
+def test_a_dflash_drafter_grown_into_dflash2_drafts_as_before(tmp_path, make_engine):
+    """grow(): identity convs and a zero successor codebook leave the pair scores equal to
+    the head's logits, so the demo's drafter grown into DFlash2 (before any training) gives
+    the same tokens and the same acceptance."""
+    from flash_planner.planning.presets import asset_path
+    from flash_planner.train.drafter import save_drafter
+    from flash_planner.train.drafter2 import SelectorSpec, grow
+
+    target, drafter = asset_path("@assets/demo/target"), asset_path("@assets/demo/drafter")
+    grown = save_drafter(grow(drafter, SelectorSpec()), tmp_path / "grown")
+    runs = []
+    for path in (drafter, grown):
+        engine = make_engine(target, drafter_path=str(path), method="dflash")
+        assert engine.proposer.drafter.cfg.selects == (path == grown)
+        runs.append(generate(engine, "bring the red cup to the sink",
+                             GenerationSettings(48, ignore_eos=True)))
+    assert runs[0].token_ids == runs[1].token_ids
+    assert runs[0].stats.accept_hist == runs[1].stats.accept_hist
+    assert runs[0].stats.accepted > 0

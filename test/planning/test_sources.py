@@ -58,7 +58,8 @@ def test_repo_ids_and_paths_are_told_apart(tmp_path, monkeypatch):
 def test_every_thor_preset_names_published_repos_for_target_and_drafter():
     thor = [n for n in preset_names() if n != "demo"]
     assert {"qwen3_6_27b", "qwen3_6_27b_fp8", "qwen3_6_27b_nvfp4", "qwen3_6_35b_a3b",
-            "qwen3_6_35b_a3b_fp8", "qwen3_6_35b_a3b_nvfp4", "qwen3_4b"} <= set(thor)
+            "qwen3_6_35b_a3b_fp8", "qwen3_6_35b_a3b_nvfp4", "qwen3_4b", "qwen3_8_27b",
+            "qwen3_8_27b_fp8", "qwen3_8_27b_nvfp4"} <= set(thor)
     for name in thor:
         preset = ModelPreset.load(name)
         target, drafter = (sources.parse(p) for p in (preset.target_path, preset.drafter_path))

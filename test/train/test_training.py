@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
 
 from flash_planner.engine.checkpoint import load_checkpoint
 from flash_planner.engine.models.dflash import DFlashDrafter, load_drafter
-from flash_planner.train.drafter import DrafterSpec, drafter_loss, train_drafter
+from flash_planner.train.drafter import (
+    DrafterSpec,
+    drafter_loss,
+    run_blocks,
+    sample_anchors,
+    train_drafter,
+)
+from flash_planner.train.drafter2 import SelectorSpec, grow, selector_loss, train_dflash2
 from flash_planner.train.target import (
     TargetSpec,
     TrainSettings,
     answer_loss,
     frozen_outputs,
+    frozen_target,
     length_bucketed_batches,
     pad_batch,
     prefix_states,
@@ -56,6 +65,33 @@ def test_target_and_drafter_training_reduce_loss_and_write_loadable_checkpoints(
     assert d_losses[-1] < d_losses[0]
     drafter = load_drafter(tmp_path / "drafter", target.config, torch.float32, "cpu")
     assert drafter.cfg.block_size == 4 and drafter.cfg.tap_ids == (1, 3)
+
+    # grown into a DFlash2 drafter: trained, written in the published layout, loadable
+    grown = SelectorSpec(conv_group_size=8, selector_rank=4, selector_top_k=4,
+                         anchors_per_sequence=4)
+    g_losses = train_dflash2(data, tmp_path / "target", tmp_path / "drafter", PAD,
+                             tmp_path / "dflash2", grown,
+                             TrainSettings(steps=10, batch_size=8, lr=5e-3, warmup=2,
+                                           log_every=5), log=lambda _: None)
+    assert all(math.isfinite(x) for x in g_losses)
+    drafter2 = load_drafter(tmp_path / "dflash2", target.config, torch.float32, "cpu")
+    assert drafter2.cfg.selects and drafter2.cfg.selector_top_k == 4
+    assert drafter2.candidate_selector.successor_codebook.abs().sum() > 0   # it trained
+
+    # the selector's loss carries its signal: full-batch steps on the selector alone lower it
+    model = grow(tmp_path / "drafter", grown).train()
+    frozen = frozen_target(tmp_path / "target", TrainSettings())
+    ids, mask = pad_batch(data, PAD)
+    anchors = sample_anchors(mask, 4, random.Random(1))
+    opt = torch.optim.Adam(model.candidate_selector.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(20):
+        loss = selector_loss(model, run_blocks(model, frozen, ids, mask, anchors, 128))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.9 * losses[0]
 
 
 def test_length_bucketed_batches_cover_the_epoch_with_little_padding():
