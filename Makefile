@@ -10,7 +10,7 @@ LINT_PATHS := flash_planner kernels test bench launch tools setup.py
 
 DEMO_TASK  ?= bring the red cup from the kitchen table to the sink
 
-.PHONY: all venv ros-env thor-deps thor-image test demo demo-model bench bench-peer bench-ros bench-gpu kernels-report lint lint-fix clean distclean
+.PHONY: all venv ros-env thor-deps thor-image test test-gpu demo demo-model bench bench-peer bench-ros bench-gpu kernels-report lint lint-fix clean distclean
 
 all: test
 
@@ -79,6 +79,15 @@ bench: $(STAMP)
 
 # The GPU figures in one command (bench/gpu.py): run on a CUDA machine; its Python needs
 # torch, triton and transformers, and this tree (no install). The JSON goes to bench/out/.
+# The tests that need a CUDA GPU (marked `cuda`: skipped without one), and the kernels
+# compiled for it, with the GPU machine's own Python (torch, triton, transformers, plus the
+# wheels docs/thor.md lists for bench-gpu, and pytest).
+test-gpu:
+	@$(PYTHON) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
+		'test-gpu: no CUDA GPU here (torch.cuda.is_available() is False)')"
+	PYTHONPATH=. $(PYTHON) -m pytest -q -rs -p no:cacheprovider test/kernels
+	PYTHONPATH=. $(PYTHON) -m pytest -q -rs -p no:cacheprovider -m cuda test
+
 bench-gpu:
 	mkdir -p bench/out && PYTHONPATH=. $(PYTHON) bench/gpu.py --json-out bench/out/gpu.json
 

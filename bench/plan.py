@@ -269,6 +269,18 @@ def weights_table(plans, catalog, as_json: bool) -> int:
     return 0
 
 
+def print_rows(rows: list[dict], width: int = 15) -> None:
+    """Tally rows as the plan table prints them: plans, speed, tokens per cycle, TTFT."""
+    head = (f"{'mode':<{width}}{'valid %':>8}{'exact %':>8}{'tok/s':>8}{'x plain':>8}"
+            f"{'tok/cyc':>8}{'think':>7}{'answer':>7}{'TTFT ms':>8}")
+    print(head + "\n" + "-" * len(head))
+    for r in rows:
+        print(f"{r['mode']:<{width}}{r['valid_pct']:>8.1f}{r['exact_pct']:>8.1f}"
+              f"{r['tok_s']:>8.0f}{r['x_plain']:>7.2f}x{r['tokens_per_cycle']:>8.2f}"
+              f"{r['tokens_per_cycle_think']:>7.2f}{r['tokens_per_cycle_answer']:>7.2f}"
+              f"{r['ttft_ms']:>8.1f}")
+
+
 def run_transformers(model, engine, prompts, catalog, tally):
     from transformers import StoppingCriteriaList
 
@@ -409,14 +421,7 @@ def main(argv=None) -> int:
         return 0
     print(f"demo planner on {len(plans)} held-out tasks, {torch.get_num_threads()} "
           f"thread(s), fp32 CPU, max {MAX_NEW} new tokens")
-    head = (f"{'mode':<15}{'valid %':>8}{'exact %':>8}{'tok/s':>8}{'x plain':>8}"
-            f"{'tok/cyc':>8}{'think':>7}{'answer':>7}{'TTFT ms':>8}")
-    print(head + "\n" + "-" * len(head))
-    for r in rows:
-        print(f"{r['mode']:<15}{r['valid_pct']:>8.1f}{r['exact_pct']:>8.1f}{r['tok_s']:>8.0f}"
-              f"{r['x_plain']:>7.2f}x{r['tokens_per_cycle']:>8.2f}"
-              f"{r['tokens_per_cycle_think']:>7.2f}{r['tokens_per_cycle_answer']:>7.2f}"
-              f"{r['ttft_ms']:>8.1f}")
+    print_rows(rows)
     print(f"\nprompt kinds ({args.kind_n} prompts each; mixed = all of them shuffled): decode "
           "tok/s (x plain, tokens/cycle)")
     head = (f"{'kind':<12}" + "".join(f"{m:>22}" for m in KIND_MODES)

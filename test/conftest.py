@@ -36,7 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 
 def pytest_configure(config):
-    """Warnings filtered because they come from other packages' imports, not from our calls."""
+    """The `cuda` marker (`make test-gpu`), and warnings filtered because they come from other
+    packages' imports, not from our calls."""
+    config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped without one); "
+                            "`make test-gpu` runs these alone")
     # torch._inductor imports torch.utils.mkldnn, whose classes use torch.jit.script_method:
     # 14 warnings at import, from torch's own module; we never call torch.jit.
     config.addinivalue_line("filterwarnings", "ignore:`torch.jit.script_method` is deprecated"
@@ -47,6 +50,14 @@ def pytest_configure(config):
                             ":DeprecationWarning")
     config.addinivalue_line("filterwarnings", "ignore:module 'sre_constants' is deprecated"
                             ":DeprecationWarning")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test skipped for want of a CUDA GPU is a `cuda` test: `-m cuda` selects them."""
+    for item in items:
+        if any("CUDA GPU" in str(mark.kwargs.get("reason", ""))
+               for mark in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.cuda)
 
 
 @pytest.fixture(scope="session", autouse=True)

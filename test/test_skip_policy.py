@@ -51,3 +51,16 @@ def test_unlisted_skip_is_a_skip_outside_ci(tmp_path, ci):
     proc = _run(tmp_path, "somelib is not installed", ci)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 skipped" in proc.stdout
+
+
+def test_cuda_tests_carry_the_marker_make_test_gpu_selects():
+    """`make test-gpu` runs `-m cuda`: every test skipped for want of a GPU, nothing else."""
+    root = HERE.parent
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "cuda", "-p",
+           "no:cacheprovider", "test/engine/test_parity.py", "test/engine/test_compiled.py"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=root)
+    ids = [line for line in proc.stdout.splitlines() if "::" in line]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert any("cuda" in i and "test_parity" in i for i in ids), ids
+    assert any("test_compile_on_cuda" in i or "cuda_graphs" in i for i in ids), ids
+    assert all("cuda" in i.lower() for i in ids), ids
