@@ -3,7 +3,8 @@
 Grows the shipped DFlash drafter into a DFlash2 drafter (train/drafter2.py: the same
 weights, identity convs, a fresh candidate selector), trains it against the frozen demo
 target on the demo's training corpus, then runs the held-out plan tasks through plain,
-dflash (the shipped drafter), dflash2 (the grown one) and mtp in turn per prompt, greedy, no
+dflash (the shipped drafter), dflash+N (the control: the shipped drafter trained the same
+N steps more, block loss only), dflash2 (the grown one) and mtp in turn per prompt, greedy, no
 grammar, and prints valid / exact plans, decode tok/s, the ratio to plain and tokens per
 cycle (inside the thinking and in the answer). Every row is lossless: each gives plain
 decoding's tokens, so valid and exact agree across rows. The trained drafter is kept under
@@ -35,9 +36,11 @@ from flash_planner.train.tokenizer import load_tokenizer
 TRAIN_EXAMPLES = 30000
 
 
-def trained_drafter(out: Path, steps: int, seed: int, threads: int, catalog) -> Path:
+def trained_drafter(out: Path, steps: int, seed: int, threads: int, catalog,
+                    control: bool = False) -> Path:
     spec = SelectorSpec()
-    key = out / f"steps{steps}-seed{seed}-r{spec.selector_rank}-k{spec.selector_top_k}"
+    key = out / (f"control-steps{steps}-seed{seed}" if control else
+                 f"steps{steps}-seed{seed}-r{spec.selector_rank}-k{spec.selector_top_k}")
     if (key / "model.safetensors").is_file():
         print(f"[dflash2] reusing {key}", flush=True)
         return key
@@ -49,7 +52,7 @@ def trained_drafter(out: Path, steps: int, seed: int, threads: int, catalog) -> 
     train_dflash2(data, target_dir, asset_path("@assets/demo/drafter"), tok.pad_token_id, key,
                   spec, TrainSettings(steps=steps, batch_size=16, lr=1e-3, seed=seed,
                                       threads=threads),
-                  log=lambda msg: print(msg, flush=True))
+                  log=lambda msg: print(msg, flush=True), control=control)
     print(f"[dflash2] trained in {(time.perf_counter() - t0) / 60:.1f} min -> {key}",
           flush=True)
     return key
@@ -69,17 +72,20 @@ def main(argv=None) -> int:
 
     hf_logging.set_verbosity_error()
     catalog = SkillCatalog.from_yaml(default_skills_path())
-    drafter2 = trained_drafter(args.out, args.steps, args.seed, args.threads, catalog)
     preset = ModelPreset.load("demo")
     shipped = Engine.load(preset.engine_config(device="cpu", dtype="fp32"))
-    grown = Engine.load(preset.engine_config(device="cpu", dtype="fp32",
-                                             drafter_path=str(drafter2), method="dflash"))
+    trained = {}
+    for control in (False, True):
+        path = trained_drafter(args.out, args.steps, args.seed, args.threads, catalog, control)
+        trained[control] = Engine.load(preset.engine_config(
+            device="cpu", dtype="fp32", drafter_path=str(path), method="dflash"))
     close = shipped.tokenizer.convert_tokens_to_ids("</think>")
     heldout = make_corpus(0, n_train=0)[1][:args.n]
     plans = [plan_prompt(ex, catalog) for ex in heldout]
     # row -> (engine, mode of bench/plan.py)
     rows = {"plain": (shipped, "plain"), "dflash": (shipped, "dflash"),
-            "dflash2": (grown, "dflash"), "mtp": (shipped, "mtp")}
+            f"dflash+{args.steps}": (trained[True], "dflash"),
+            "dflash2": (trained[False], "dflash"), "mtp": (shipped, "mtp")}
     tallies = {name: Tally(name) for name in rows}
     t0 = time.perf_counter()
     for p in plans:
@@ -93,7 +99,7 @@ def main(argv=None) -> int:
     print(f"demo planner on {len(plans)} held-out tasks, {torch.get_num_threads()} thread(s), "
           f"fp32 CPU, max {MAX_NEW} new tokens; dflash2 grown from the shipped drafter and "
           f"trained {args.steps} steps")
-    print_rows(out, 10)
+    print_rows(out, 12)
     print(f"wall time {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -41,13 +41,19 @@ def grown_config(cfg: DraftConfig, spec: SelectorSpec) -> DraftConfig:
                                selector_top_k=spec.selector_top_k)
 
 
-def grow(drafter_dir: str | Path, spec: SelectorSpec, seed: int = 0) -> DFlashDrafter:
-    """The DFlash drafter in `drafter_dir` as a DFlash2 drafter that drafts as it does."""
+def grow(drafter_dir: str | Path, spec: SelectorSpec | None, seed: int = 0) -> DFlashDrafter:
+    """The DFlash drafter in `drafter_dir` as a DFlash2 drafter that drafts as it does (spec
+    None: the DFlash drafter itself, to train on as a control)."""
     from safetensors.torch import load_file
 
     drafter_dir = Path(drafter_dir)
     raw = json.loads((drafter_dir / "config.json").read_text())
-    cfg = grown_config(DraftConfig.from_hf_dict(raw, str(drafter_dir)), spec)
+    cfg = DraftConfig.from_hf_dict(raw, str(drafter_dir))
+    if spec is None:
+        model = DFlashDrafter(cfg)
+        model.load_state_dict(load_file(str(drafter_dir / "model.safetensors")))
+        return model
+    cfg = grown_config(cfg, spec)
     model = DFlashDrafter(cfg)
     missing, unexpected = model.load_state_dict(
         load_file(str(drafter_dir / "model.safetensors")), strict=False)
@@ -88,24 +94,27 @@ def selector_loss(drafter: DFlashDrafter, blocks: Blocks) -> torch.Tensor:
 def train_dflash2(examples: Sequence[tuple[list[int], list[int]]], target_dir: str | Path,
                   drafter_dir: str | Path, pad_id: int, out_dir: str | Path,
                   spec: SelectorSpec | None = None, settings: TrainSettings | None = None,
-                  log=print) -> list[float]:
+                  log=print, control: bool = False) -> list[float]:
     """Grow the DFlash drafter in drafter_dir, train it against the frozen target in
-    target_dir and save it to out_dir; returns the losses."""
+    target_dir and save it to out_dir; returns the losses. control: train the DFlash
+    drafter itself the same way instead (block loss only), to tell what DFlash2's parts
+    add from what more training adds."""
     spec = spec or SelectorSpec()
     settings = settings or TrainSettings(steps=400, batch_size=16, lr=5e-4)
     target = frozen_target(target_dir, settings)
-    drafter = grow(drafter_dir, spec, settings.seed).train()
+    drafter = grow(drafter_dir, None if control else spec, settings.seed).train()
+    name = "dflash (control)" if control else "dflash2"
     new = sum(p.numel() for n, p in drafter.named_parameters()
               if "_conv." in n or n.startswith("candidate_selector."))
-    log(f"[dflash2] {new / 1e3:.0f}k new parameters (convs, selector), block "
+    log(f"[{name}] {new / 1e3:.0f}k new parameters (convs, selector), block "
         f"{drafter.cfg.block_size}, {settings.steps} steps")
 
     def loss_fn(ids, mask, rng):
         anchors = sample_anchors(mask, spec.anchors_per_sequence, rng)
         blocks = run_blocks(drafter, target, ids, mask, anchors, spec.window)
-        return (weighted_ce(blocks.logits, blocks.goal, blocks.weight)
-                + selector_loss(drafter, blocks))
+        loss = weighted_ce(blocks.logits, blocks.goal, blocks.weight)
+        return loss if control else loss + selector_loss(drafter, blocks)
 
-    losses = optimise("dflash2", drafter, examples, pad_id, settings, loss_fn, log)
+    losses = optimise(name, drafter, examples, pad_id, settings, loss_fn, log)
     save_drafter(drafter.eval(), out_dir)
     return losses
