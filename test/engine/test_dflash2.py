@@ -326,3 +326,23 @@ def test_a_dflash_drafter_grown_into_dflash2_drafts_as_before(tmp_path, make_eng
     assert runs[0].token_ids == runs[1].token_ids
     assert runs[0].stats.accept_hist == runs[1].stats.accept_hist
     assert runs[0].stats.accepted > 0
+
+
+def test_auto_routes_between_the_dflash2_drafter_mtp_and_plain(checkpoints, drafter_dir,
+                                                                make_engine):
+    """auto measures the DFlash2 drafter as it measures a DFlash one: lossless, and it
+    routes cycles to it among MTP and plain decoding."""
+    from flash_planner.engine.auto_proposer import AutoProposer
+
+    target = checkpoints("hybrid", init=0.25, mtp=True)
+    drafter = write_tiny_drafter(drafter_dir.parent / "auto2", target, num_layers=2,
+                                 block_size=BLOCK, sliding_window=WINDOW,
+                                 layer_types=["sliding_attention"] * 2, dflash2={})
+    engine = make_engine(target, drafter_path=str(drafter), method="auto")
+    assert isinstance(engine.proposer, AutoProposer)
+    assert set(engine.proposers) == {"dflash", "mtp", "auto"}
+    prompt = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
+    ref = generate(engine, prompt, GenerationSettings(64, ignore_eos=True, speculative=False))
+    got = generate(engine, prompt, GenerationSettings(64, ignore_eos=True))
+    assert got.token_ids == ref.token_ids
+    assert got.stats.method_cycles.get("dflash", 0) > 0
