@@ -382,6 +382,8 @@ def _plan(args: argparse.Namespace) -> int:
         reasoning_effort=preset.reasoning_effort,
         **_backend(args, preset), **_spec_settings(args, preset)))
     service.start()
+    # as the node and `serve` do: the request then pays neither the prefix nor first calls
+    service.warm_up()
 
     def print_steps(feedback) -> None:
         for index, step in feedback.steps:

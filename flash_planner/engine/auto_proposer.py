@@ -6,10 +6,11 @@ published tokens, the anchor included) and candidate the router keeps a moving e
 tokens published per cycle and of the cycle's cost in wall time (propose -> commit: draft,
 verify, accept and the host sync; a proposer's catch-up over the rows of cycles it did not
 draft, `catchup_ms`, is a switching cost and left out). A cycle goes to the candidate with
-the most tokens per millisecond. Every other candidate drafts once after
-`probe_every / r^2` cycles without it (at most 8 probe_every), r being its rate over the
-best one's, so a change in the text (plan JSON, prose, repeated lines) is noticed while a
-candidate far behind costs little: probing loses at most (1 - r) r^2 / probe_every of the
+the most tokens per millisecond. A candidate runs `SETTLED` cycles in a phase before its
+estimate counts; after that every other candidate drafts once after `probe_every / r^2`
+cycles without it (at most 8 probe_every), r being its rate over the best one's, so a change
+in the text (plan JSON, prose, repeated lines) is noticed while a candidate far behind costs
+little: probing loses at most (1 - r) r^2 / probe_every of the
 time, under 1.2% at the default of 12. Wall time only ever errs upward (the process waits
 or is preempted), so the cost estimate takes a lower sample at once and moves toward a
 higher one by the moving average, a stall counting at most 3x: one stall cannot shut a
@@ -41,6 +42,12 @@ import torch
 from .acceptance import ThinkTracker
 from .proposer import Proposer
 
+# Cycles a candidate runs in a phase before its estimate is trusted: a process's first
+# cycles of a proposer pay first-call costs (on a GPU, hundreds of ms) and one cycle's
+# acceptance is luck; trusted at once, such a sample shut a proposer out for up to
+# 8 probe_every cycles, longer than a whole one-shot plan.
+SETTLED = 3
+
 
 @dataclass
 class Estimate:
@@ -48,6 +55,7 @@ class Estimate:
     ms: float | None     # wall ms per cycle (moving average); None: never ran (tokens were
                          # inferred from a longer draft of the same proposer)
     last_cycle: int      # router cycle count when this candidate last ran in the phase
+    samples: int = SETTLED   # cycles measured (one built by hand counts as settled)
 
     @property
     def rate(self) -> float:
@@ -106,6 +114,12 @@ class AutoProposer(Proposer):
     def last_method(self) -> str:
         return self._method
 
+    def forget(self) -> None:
+        """Drop every estimate (after a warm-up, whose cycles paid first calls and were cut
+        short): the next requests measure each candidate afresh."""
+        self.estimates.clear()
+        self._survival.clear()
+
     def _phase(self) -> str:
         return "think" if self.phase is not None and self.phase.thinking else "answer"
 
@@ -131,8 +145,8 @@ class AutoProposer(Proposer):
     def choose(self, phase: str) -> str:
         known = {c: self.estimates.get((phase, c)) for c in self.candidates}
         for cand, est in known.items():
-            if est is None or est.ms is None:
-                return cand                                   # never measured here
+            if est is None or est.ms is None or est.samples < SETTLED:
+                return cand                        # never measured here, or not enough
         best = max(known, key=lambda c: known[c].rate)
         top = known[best].rate
         stale = [c for c, est in known.items() if c != best
@@ -197,14 +211,15 @@ class AutoProposer(Proposer):
         self._update(phase, cand, tokens, ms)
         for k, other in lengths.items():
             if all(t for t, _ in curve[:k]):
-                est = self.estimates.setdefault((phase, other), Estimate(0.0, None, 0))
+                est = self.estimates.setdefault((phase, other), Estimate(0.0, None, 0, 0))
                 est.tokens = 1.0 + sum(a / t for t, a in curve[:k])
 
     def _update(self, phase: str, cand: str, tokens: int, ms: float) -> None:
         est = self.estimates.get((phase, cand))
         if est is None:
-            self.estimates[(phase, cand)] = Estimate(float(tokens), ms, self.cycles)
+            self.estimates[(phase, cand)] = Estimate(float(tokens), ms, self.cycles, 1)
             return
+        est.samples += 1
         a = self.smoothing
         est.tokens += a * (tokens - est.tokens)
         # a length whose tokens the survival curve gave has no cost until it first runs

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..engine.auto_proposer import AutoProposer
 from ..engine.cache import ContextOverflowError
 from ..engine.chat import (
     TemplateError,
@@ -219,13 +220,26 @@ class PlannerService:
 
     def warm_up(self) -> float:
         """Prefill the fixed prefix (the system prompt with the catalog) into the engine's
-        prefix cache, through one short plan request, so the first request neither prefills
-        it nor pays first-call costs; returns ms."""
+        prefix cache and decode a short plan with each loaded proposer and with none, at
+        least two whole blocks each, so the first request neither prefills the prefix nor
+        pays any first call (a verify block's kernels and shapes, each proposer's own);
+        then `auto` forgets what it measured here (cold calls, a plan cut short) and
+        measures afresh on real requests. Returns ms."""
         t0 = time.perf_counter()
         # the requests' own effort, so that the cached prefix is theirs
         ids, prefix = self.prompt(WARM_UP_TASK, "", self.config.enable_thinking,
                                   reasoning_effort=self.config.reasoning_effort)
-        generate(self.engine, ids, GenerationSettings(max_new_tokens=4), prefix=prefix)
+        # within the context: a prompt that does not fit is every request's error to report
+        tokens = min(2 * self.engine.config.max_block, self.engine.config.max_context - len(ids) - 1)
+        if tokens < 1:
+            return (time.perf_counter() - t0) * 1000.0
+        for method in [*(m for m in self.engine.proposers if m != "auto"), "none"]:
+            generate(self.engine, ids, GenerationSettings(max_new_tokens=tokens,
+                                                          ignore_eos=True, method=method),
+                     prefix=prefix)
+        auto = self.engine.proposers.get("auto")
+        if isinstance(auto, AutoProposer):
+            auto.forget()
         return (time.perf_counter() - t0) * 1000.0
 
     def prompt(self, task: str, context: str, thinking: bool, scene=(),

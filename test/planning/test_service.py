@@ -179,6 +179,31 @@ def test_load_builds_the_engine_and_warm_up_generates(hybrid_dir):
     service.stop()
 
 
+def test_warm_up_drafts_whole_blocks_with_every_proposer_and_auto_starts_afresh(
+        monkeypatch):
+    """The first request must not pay a first call: warm-up runs a full verify block with
+    each loaded proposer and plain decoding, then auto forgets those cold measurements."""
+    from flash_planner.engine.engine import Engine
+    from flash_planner.engine.mtp_proposer import MTPProposer
+    from flash_planner.engine.proposer import DFlashProposer
+    from flash_planner.planning.presets import ModelPreset
+
+    preset = ModelPreset.load("demo")
+    engine = Engine.load(preset.engine_config(device="cpu", dtype="fp32"))
+    drafted: dict[str, list[int]] = {"dflash": [], "mtp": []}
+    for cls, name in ((DFlashProposer, "dflash"), (MTPProposer, "mtp")):
+        def propose(self, anchor, start, num, _orig=cls.propose, _name=name):
+            drafted[_name].append(num)
+            return _orig(self, anchor, start, num)
+        monkeypatch.setattr(cls, "propose", propose)
+    service = PlannerService(engine, SkillCatalog.from_yaml(default_skills_path()),
+                             PlannerConfig(refusal_hint=preset.refusal_hint))
+    assert service.warm_up() > 0
+    assert max(drafted["dflash"]) == engine.proposers["dflash"].block_size - 1
+    assert max(drafted["mtp"]) == engine.proposers["mtp"].block_size - 1
+    assert engine.proposers["auto"].estimates == {}
+
+
 def test_sampled_requests_from_task_json_reproduce_and_bad_settings_are_refused(make_service):
     service = make_service(constrain=False, sampling={"temperature": 0.9, "top_k": 8})
     text = json.dumps({"task": "open the fridge", "seed": 11,
