@@ -8,9 +8,15 @@ Parts (each one table, all of them in one JSON file):
             on CUDA), as time and as the fraction of the copy bandwidth their weight bytes
             reach;
   thor      the full 27B's and 35B-A3B's bytes per forward (bench/weight_bytes.py) over Thor's
-            273 GB/s at the NVFP4 GEMMs' measured fraction: ms and tok/s per token.
-Not in it yet: the MoE grouped GEMM, the engine slices eager against CUDA graphs, the demo
-through the planner service (bench/kernels.py has the hot-path kernels' table).
+            273 GB/s at the NVFP4 GEMMs' measured fraction: ms and tok/s per token;
+  demo      the demo planner through the planner service, warmed up, greedy: dtype (fp32,
+            bf16) x forward (eager, compiled: CUDA graphs) x method (auto, dflash, mtp,
+            none) on 12 held-out tasks: TTFT and decode tok/s (medians), tokens per cycle,
+            plans equal to fp32 eager's, and the engine's first request's TTFT against the
+            median of the next ones (load and warm-up times beside). Needs our planning
+            dependencies too (docs/thor.md lists the wheels).
+Not in it yet: the MoE grouped GEMM, the engine slices eager against CUDA graphs
+(bench/kernels.py has the hot-path kernels' table).
 
     python bench/gpu.py [--parts ceilings gemm thor] [--json-out FILE]   # a CUDA GPU
     python bench/gpu.py --small     # tiny shapes on a CPU, kernels interpreted: a smoke run
@@ -43,7 +49,7 @@ _bench_kernels = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_bench_kernels)
 copy_bandwidth, timed_ms = _bench_kernels.copy_bandwidth, _bench_kernels.timed_ms
 
-PARTS = ("ceilings", "gemm", "thor")
+PARTS = ("ceilings", "gemm", "thor", "demo")
 ROWS = (1, 2, 4, 8, 16)
 THOR_GBPS = 273.0
 # (name, N, K): the Linear shapes one decode step reads most of
@@ -116,6 +122,64 @@ def thor_rows(fraction: float) -> list[dict]:
     return out
 
 
+def demo_rows(device: str, small: bool) -> list[dict]:
+    """The demo through the planner service per (dtype, forward, method); see the module's
+    docstring. --small: fp32 and bf16 eager, auto and none, 2 tasks, on the torch references
+    (interpreted kernels would take minutes a plan)."""
+    import statistics
+
+    from flash_planner.engine.engine import Engine
+    from flash_planner.kernels import dispatch
+    from flash_planner.planning.presets import ModelPreset, default_skills_path
+    from flash_planner.planning.request import PlanRequest
+    from flash_planner.planning.service import PlannerConfig, PlannerService
+    from flash_planner.planning.skills import SkillCatalog
+    from flash_planner.train.corpus import heldout_sets
+
+    preset = ModelPreset.load("demo")
+    catalog = SkillCatalog.from_yaml(default_skills_path())
+    tasks = heldout_sets(0, 40)["world"][:2 if small else 12]
+    if small:
+        dispatch.set_backend("auto")
+    forwards = ("off",) if small else ("off", "on")
+    methods = ("auto", "none") if small else ("auto", "dflash", "mtp", "none")
+    rows, reference = [], {}
+    for dtype in ("fp32", "bf16"):
+        for compile_ in forwards:
+            t0 = time.perf_counter()
+            engine = Engine.load(preset.engine_config(device=device, dtype=dtype,
+                                                      compile=compile_))
+            load_s = time.perf_counter() - t0
+            service = PlannerService(engine, catalog, PlannerConfig(
+                refusal_hint=preset.refusal_hint, sampling="greedy"))
+            service.start()
+            warm_ms = service.warm_up()
+            first = True
+            for method in methods:
+                results = [service.plan(PlanRequest(ex.task, ex.context, method=method),
+                                        timeout=600) for ex in tasks]
+                t = [r.telemetry for r in results]
+                plans = [r.plan if r.success else None for r in results]
+                reference.setdefault(method, plans)      # fp32 eager comes first
+                ttft = [x["ttft_ms"] for x in t]
+                rows.append({
+                    "dtype": dtype, "forward": "compiled" if compile_ == "on" else "eager",
+                    "method": method, "ttft_ms": statistics.median(ttft),
+                    "tok_s": statistics.median(x["decode_tokens_per_s"] for x in t),
+                    "tokens_per_cycle": statistics.mean(x["tokens_per_cycle"] for x in t),
+                    "plans_equal": sum(a == b for a, b in zip(plans, reference[method])),
+                    "tasks": len(tasks), "load_s": load_s, "warm_up_ms": warm_ms,
+                    # the engine's first request after warm-up against the rest of its method
+                    "first_ttft_ms": ttft[0] if first else None,
+                    "next_ttft_ms": statistics.median(ttft[1:]) if first else None})
+                first = False
+            service.stop()
+            del service, engine
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
 def print_tables(report: dict) -> None:
     c = report.get("ceilings")
     if c:
@@ -127,6 +191,16 @@ def print_tables(report: dict) -> None:
         for r in report["gemm"]:
             print(f"{r['shape']:<20}{r['format']:<8}{r['rows']:>5}{r['ms']:>10.4f}"
                   f"{r['weight_bytes'] / 1e6:>11.2f}{100 * r['of_copy_bw']:>11.1f}%")
+    if report.get("demo"):
+        print(f"demo through the planner service (greedy; medians; plans equal to fp32 "
+              f"eager's):\n{'dtype':<6}{'forward':<10}{'method':<8}{'TTFT ms':>9}{'tok/s':>8}"
+              f"{'tok/cyc':>9}{'equal':>7}{'first TTFT':>12}{'next':>8}{'load s':>8}")
+        for r in report["demo"]:
+            first = ("" if r["first_ttft_ms"] is None else
+                     f"{r['first_ttft_ms']:>12.1f}{r['next_ttft_ms']:>8.1f}")
+            print(f"{r['dtype']:<6}{r['forward']:<10}{r['method']:<8}{r['ttft_ms']:>9.1f}"
+                  f"{r['tok_s']:>8.0f}{r['tokens_per_cycle']:>9.2f}"
+                  f"{r['plans_equal']:>4}/{r['tasks']:<2}{first:>20}{r['load_s']:>8.1f}")
     if report.get("thor"):
         print(f"Thor line: {THOR_GBPS:.0f} GB/s at the nvfp4 GEMMs' measured fraction "
               f"({100 * report['thor'][0]['fraction']:.0f}%, 1 row)")
@@ -166,6 +240,8 @@ def main(argv=None) -> int:
         one = [r["of_copy_bw"] for r in report["gemm"] if r["format"] == "nvfp4"
                and r["rows"] == 1]
         report["thor"] = thor_rows(max(one) if one else 0.0)
+    if "demo" in args.parts:
+        report["demo"] = demo_rows(device, args.small)
     report["wall_s"] = time.perf_counter() - t0
     print(f"{report['device']}; wall {report['wall_s']:.0f} s")
     print_tables(report)

@@ -26,6 +26,14 @@ def test_the_gpu_bench_runs_small_and_reports_every_part(tmp_path):
     assert all(by[(s, f)] < by[(s, "bf16")] for s, f in by if f != "bf16")
     assert [r["model"] for r in report["thor"]] == ["Qwen3.6-27B", "Qwen3.6-35B-A3B"]
     assert "Thor line" in proc.stdout
+    demo = report["demo"]
+    assert {(r["dtype"], r["method"]) for r in demo} == {
+        (d, m) for d in ("fp32", "bf16") for m in ("auto", "none")}
+    assert all(r["ttft_ms"] > 0 and r["tok_s"] > 0 and r["tokens_per_cycle"] >= 1
+               for r in demo)
+    # fp32 eager is the reference of plans equal; each engine's first request is reported
+    assert all(r["plans_equal"] == r["tasks"] for r in demo if r["dtype"] == "fp32")
+    assert sum(r["first_ttft_ms"] is not None for r in demo) == 2
 
 
 def test_the_full_run_needs_a_gpu_and_says_so_without_one():
