@@ -230,7 +230,8 @@ class PlannerService:
         ids, prefix = self.prompt(WARM_UP_TASK, "", self.config.enable_thinking,
                                   reasoning_effort=self.config.reasoning_effort)
         # within the context: a prompt that does not fit is every request's error to report
-        tokens = min(2 * self.engine.config.max_block, self.engine.config.max_context - len(ids) - 1)
+        engine = self.engine.config
+        tokens = min(2 * engine.max_block, engine.max_context - len(ids) - 1)
         if tokens < 1:
             return (time.perf_counter() - t0) * 1000.0
         for method in [*(m for m in self.engine.proposers if m != "auto"), "none"]:

@@ -128,7 +128,7 @@ class StaticDrafter:
             return out
         return out.clone() if isinstance(out, torch.Tensor) else tuple(t.clone() for t in out)
 
-    def _forward(self) -> torch.Tensor:
+    def _forward(self):
         return self.graph.call(0, self.drafter, self.embed, self.lm_head_weight, self.ids,
                                self.start, self.ctx_kv, self.ctx_pos)
 
