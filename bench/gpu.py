@@ -15,8 +15,15 @@ Parts (each one table, all of them in one JSON file):
             plans equal to fp32 eager's, and the engine's first request's TTFT against the
             median of the next ones (load and warm-up times beside). Needs our planning
             dependencies too (docs/thor.md lists the wheels).
-Not in it yet: the MoE grouped GEMM, the engine slices eager against CUDA graphs
-(bench/kernels.py has the hot-path kernels' table).
+  slices    engine slices at the 27B's width (4 layers: 3 GDN + 1 attention, its vocabulary;
+            bf16 and NVFP4 quantized at load) and the 35B-A3B's (bf16), random weights: a
+            1-row decode and a 16-row verify (with its rollback), eager and through the
+            compiled graphs, as ms, bytes per forward and the fraction of the copy bandwidth.
+            --small: tiny widths, eager only (a cold compile on a CPU takes minutes). On
+            a GPU each slice compiles its graphs (75-105 s cold at these widths; the
+            on-disk cache makes a second run quick): `--parts` splits a first run.
+Not in it yet: the MoE grouped GEMM, NVFP4 experts in the 35B-A3B slice (bench/kernels.py
+has the hot-path kernels' table).
 
     python bench/gpu.py [--parts ceilings gemm thor] [--json-out FILE]   # a CUDA GPU
     python bench/gpu.py --small     # tiny shapes on a CPU, kernels interpreted: a smoke run
@@ -49,7 +56,7 @@ _bench_kernels = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_bench_kernels)
 copy_bandwidth, timed_ms = _bench_kernels.copy_bandwidth, _bench_kernels.timed_ms
 
-PARTS = ("ceilings", "gemm", "thor", "demo")
+PARTS = ("ceilings", "gemm", "thor", "slices", "demo")
 ROWS = (1, 2, 4, 8, 16)
 THOR_GBPS = 273.0
 # (name, N, K): the Linear shapes one decode step reads most of
@@ -122,6 +129,101 @@ def thor_rows(fraction: float) -> list[dict]:
     return out
 
 
+# the slices' layouts: the full models' shapes with 4 layers (3 GDN : 1 attention), or tiny
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 384,
+        "linear_key_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_value_head_dim": 16, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2}
+
+
+def slice_model(raw: dict, weights: str, dtype: torch.dtype, device: str):
+    """A TargetModel of `raw` with random weights (std 0.02), its Linears as `weights`
+    loads them (nvfp4: quantized from the random bf16 weights), built in place on the
+    device: no checkpoint is written."""
+    from flash_planner.engine.config import ModelConfig
+    from flash_planner.engine.models.target import TargetModel
+    from flash_planner.engine.weights.load import plan_linears
+    from flash_planner.engine.weights.scheme import UNQUANTIZED
+
+    cfg = ModelConfig.from_hf_dict(raw)
+    with torch.device("meta"):
+        model = TargetModel(cfg)
+    planned = plan_linears(model, lambda ours: ours, UNQUANTIZED, weights, ValueError)
+    model = model.to_empty(device=device)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.to(dtype).normal_(0.0, 0.02)
+        for name, p in planned.items():
+            w = torch.randn(p.n, p.k, device=device, dtype=dtype) * 0.02
+            model.get_submodule(name).set_packed(p.layout.convert({"weight": w}, p.n, p.k))
+    return cfg, model.eval()
+
+
+def slice_rows(device: str, small: bool, bw: float, repeats: int) -> list[dict]:
+    from weight_bytes import QWEN3_6_27B, QWEN3_6_35B_A3B
+
+    from flash_planner.engine.weights.bytes import bytes_per_forward
+    from flash_planner.kernels import dispatch
+
+    if small:   # the torch references: interpreted kernels would take seconds a forward
+        dispatch.set_backend("auto")
+
+    dtype = torch.float32 if small else torch.bfloat16
+    four = {"num_hidden_layers": 4, **(TINY if small else {})}
+    slices = [("27B", dict(QWEN3_6_27B, **four), ("bf16", "nvfp4")),
+              ("35B-A3B", dict(QWEN3_6_35B_A3B, **four), ("bf16",))]
+    out = []
+    for name, raw, formats in slices:
+        for weights in formats:
+            cfg, model = slice_model(raw, weights, dtype, device)
+            top_k = cfg.moe.top_k if cfg.moe else None
+            blocks = (1, 16)
+            times = _time_slice(cfg, model, dtype, device, repeats, compiled=not small)
+            for rows in blocks:
+                nbytes = bytes_per_forward(model, None if top_k is None else
+                                           min(cfg.moe.num_experts, top_k * rows))
+                for forward, by_rows in times.items():
+                    ms = by_rows[rows]
+                    out.append({"slice": name, "weights": weights, "forward": forward,
+                                "rows": rows, "ms": ms, "gb_per_forward": nbytes / 1e9,
+                                "of_copy_bw": nbytes / (ms / 1000) / bw,
+                                "over_decode": ms / by_rows[1]})
+            del model
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return out
+
+
+def _time_slice(cfg, model, dtype: torch.dtype, device: str, repeats: int, compiled: bool
+                ) -> dict[str, dict[int, float]]:
+    """ms of a 1-row decode and a 16-row verify after a 64-token prompt: eager, and (when
+    `compiled`) through StaticForward's graphs; every forward commits one row."""
+    from flash_planner.engine.cache import InferenceState
+    from flash_planner.engine.models.compiled import StaticForward
+
+    context = 64
+    state = InferenceState(cfg, capacity=context + 4 * (repeats + 2) * 16, max_steps=16,
+                           kv_dtype=dtype, compute_dtype=dtype, device=torch.device(device))
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    model(torch.randint(0, cfg.vocab_size, (1, context), generator=gen).to(device), state)
+    state.commit(context)
+
+    def step(rows: int) -> None:
+        ids = torch.randint(0, cfg.vocab_size, (1, rows), generator=gen).to(device)
+        model(ids, state, record_steps=rows > 1, all_logits=rows > 1)
+        state.commit(1)                  # a verify keeps one row: its rollback runs too
+
+    times = {"eager": {t: timed_ms(lambda t=t: step(t), repeats) for t in (1, 16)}}
+    if compiled:
+        static = StaticForward(model, state, 16)
+        static.warm_up()
+        model.set_static(static)
+        times["graphs"] = {t: timed_ms(lambda t=t: step(t), repeats) for t in (1, 16)}
+        model.set_static(None)
+    return times
+
+
 def demo_rows(device: str, small: bool) -> list[dict]:
     """The demo through the planner service per (dtype, forward, method); see the module's
     docstring. --small: fp32 and bf16 eager, auto and none, 2 tasks, on the torch references
@@ -191,6 +293,15 @@ def print_tables(report: dict) -> None:
         for r in report["gemm"]:
             print(f"{r['shape']:<20}{r['format']:<8}{r['rows']:>5}{r['ms']:>10.4f}"
                   f"{r['weight_bytes'] / 1e6:>11.2f}{100 * r['of_copy_bw']:>11.1f}%")
+    if report.get("slices"):
+        print(f"engine slices, 4 layers ({'fp32' if report['small'] else 'bf16'} compute; "
+              f"verify = 16 rows with its rollback; GB read per forward, experts at top-k "
+              f"per row):\n{'slice':<9}{'weights':<8}{'forward':<8}{'rows':>5}{'ms':>9}"
+              f"{'GB':>8}{'of copy bw':>12}{'x decode':>10}")
+        for r in report["slices"]:
+            print(f"{r['slice']:<9}{r['weights']:<8}{r['forward']:<8}{r['rows']:>5}"
+                  f"{r['ms']:>9.3f}{r['gb_per_forward']:>8.3f}{100 * r['of_copy_bw']:>11.1f}%"
+                  f"{r['over_decode']:>10.2f}")
     if report.get("demo"):
         print(f"demo through the planner service (greedy; medians; plans equal to fp32 "
               f"eager's):\n{'dtype':<6}{'forward':<10}{'method':<8}{'TTFT ms':>9}{'tok/s':>8}"
@@ -240,6 +351,8 @@ def main(argv=None) -> int:
         one = [r["of_copy_bw"] for r in report["gemm"] if r["format"] == "nvfp4"
                and r["rows"] == 1]
         report["thor"] = thor_rows(max(one) if one else 0.0)
+    if "slices" in args.parts:
+        report["slices"] = slice_rows(device, args.small, bw, 3 if args.small else 20)
     if "demo" in args.parts:
         report["demo"] = demo_rows(device, args.small)
     report["wall_s"] = time.perf_counter() - t0
