@@ -10,7 +10,6 @@ loop-overhead benchmark at a fixed acceptance length). The checkpoint's own MTP 
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -32,10 +31,11 @@ class Proposer:
                                     # draft (auto's switching cost, kept out of its estimates)
     # How drafts are read off the proposer's logits [n, V] for positions position..+n-1:
     # None = argmax (greedy drafts); a sampled request sets its policy's `pick`, which
-    # draws them with the noise verification will use (sampling.py), so drafts agree more
-    picker: Callable[[torch.Tensor, int], torch.Tensor] | None = None
+    # draws them with the noise verification will use (sampling.py), so drafts agree more;
+    # its keyword `among` [n, C] takes logits over those token ids only (DFlash2's walk)
+    picker: Callable[..., torch.Tensor] | None = None
 
-    def set_picker(self, picker: Callable[[torch.Tensor, int], torch.Tensor] | None) -> None:
+    def set_picker(self, picker: Callable[..., torch.Tensor] | None) -> None:
         self.picker = picker
 
     def pick(self, logits: torch.Tensor, position: int) -> torch.Tensor:
@@ -140,14 +140,14 @@ class DFlashProposer(Proposer):
 
     def _walk(self, cand: torch.Tensor, scores: torch.Tensor, position: int) -> torch.Tensor:
         """The selector's path: greedy, or each step drawn by a sampled request's `pick`
-        from the pair scores as a row over the vocabulary (-inf off the candidates)."""
+        from the pair scores over that position's candidates (`among`: the draw over the
+        vocabulary with every other token out)."""
         if self.picker is None:
             return walk(cand, scores)
-        vocab = self.lm_head_weight.shape[0]
 
         def choose(row: torch.Tensor, t: int) -> torch.Tensor:
-            full = row.new_full((1, vocab), -math.inf).scatter(1, cand[t][None], row[None])
-            return (cand[t] == self.picker(full, position + t)).int().argmax()
+            token = self.picker(row[None], position + t, among=cand[t][None])
+            return (cand[t] == token).int().argmax()
 
         return walk(cand, scores, choose)
 

@@ -293,16 +293,23 @@ class SampledAcceptance(ThinkTracker):
         self._noise = (position, kept)
         return kept[:rows]
 
-    def pick(self, logits: torch.Tensor, position: int) -> torch.Tensor:
+    def pick(self, logits: torch.Tensor, position: int,
+             among: torch.Tensor | None = None) -> torch.Tensor:
         """Drafts from a proposer's logits [n, V] for positions position..+n-1: each the
         argmax of the proposer's processed log-probabilities plus the very noise its
         verification will use, so a proposer close to the target drafts what the target
         will pick (q processed with the current phase's settings, penalties left out: q only
-        sets how often drafts are kept, never which tokens are published)."""
+        sets how often drafts are kept, never which tokens are published). `among` [n, C]:
+        the logits [n, C] score only these token ids (every other one is out), as a
+        candidate selector's are; the draw is the one over the whole vocabulary with the
+        rest at -inf, without processing rows of the vocabulary's width."""
         params = self.sampling.thinking if self.thinking else self.sampling.answer
         q = process(logits, params)
-        return (torch.log(q) + self.noise(position, q.shape[0], q.shape[1], q.device)
-                ).argmax(dim=-1)
+        noise = self.noise(position, q.shape[0], self.vocab, q.device)
+        if among is None:
+            return (torch.log(q) + noise).argmax(dim=-1)
+        best = (torch.log(q) + noise.gather(1, among)).argmax(dim=-1, keepdim=True)
+        return among.gather(1, best)[:, 0]
 
     def decide(self, drafts: torch.Tensor, logits: torch.Tensor, position: int
                ) -> tuple[torch.Tensor | None, torch.Tensor]:

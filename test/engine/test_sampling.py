@@ -224,6 +224,21 @@ def test_speculative_sampling_gives_plain_samplings_distribution(spec_engine, me
     assert chi2_sf(stat, df) > ALPHA, (method, stat, counts, exact)
 
 
+def test_a_pick_among_candidates_is_the_pick_over_the_vocabulary_without_the_rest():
+    """DFlash2's walk draws over its candidates only (`among`): the same token as the draw
+    over the whole vocabulary with every other logit at -inf, for the same noise."""
+    params = SamplingParams(temperature=0.8, top_k=5, top_p=0.9)
+    vocab = 64
+    gen = torch.Generator().manual_seed(3)
+    for seed in range(20):
+        policy = SampledAcceptance(Sampling(params, params, seed), vocab, torch.device("cpu"))
+        among = torch.randperm(vocab, generator=gen)[:8][None]
+        scores = torch.randn(1, 8, generator=gen) * 2
+        full = torch.full((1, vocab), -math.inf).scatter(1, among, scores)
+        assert policy.pick(scores, 7 + seed, among=among).item() == \
+            policy.pick(full, 7 + seed).item()
+
+
 def test_dflash2_sampling_gives_plain_samplings_distribution(spec_engine, dflash2_engine):
     exact = exact_continuations(spec_engine, FLAT)
     counts = sample_continuations(dflash2_engine, FLAT, "dflash", N_SAMPLES)
