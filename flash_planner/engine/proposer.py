@@ -57,6 +57,9 @@ class Proposer:
         """Tokens just published (the prefill's first one, then each cycle's, the bonus
         token included): what the next cycle's anchor is, before it is committed."""
 
+    def forget(self) -> None:
+        """Drop what was measured so far (after a warm-up); `auto`'s routing estimates."""
+
     def prefix_state(self, prefix_ids: Sequence[int], taps: dict[int, torch.Tensor]
                      ) -> dict[str, object]:
         """State worth keeping in a prefix snapshot, by method, from the prefix's ids and its

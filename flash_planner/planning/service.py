@@ -26,93 +26,31 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..engine.auto_proposer import AutoProposer
 from ..engine.cache import ContextOverflowError
 from ..engine.chat import (
     TemplateError,
     TemplateVariableError,
-    check_reasoning_effort,
     check_template_vars,
     encode_chat_parts,
 )
 from ..engine.engine import Engine
 from ..engine.generate import CancelToken, GenerationSettings, generate
-from ..engine.grammar import MAX_STRING_TOKENS, JsonGrammarCompiler
+from ..engine.grammar import JsonGrammarCompiler
 from ..engine.sampling import Sampling, resolve_sampling
 from ..engine.speculative import NonFiniteLogits
 from .grounding import RequestWords
 from .parse import PlanError, PlanRefused, parse_plan
 from .plan_grammar import PlanGrammar, answer_schema
+from .planner_config import PlannerConfig
 from .prompt import build_messages
-from .remote import BACKENDS, RemoteConfig, RemoteError, RemotePlanner
-from .request import MAX_CONTEXT_CHARS, MAX_TASK_CHARS, PlanRequest, PlanResult, RequestError
+from .remote import RemoteError, RemotePlanner
+from .request import PlanRequest, PlanResult, RequestError
 from .skills import SkillCatalog
 from .steps import StepStream
 
 log = logging.getLogger(__name__)
-POLICIES = ("queue", "preempt", "reject")
-
-
 class UnknownRequestError(ValueError):
     """cancel() of an id that is neither queued nor running."""
-
-
-@dataclass(frozen=True)
-class PlannerConfig:
-    queue_depth: int = 4
-    policy: str = "queue"
-    max_task_chars: int = MAX_TASK_CHARS
-    max_context_chars: int = MAX_CONTEXT_CHARS
-    max_new_tokens: int = 512
-    enable_thinking: bool = True
-    # passed to chat templates that take it (Qwen3.8's: xhigh, medium, low) unless a request
-    # names its own; None: the template's default
-    reasoning_effort: str | None = None
-    deadline_s: float | None = None
-    speculative: bool = True
-    relaxed_thinking: bool = False
-    relaxed_topk: int = 3
-    relaxed_delta: float = 1.0
-    constrain: bool = True          # decode the answer under the catalog's plan grammar
-    # constrained: tokens kept for the answer; thinking is closed when it would eat into them
-    answer_reserve: int = 160
-    # constrained: the most tokens inside one string of the answer (a looping refusal reason
-    # or spoken text closes there and the answer stays valid: engine/grammar.BoundedStrings)
-    max_string_tokens: int = MAX_STRING_TOKENS
-    # the prompt names the refusal shape (prompt.REFUSAL_HINT); the CLI and the node take the
-    # model preset's choice (true but for the demo, which was trained without it)
-    refusal_hint: bool = False
-    # how requests sample unless they say: a mode (greedy | model | card) or a mapping
-    # (engine.sampling.resolve_sampling); "model" = the checkpoint's generation_config.json
-    sampling: Any = "greedy"
-    # where plans are made: local (this engine), remote (an OpenAI-compatible server,
-    # `remote`), remote_or_local (the remote, and this engine when it fails); with a
-    # deadline, remote_or_local leaves `remote_reserve_s` of it to the local engine
-    backend: str = "local"
-    remote: RemoteConfig | None = None
-    remote_reserve_s: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        for name in ("queue_depth", "max_task_chars", "max_context_chars", "max_new_tokens",
-                     "answer_reserve", "max_string_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.deadline_s is not None and self.deadline_s <= 0:
-            raise ValueError(f"deadline_s must be positive, got {self.deadline_s!r}")
-        check_reasoning_effort(self.reasoning_effort)
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.backend != "local" and self.remote is None:
-            raise ValueError(f"backend {self.backend!r} needs a remote (url and model)")
-        if self.remote_reserve_s < 0:
-            raise ValueError(f"remote_reserve_s must be >= 0, got {self.remote_reserve_s!r}")
-        base = resolve_sampling(self.sampling, Sampling(), None, "planner.sampling")
-        if self.relaxed_thinking and self.sampling != "model" and not base.greedy:
-            raise ValueError("planner.sampling samples, and relaxed thinking acceptance is "
-                             "defined for greedy decoding only: use one or the other")
 
 
 @dataclass(frozen=True)
@@ -223,24 +161,23 @@ class PlannerService:
         prefix cache and decode a short plan with each loaded proposer and with none, at
         least two whole blocks each, so the first request neither prefills the prefix nor
         pays any first call (a verify block's kernels and shapes, each proposer's own);
-        then `auto` forgets what it measured here (cold calls, a plan cut short) and
-        measures afresh on real requests. Returns ms."""
+        then the proposers forget what they measured here (`auto`: cold calls, a plan cut
+        short) and measure afresh on real requests. Returns ms."""
         t0 = time.perf_counter()
         # the requests' own effort, so that the cached prefix is theirs
         ids, prefix = self.prompt(WARM_UP_TASK, "", self.config.enable_thinking,
                                   reasoning_effort=self.config.reasoning_effort)
         # within the context: a prompt that does not fit is every request's error to report
-        engine = self.engine.config
-        tokens = min(2 * engine.max_block, engine.max_context - len(ids) - 1)
+        cfg = self.engine.config
+        tokens = min(2 * cfg.max_block, cfg.max_context - len(ids) - 1)
         if tokens < 1:
             return (time.perf_counter() - t0) * 1000.0
         for method in [*(m for m in self.engine.proposers if m != "auto"), "none"]:
             generate(self.engine, ids, GenerationSettings(max_new_tokens=tokens,
                                                           ignore_eos=True, method=method),
                      prefix=prefix)
-        auto = self.engine.proposers.get("auto")
-        if isinstance(auto, AutoProposer):
-            auto.forget()
+        for proposer in self.engine.proposers.values():
+            proposer.forget()
         return (time.perf_counter() - t0) * 1000.0
 
     def prompt(self, task: str, context: str, thinking: bool, scene=(),
