@@ -36,26 +36,31 @@ from flash_planner.train.tokenizer import load_tokenizer
 TRAIN_EXAMPLES = 30000
 
 
-def trained_drafter(out: Path, steps: int, seed: int, threads: int, catalog,
-                    control: bool = False) -> Path:
+def trained_drafters(out: Path, steps: int, seed: int, threads: int, catalog
+                     ) -> dict[bool, Path]:
+    """control -> the drafter trained with those settings, trained now unless kept under
+    `out`; the corpus is encoded once, and only when something is trained."""
     spec = SelectorSpec()
-    key = out / (f"control-steps{steps}-seed{seed}" if control else
-                 f"steps{steps}-seed{seed}-r{spec.selector_rank}-k{spec.selector_top_k}")
-    if (key / "model.safetensors").is_file():
-        print(f"[dflash2] reusing {key}", flush=True)
-        return key
+    keys = {False: out / f"steps{steps}-seed{seed}-r{spec.selector_rank}-k{spec.selector_top_k}",
+            True: out / f"control-steps{steps}-seed{seed}"}
     target_dir = asset_path("@assets/demo/target")
-    tok = load_tokenizer(target_dir)
-    train, _ = make_corpus(seed, n_train=TRAIN_EXAMPLES, n_heldout=0)
-    data = [encode(ex, tok, catalog) for ex in train]
-    t0 = time.perf_counter()
-    train_dflash2(data, target_dir, asset_path("@assets/demo/drafter"), tok.pad_token_id, key,
-                  spec, TrainSettings(steps=steps, batch_size=16, lr=1e-3, seed=seed,
-                                      threads=threads),
-                  log=lambda msg: print(msg, flush=True), control=control)
-    print(f"[dflash2] trained in {(time.perf_counter() - t0) / 60:.1f} min -> {key}",
-          flush=True)
-    return key
+    data = tok = None
+    for control, key in keys.items():
+        if (key / "model.safetensors").is_file():
+            print(f"[dflash2] reusing {key}", flush=True)
+            continue
+        if data is None:
+            tok = load_tokenizer(target_dir)
+            train, _ = make_corpus(seed, n_train=TRAIN_EXAMPLES, n_heldout=0)
+            data = [encode(ex, tok, catalog) for ex in train]
+        t0 = time.perf_counter()
+        train_dflash2(data, target_dir, asset_path("@assets/demo/drafter"), tok.pad_token_id,
+                      key, spec, TrainSettings(steps=steps, batch_size=16, lr=1e-3, seed=seed,
+                                               threads=threads),
+                      log=lambda msg: print(msg, flush=True), control=control)
+        print(f"[dflash2] trained in {(time.perf_counter() - t0) / 60:.1f} min -> {key}",
+              flush=True)
+    return keys
 
 
 def main(argv=None) -> int:
@@ -74,11 +79,11 @@ def main(argv=None) -> int:
     catalog = SkillCatalog.from_yaml(default_skills_path())
     preset = ModelPreset.load("demo")
     shipped = Engine.load(preset.engine_config(device="cpu", dtype="fp32"))
-    trained = {}
-    for control in (False, True):
-        path = trained_drafter(args.out, args.steps, args.seed, args.threads, catalog, control)
-        trained[control] = Engine.load(preset.engine_config(
-            device="cpu", dtype="fp32", drafter_path=str(path), method="dflash"))
+    trained = {control: Engine.load(preset.engine_config(device="cpu", dtype="fp32",
+                                                         drafter_path=str(path),
+                                                         method="dflash"))
+               for control, path in trained_drafters(args.out, args.steps, args.seed,
+                                                     args.threads, catalog).items()}
     close = shipped.tokenizer.convert_tokens_to_ids("</think>")
     heldout = make_corpus(0, n_train=0)[1][:args.n]
     plans = [plan_prompt(ex, catalog) for ex in heldout]
