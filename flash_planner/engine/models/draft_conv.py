@@ -22,10 +22,7 @@ SIDES = 2   # before the sublayer (0), after it (1)
 
 class GroupedDynamicConv(nn.Module):
     def __init__(self, hidden: int, kernel: int, group: int):
-        super().__init__()
-        if kernel < 1 or group < 1 or hidden % group:
-            raise ValueError(f"conv_kernel_size {kernel} and conv_group_size {group} need "
-                             f"kernel >= 1 and a group size dividing hidden_size {hidden}")
+        super().__init__()        # sizes checked with the config (DraftConfig.check_target)
         self.kernel, self.group, self.groups = kernel, group, hidden // group
         self.base_kernel = nn.Parameter(torch.empty(SIDES, kernel, hidden))
         self.kernel_projection = nn.Linear(hidden, SIDES * kernel * self.groups, bias=False)

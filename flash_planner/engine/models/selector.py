@@ -24,10 +24,7 @@ from torch import nn
 
 class CandidateSelector(nn.Module):
     def __init__(self, hidden: int, vocab: int, rank: int, top_k: int):
-        super().__init__()
-        if not 1 <= top_k <= vocab or rank < 1:
-            raise ValueError(f"selector_top_k {top_k} must lie in 1..vocab_size {vocab} and "
-                             f"selector_rank {rank} be >= 1")
+        super().__init__()        # sizes checked with the config (DraftConfig.check_target)
         self.top_k = top_k
         self.hidden_projection = nn.Linear(hidden, rank, bias=False)
         self.predecessor_codebook = nn.Parameter(torch.empty(vocab, rank))
