@@ -267,19 +267,9 @@ def test_plan_usage_errors_exit_2(hybrid_dir, capsys, args, match):
 def test_plan_reasoning_effort_reaches_a_chat_template_that_takes_it(tmp_path, capsys):
     """--reasoning-effort renders into the prompt of a model whose template takes it (ours
     here, shaped as Qwen3.8's is described); one it refuses exits 2 with its message."""
-    from transformers import AutoTokenizer
+    from effort_model import write_effort_checkpoint
 
-    from flash_planner.train.tiny import write_tiny_checkpoint
-    from flash_planner.train.tokenizer import CHAT_TEMPLATE
-
-    path = write_tiny_checkpoint(tmp_path / "effort", kind="hybrid", layers=2)
-    tok = AutoTokenizer.from_pretrained(str(path))
-    tok.chat_template = (
-        "{% if reasoning_effort is defined and reasoning_effort not in ['xhigh', 'medium', "
-        "'low'] %}{{ raise_exception('Unexpected reasoning effort ' ~ reasoning_effort) }}"
-        "{% endif %}{% if reasoning_effort is defined %}<|im_start|>system\nEffort: "
-        "{{ reasoning_effort }}<|im_end|>\n{% endif %}" + CHAT_TEMPLATE)
-    tok.save_pretrained(str(path))
+    path = write_effort_checkpoint(tmp_path / "effort")
     base = ["plan", "open the fridge", "--model", str(path), "--json", "--max-new-tokens", "4",
             "--no-constrain"]
     assert main(base) == 1

@@ -47,40 +47,51 @@ def _rope(x, pos, theta):
     return out
 
 
-def slow_drafts(w, raw, embed, lm_head, taps, ctx_pos, anchor, start):
+def slow_attention(w, p, raw, feats, ctx_pos, h, q_pos, visible):
+    """A draft layer's attention written out (weights `w`, layer prefix `p`): per head, keys
+    and values of the context features and then of the block rows h (k_norm, RoPE at their
+    positions), each block query over the keys at k_pos that visible(q_pos, k_pos) admits;
+    returns the o_proj output [B, hidden]."""
     heads, kv_heads, d = raw["num_attention_heads"], raw["num_key_value_heads"], raw["head_dim"]
     theta = raw["rope_parameters"]["rope_theta"]
+    block = h.shape[0]
+    out = torch.zeros(block, heads * d)
+    for hi in range(heads):
+        kv = hi // (heads // kv_heads)
+        sl_q, sl_k = slice(hi * d, (hi + 1) * d), slice(kv * d, (kv + 1) * d)
+        wq, wk, wv = (w[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
+        keys, vals, k_pos = [], [], []
+        for rows, positions in ((feats, ctx_pos), (h, q_pos)):
+            for r, pos in zip(rows, positions):
+                k = _rms(r @ wk[sl_k].T, w[p + "self_attn.k_norm.weight"])
+                keys.append(_rope(k, pos, theta))
+                vals.append(r @ wv[sl_k].T)
+                k_pos.append(pos)
+        for qi in range(block):
+            q = _rope(_rms(h[qi] @ wq[sl_q].T, w[p + "self_attn.q_norm.weight"]),
+                      q_pos[qi], theta)
+            scores = [q @ k / math.sqrt(d) if visible(q_pos[qi], kp) else
+                      torch.tensor(-math.inf) for k, kp in zip(keys, k_pos)]
+            prob = torch.softmax(torch.stack(scores), 0)
+            out[qi, sl_q] = sum(pr * v for pr, v in zip(prob, vals))
+    return out @ w[p + "self_attn.o_proj.weight"].T
+
+
+def slow_drafts(w, raw, embed, lm_head, taps, ctx_pos, anchor, start):
     block = raw["dflash_config"]["block_size"]
     mask_id = raw["dflash_config"]["mask_token_id"]
+    window = raw["sliding_window"]
     feats = _rms(taps @ w["fc.weight"].T, w["hidden_norm.weight"])            # [C, H]
     x = embed[[anchor] + [mask_id] * (block - 1)]                              # [B, H]
     q_pos = list(range(start, start + block))
     for li, kind in enumerate(raw["layer_types"]):
         p = f"layers.{li}."
         h = _rms(x, w[p + "input_layernorm.weight"])
-        out = torch.zeros(block, heads * d)
-        for hi in range(heads):
-            kv = hi // (heads // kv_heads)
-            sl_q, sl_k = slice(hi * d, (hi + 1) * d), slice(kv * d, (kv + 1) * d)
-            wq, wk, wv = (w[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
-            keys, vals, k_pos = [], [], []
-            for rows, positions in ((feats, ctx_pos), (h, q_pos)):
-                for r, pos in zip(rows, positions):
-                    k = _rms(r @ wk[sl_k].T, w[p + "self_attn.k_norm.weight"])
-                    keys.append(_rope(k, pos, theta))
-                    vals.append(r @ wv[sl_k].T)
-                    k_pos.append(pos)
-            for qi in range(block):
-                q = _rope(_rms(h[qi] @ wq[sl_q].T, w[p + "self_attn.q_norm.weight"]),
-                          q_pos[qi], theta)
-                scores = []
-                for k, kp in zip(keys, k_pos):
-                    visible = kind == "full_attention" or (
-                        kp <= q_pos[qi] and q_pos[qi] - kp < raw["sliding_window"])
-                    scores.append(q @ k / math.sqrt(d) if visible else torch.tensor(-math.inf))
-                prob = torch.softmax(torch.stack(scores), 0)
-                out[qi, sl_q] = sum(pr * v for pr, v in zip(prob, vals))
-        x = x + out @ w[p + "self_attn.o_proj.weight"].T
+
+        def visible(qp, kp, kind=kind):
+            return kind == "full_attention" or (kp <= qp and qp - kp < window)
+
+        x = x + slow_attention(w, p, raw, feats, ctx_pos, h, q_pos, visible)
         m = _rms(x, w[p + "post_attention_layernorm.weight"])
         gate, up = m @ w[p + "mlp.gate_proj.weight"].T, m @ w[p + "mlp.up_proj.weight"].T
         x = x + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_dflash import _rms, slow_attention
 
 from flash_planner.engine.generate import GenerationSettings, generate, prefill
 from flash_planner.engine.models.dflash import DraftConfig, DrafterError
@@ -40,21 +40,6 @@ def engine(target, drafter_dir, make_engine):
 
 # ---- the reference: one position, one channel group, one candidate at a time -------------
 
-def _rms(x, w, eps=1e-6):
-    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
-
-
-def _rope(x, pos, theta):
-    half = x.shape[-1] // 2
-    out = torch.empty_like(x)
-    for j in range(half):
-        angle = pos * theta ** (-2 * j / x.shape[-1])
-        c, s = math.cos(angle), math.sin(angle)
-        out[j] = x[j] * c - x[j + half] * s
-        out[j + half] = x[j + half] * c + x[j] * s
-    return out
-
-
 def _conv(rows, base, proj_rows, side, kernel, group):
     """Side `side` of the grouped dynamic conv over block rows [T, H]: row i, tap t, channel
     c: (base[side, t, c] + delta of c's group) * rows[i - t, c], zero before the block."""
@@ -73,8 +58,6 @@ def _conv(rows, base, proj_rows, side, kernel, group):
 
 def reference_scores(w, raw, embed, lm_head, taps, ctx_pos, anchor, start):
     """(candidates [B-1, K], the drafter's logits [B-1, V], the pair-score function)."""
-    heads, kv_heads, d = raw["num_attention_heads"], raw["num_key_value_heads"], raw["head_dim"]
-    theta = raw["rope_parameters"]["rope_theta"]
     cfg = raw["dflash_config"]
     block, kernel, group = cfg["block_size"], cfg["conv_kernel_size"], cfg["conv_group_size"]
     feats = _rms(taps @ w["fc.weight"].T, w["hidden_norm.weight"])
@@ -90,27 +73,8 @@ def reference_scores(w, raw, embed, lm_head, taps, ctx_pos, anchor, start):
             return _conv(inner, base, deltas, 1, kernel, group)
 
         def attention(h, p=p):
-            out = torch.zeros(block, heads * d)
-            for hi in range(heads):
-                kv = hi // (heads // kv_heads)
-                sq, sk = slice(hi * d, (hi + 1) * d), slice(kv * d, (kv + 1) * d)
-                wq, wk, wv = (w[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
-                keys, vals, k_pos = [], [], []
-                for rows, positions in ((feats, ctx_pos), (h, q_pos)):
-                    for r, pos in zip(rows, positions):
-                        k = _rms(r @ wk[sk].T, w[p + "self_attn.k_norm.weight"])
-                        keys.append(_rope(k, pos, theta))
-                        vals.append(r @ wv[sk].T)
-                        k_pos.append(pos)
-                for qi in range(block):
-                    q = _rope(_rms(h[qi] @ wq[sq].T, w[p + "self_attn.q_norm.weight"]),
-                              q_pos[qi], theta)
-                    # bidirectional, the window on both sides: |q - k| < window
-                    scores = [q @ k / math.sqrt(d) if abs(q_pos[qi] - kp) < raw["sliding_window"]
-                              else torch.tensor(-math.inf) for k, kp in zip(keys, k_pos)]
-                    prob = torch.softmax(torch.stack(scores), 0)
-                    out[qi, sq] = sum(pr * v for pr, v in zip(prob, vals))
-            return out @ w[p + "self_attn.o_proj.weight"].T
+            return slow_attention(w, p, raw, feats, ctx_pos, h, q_pos,
+                                  lambda qp, kp: abs(qp - kp) < raw["sliding_window"])
 
         def mlp(m, p=p):
             gate, up = m @ w[p + "mlp.gate_proj.weight"].T, m @ w[p + "mlp.up_proj.weight"].T

@@ -234,19 +234,9 @@ def test_reasoning_effort_reaches_a_chat_template_that_takes_it(tmp_path):
     """A tiny model whose template takes reasoning_effort (as Qwen3.8's does; this one is
     ours): either form of the parameter renders into the prompt, and a value the template
     refuses is a 400 with the template's own message."""
-    from transformers import AutoTokenizer
+    from effort_model import write_effort_checkpoint
 
-    from flash_planner.train.tiny import write_tiny_checkpoint
-    from flash_planner.train.tokenizer import CHAT_TEMPLATE
-
-    path = write_tiny_checkpoint(tmp_path / "effort", kind="hybrid", layers=2)
-    tok = AutoTokenizer.from_pretrained(str(path))
-    tok.chat_template = (
-        "{% if reasoning_effort is defined and reasoning_effort not in ['xhigh', 'medium', "
-        "'low'] %}{{ raise_exception('Unexpected reasoning effort ' ~ reasoning_effort) }}"
-        "{% endif %}{% if reasoning_effort is defined %}<|im_start|>system\nEffort: "
-        "{{ reasoning_effort }}<|im_end|>\n{% endif %}" + CHAT_TEMPLATE)
-    tok.save_pretrained(str(path))
+    path = write_effort_checkpoint(tmp_path / "effort")
     server = Server("--model", str(path), "--served-model-name", "tiny", "--threads", "1")
     try:
         url = server.wait_ready().url + "/v1/chat/completions"
