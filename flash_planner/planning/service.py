@@ -162,8 +162,11 @@ class PlannerService:
         least two whole blocks each, so the first request neither prefills the prefix nor
         pays any first call (a verify block's kernels and shapes, each proposer's own);
         then the proposers forget what they measured here (`auto`: cold calls, a plan cut
-        short) and measure afresh on real requests. Returns ms."""
+        short) and measure afresh on real requests. Returns ms; a remote-only planner, whose
+        engine never decodes a request, skips it."""
         t0 = time.perf_counter()
+        if self.config.backend == "remote":
+            return 0.0
         # the requests' own effort, so that the cached prefix is theirs
         ids, prefix = self.prompt(WARM_UP_TASK, "", self.config.enable_thinking,
                                   reasoning_effort=self.config.reasoning_effort)

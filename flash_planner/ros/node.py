@@ -126,7 +126,7 @@ def planner_node_class():
                               else "no (eager forwards)")
             self._phase, self._load_error = "inactive", ""
             self.get_logger().info(f"loaded {self._planner.summary()}; warm-up (prefix "
-                                   f"prefill) {warm_ms:.0f} ms")
+                                   f"prefill, whole blocks per proposer) {warm_ms:.0f} ms")
 
         def on_activate(self, state):
             self._planner.start()

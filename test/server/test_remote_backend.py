@@ -165,6 +165,7 @@ def test_a_reasoning_effort_goes_to_the_remote_template(planner):
     stub = StubRemote("error")
     try:
         service = planner(stub.url, backend="remote", read_timeout_s=0.5)
+        assert service.warm_up() == 0.0     # its engine never decodes a request: no warm-up
         result, _ = _plan(service, reasoning_effort="low")
         assert not result.success and result.error.startswith("remote backend: ")
         kwargs = stub.requests[0]["chat_template_kwargs"]
