@@ -10,7 +10,11 @@ the cubin's resource usage. One row per kernel x specialization x target:
             limit on sm_90 and the one assumed for sm_110 (cc 10.x/11.x); Thor's SM has 228 KiB
   cubin     cubin size in bytes
   tensor    tensor-core instruction in the PTX: wgmma (sm_90), tcgen05 (sm_100/110),
-            mma (sync MMA, any target), or none for kernels without tl.dot
+            mma (sync MMA, any target), or none for kernels without tl.dot (and the skinny
+            GEMMs' FMA specializations, BLOCK_M < 16)
+  vector    the widest global load in bytes: ld.global.v4.b32 or a 16-byte cp.async is 16.
+            Arguments a spec declares `aligned` are compiled as divisible by 16, as Triton
+            specializes a launch whose pointers and sizes are; the others as unknown
 Run as `python -m flash_planner.kernels.report [--json]` (`make kernels-report`), without
 TRITON_INTERPRET (interpreted kernels cannot be compiled).
 """
@@ -22,6 +26,7 @@ import importlib
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -30,8 +35,9 @@ from pathlib import Path
 from .specs import Spec
 from .toolchain import ToolchainError, guarded
 
-MODULES = ("accept", "checkpoint_select", "fp8_gemm", "gdn_steps", "int4_gemm", "kv_append",
-           "moe_gemm", "nvfp4_gemm")
+MODULES = ("accept.kernel", "checkpoint_select.kernel", "fp8_gemm.kernel", "fp8_gemm.skinny",
+           "gdn_steps.kernel", "int4_gemm.kernel", "int4_gemm.skinny", "kv_append.kernel",
+           "moe_gemm.kernel", "nvfp4_gemm.kernel", "nvfp4_gemm.skinny")
 TARGETS = {"sm_90": 90, "sm_110": 110}
 SHARED_LIMIT = 227 * 1024  # bytes per block, sm_90; taken for sm_110 too (see the docstring)
 MAX_REGS = 255
@@ -39,7 +45,7 @@ TENSOR_OPS = ("tcgen05", "wgmma", "mma")  # the first found in the PTX names the
 
 
 def kernel_modules() -> list:
-    return [importlib.import_module(f"{__package__}.{name}.kernel") for name in MODULES]
+    return [importlib.import_module(f"{__package__}.{name}") for name in MODULES]
 
 
 def all_specs() -> list[Spec]:
@@ -48,9 +54,12 @@ def all_specs() -> list[Spec]:
 
 def uses_dot(spec: Spec) -> bool:
     """Whether the kernel is a matmul kernel: its source, or that of a @triton.jit helper it
-    calls (at any depth; the weight-only GEMMs share one dot helper), calls tl.dot."""
+    calls (at any depth; the weight-only GEMMs share one dot helper), calls tl.dot. A skinny
+    GEMM's BLOCK_M under 16 compiles its FMA path instead (split_k.dot_rows)."""
     from triton.runtime.jit import JITFunction
 
+    if spec.constexprs.get("BLOCK_M", 16) < 16:
+        return False
     todo, seen = [getattr(spec.kernel, "fn", spec.kernel)], set()
     while todo:
         fn = todo.pop()
@@ -97,13 +106,25 @@ def resource_usage(cubin: bytes) -> dict[str, int]:
     return {k.lower(): int(fields[k]) for k in ("REG", "STACK", "SHARED", "LOCAL")}
 
 
+def widest_load(ptx: str) -> int:
+    """Bytes of the widest global load in `ptx` (plain loads and cp.async copies)."""
+    widths = [int(v or 1) * int(bits) // 8 for v, bits in
+              re.findall(r"ld\.global(?:\.\w+)*?(?:\.v(\d))?\.[bfsu](\d+)\s", ptx)]
+    widths += [int(n, 0) for n in re.findall(r"cp\.async\.\w+\.shared\.global[^,]*,[^,]*,"
+                                             r"\s*(0x[0-9a-f]+|\d+)", ptx)]
+    return max(widths, default=0)
+
+
 def compile_row(spec: Spec, target: str) -> dict:
     """Compile one specialization for one target; the report's row."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    source = ASTSource(fn=spec.kernel, signature=spec.signature(), constexprs=spec.constexprs)
+    names = spec.kernel.arg_names
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in spec.aligned}
+    source = ASTSource(fn=spec.kernel, signature=spec.signature(), constexprs=spec.constexprs,
+                       attrs=attrs)
     compiled = guarded(triton.compile)(source, target=GPUTarget("cuda", TARGETS[target], 32),
                                        options={"num_warps": spec.num_warps,
                                                 "num_stages": spec.num_stages})
@@ -113,7 +134,7 @@ def compile_row(spec: Spec, target: str) -> dict:
             "per_cycle": spec.per_cycle, "matmul": uses_dot(spec),
             "warps": spec.num_warps, "regs": usage["reg"], "stack": usage["stack"],
             "local": usage["local"], "smem": usage["shared"] + compiled.metadata.shared,
-            "cubin": len(compiled.asm["cubin"]),
+            "cubin": len(compiled.asm["cubin"]), "vector": widest_load(ptx),
             "tensor": next((op for op in TENSOR_OPS if op in ptx), "none")}
 
 
@@ -122,12 +143,13 @@ def report() -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = (f"{'kernel':<20}{'specialization':<34}{'target':<8}{'warps':>5}{'regs':>6}"
-            f"{'stack':>6}{'local':>6}{'smem':>7}{'cubin':>8}  tensor")
+    head = (f"{'kernel':<20}{'specialization':<40}{'target':<8}{'warps':>5}{'regs':>6}"
+            f"{'stack':>6}{'local':>6}{'smem':>7}{'cubin':>8}{'vector':>7}  tensor")
     print(head)
     for r in rows:
-        print(f"{r['kernel']:<20}{r['spec']:<34}{r['target']:<8}{r['warps']:>5}{r['regs']:>6}"
-              f"{r['stack']:>6}{r['local']:>6}{r['smem']:>7}{r['cubin']:>8}  {r['tensor']}")
+        print(f"{r['kernel']:<20}{r['spec']:<40}{r['target']:<8}{r['warps']:>5}{r['regs']:>6}"
+              f"{r['stack']:>6}{r['local']:>6}{r['smem']:>7}{r['cubin']:>8}{r['vector']:>7}"
+              f"  {r['tensor']}")
 
 
 def main() -> None:

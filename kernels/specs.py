@@ -35,6 +35,8 @@ class Spec:
     num_stages: int = 3
     per_cycle: bool = True            # runs in every speculative cycle: must not spill
     shape_constexprs: tuple[str, ...] = ()  # derived from model shapes (differ per model)
+    aligned: tuple[str, ...] = ()     # arguments divisible by 16 at the declared shapes, as
+                                      # Triton specializes a launch (the report compiles so)
 
     @classmethod
     def from_meta(cls, kernel: Any, label: str, types: dict[str, str], meta: dict[str, Any],

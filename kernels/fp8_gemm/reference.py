@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from ..gate_up import swiglu
+
 
 def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, block_n: int,
                    block_k: int) -> torch.Tensor:
@@ -25,3 +27,10 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n
     """x [..., K] -> [..., N]."""
     w = dequantize_fp8(weight, scale, block_n, block_k)
     return (x.float() @ w.T).to(x.dtype)
+
+
+def fp8_gate_up(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int,
+                block_k: int) -> torch.Tensor:
+    """x [..., K] -> silu(x @ gate.T) * (x @ up.T) [..., I]; weight [2I, K]: gate rows, then
+    up rows (I a multiple of block_n)."""
+    return swiglu(x, dequantize_fp8(weight, scale, block_n, block_k))

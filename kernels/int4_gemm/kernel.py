@@ -9,8 +9,8 @@ columns of x as in the NVFP4 kernel.
 
 q - zero is an integer in [-15, 15], exact in bf16 and fp16, so the tensor-core products are
 exact; the group scale, constant over a K tile (group is a multiple of BLOCK_K), multiplies
-the partial sum, as the FP8 kernel's block scale does. The tile decode, `int4_tile`, is shared
-with the mixture-of-experts kernel (kernels/moe_gemm).
+the partial sum, as the FP8 kernel's block scale does. The tile decode, `int4_tile`, lives in
+kernels/weight_tiles.py. Up to 16 rows the launcher hands over to skinny.py's split-K kernel.
 """
 
 from __future__ import annotations
@@ -19,32 +19,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..fp8_gemm.kernel import (
-    BLOCK_N,
-    check_operand,
-    dot_xwt,
-    flatten_rows,
-    gemm_meta,
-    int32_sizes,
-)
+from ..fp8_gemm.kernel import BLOCK_N, gemm_meta
+from ..gemm_configs import MAX_ROWS
 from ..specs import Spec, launch
+from ..weight_tiles import check_operand, dot_xwt, flatten_rows, int4_tile, int32_sizes
+from .skinny import int4_rows
 
 BLOCK_K = 32      # K elements per step: 16 bytes of each packed row; groups of 32 and up
-
-
-@triton.jit
-def int4_tile(packed, p_off, scale, zero, g_rows, mn, even, k0, group, BLOCK_K: tl.constexpr):
-    """The weight tile at K offset k0: q - zero of its even-k and odd-k columns in float32,
-    [BN, BK / 2] each, and the group scale [BN] of each row. p_off holds each row's offset in
-    `packed` [BN, 1], g_rows in `scale` and `zero` [BN]; mn masks rows, even the bytes."""
-    HALF: tl.constexpr = BLOCK_K // 2
-    rj = tl.arange(0, HALF)
-    byte = tl.load(packed + k0 // 2 + p_off + rj[None, :],
-                   mask=mn[:, None] & even[None, :], other=0)        # [BN, HALF]
-    g = k0 // group
-    s = tl.load(scale + g_rows + g, mask=mn, other=0.0)               # [BN]
-    z = tl.load(zero + g_rows + g, mask=mn, other=0).to(tl.float32)
-    return (byte & 0xF).to(tl.float32) - z[:, None], (byte >> 4).to(tl.float32) - z[:, None], s
 
 
 @triton.jit
@@ -76,49 +57,87 @@ def _int4_gemm_kernel(x, packed, scale, zero, out, M, N, K, stride_xm, packed_co
     tl.store(dst, acc.to(out.dtype.element_ty), mask=mm[:, None] & mn[None, :])
 
 
+def _operands(op: str, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+              zero: torch.Tensor, group: int, halves: int) -> torch.Tensor:
+    """x's rows [M, K], once every operand is checked (`halves` weights stacked)."""
+    rows = flatten_rows(op, x)
+    k = rows.shape[1]
+    if group < 1 or group % BLOCK_K:
+        raise ValueError(f"{op}: group must be a multiple of {BLOCK_K} (the kernel's K "
+                         f"tile), got {group}")
+    if packed.dim() != 2 or packed.shape[0] % halves:
+        what = "[2 I, ceil(K / 2)] (gate rows, then up rows)" if halves == 2 else \
+            "[N, ceil(K / 2)]"
+        raise ValueError(f"{op}: packed must be uint8 {what}, got {tuple(packed.shape)}")
+    n = packed.shape[0]
+    groups = triton.cdiv(k, group)
+    check_operand(op, "packed", packed, torch.uint8, (n, triton.cdiv(k, 2)), x.device)
+    check_operand(op, "scale", scale, torch.float32, (n, groups), x.device)
+    check_operand(op, "zero", zero, torch.uint8, (n, groups), x.device)
+    int32_sizes(op, rows, packed, n)
+    return rows
+
+
+def _tiled(rows: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+           group: int, fp32_out: bool = False) -> torch.Tensor:
+    """The tiled kernel; fp32_out: sums stored unrounded (the fused projection's prefill
+    applies its activation to them)."""
+    m, k = rows.shape
+    n = packed.shape[0]
+    out = torch.empty(m, n, dtype=torch.float32 if fp32_out else rows.dtype,
+                      device=rows.device)
+    options = meta(m)
+    args = dict(x=rows, packed=packed, scale=scale, zero=zero, out=out, M=m, N=n, K=k,
+                stride_xm=rows.stride(0), packed_cols=packed.shape[1], group=group,
+                groups=scale.shape[1])
+    grid = (triton.cdiv(m, options["BLOCK_M"]), triton.cdiv(n, BLOCK_N))
+    launch(_int4_gemm_kernel, grid, args, options)
+    return out
+
+
 def int4_gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
               group: int) -> torch.Tensor:
     """Same contract as the reference: x [..., K] -> [..., N]."""
-    rows = flatten_rows("int4_gemm", x)
-    k = rows.shape[1]
-    if group < 1 or group % BLOCK_K:
-        raise ValueError(f"int4_gemm: group must be a multiple of {BLOCK_K} (the kernel's K "
-                         f"tile), got {group}")
-    if packed.dim() != 2:
-        raise ValueError(f"int4_gemm: packed must be uint8 [N, ceil(K / 2)], got "
-                         f"{tuple(packed.shape)}")
-    n = packed.shape[0]
-    groups = triton.cdiv(k, group)
-    check_operand("int4_gemm", "packed", packed, torch.uint8, (n, triton.cdiv(k, 2)), x.device)
-    check_operand("int4_gemm", "scale", scale, torch.float32, (n, groups), x.device)
-    check_operand("int4_gemm", "zero", zero, torch.uint8, (n, groups), x.device)
-    int32_sizes("int4_gemm", rows, packed, n)
-    m = rows.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m * n:
-        options = meta(m)
-        args = dict(x=rows, packed=packed, scale=scale, zero=zero, out=out, M=m, N=n, K=k,
-                    stride_xm=rows.stride(0), packed_cols=packed.shape[1], group=group,
-                    groups=groups)
-        grid = (triton.cdiv(m, options["BLOCK_M"]), triton.cdiv(n, BLOCK_N))
-        launch(_int4_gemm_kernel, grid, args, options)
-    return out.reshape(*x.shape[:-1], n)
+    rows = _operands("int4_gemm", x, packed, scale, zero, group, 1)
+    m, n = rows.shape[0], packed.shape[0]
+    if m * n == 0:
+        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    elif m <= MAX_ROWS:
+        y = int4_rows(rows, packed, scale, zero, group)
+    else:
+        y = _tiled(rows, packed, scale, zero, group)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def int4_gate_up(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+                 zero: torch.Tensor, group: int) -> torch.Tensor:
+    """Same contract as the reference: x [..., K] -> silu(x @ gate.T) * (x @ up.T) [..., I]."""
+    rows = _operands("int4_gate_up", x, packed, scale, zero, group, 2)
+    m, i = rows.shape[0], packed.shape[0] // 2
+    if m * i == 0:
+        y = torch.empty(m, i, dtype=x.dtype, device=x.device)
+    elif m <= MAX_ROWS:
+        y = int4_rows(rows, packed, scale, zero, group, gated=True)
+    else:  # prefill: the tiled kernel over both halves, then the activation
+        both = _tiled(rows, packed, scale, zero, group, fp32_out=True)
+        y = (torch.nn.functional.silu(both[:, :i]) * both[:, i:]).to(x.dtype)
+    return y.reshape(*x.shape[:-1], i)
 
 
 def meta(m: int) -> dict:
     return gemm_meta(m, BLOCK_K)
 
 
-def _spec(model: str, act: str, m: int) -> Spec:
-    types = {"x": act, "packed": "*u8", "scale": "*fp32", "zero": "*u8", "out": act,
+def _spec(model: str, act: str, out: str = "") -> Spec:
+    types = {"x": act, "packed": "*u8", "scale": "*fp32", "zero": "*u8", "out": out or act,
              **dict.fromkeys(("M", "N", "K", "stride_xm", "packed_cols", "group", "groups"),
                              "i32")}
-    label = f"int4 {model} {act[1:]} M{'<=16' if m <= 16 else '>16'}"
-    return Spec.from_meta(_int4_gemm_kernel, label, types, meta(m))
+    label = f"int4 {model} {act[1:]} M>16{' -> fp32' if out else ''}"
+    return Spec.from_meta(_int4_gemm_kernel, label, types, meta(64))
 
 
 # Qwen3.6-27B layers in W4A16 (AWQ / GPTQ / compressed-tensors repacked; K 5120 to 17408,
 # group 128) with bf16 activations on Thor; the demo (hidden 192, MLP 512) in fp32. A spec per
-# activation dtype and row tile.
-SPECS = tuple(_spec(model, act, m) for model, act in (("27B", "*bf16"), ("demo", "*fp32"))
-              for m in (16, 64))
+# activation dtype, for prefill chunks (M > 16; up to 16 rows run skinny.py's kernel).
+# The fused gate/up projection's prefill keeps the 27B's bf16 sums in fp32 (-> fp32).
+SPECS = (_spec("27B", "*bf16"), _spec("demo", "*fp32"), _spec("27B", "*bf16", "*fp32"))

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from ..gate_up import swiglu
+
 
 def unpack_int4(packed: torch.Tensor, k: int) -> torch.Tensor:
     """uint8 [N, ceil(K / 2)] -> uint8 [N, K], low nibble first."""
@@ -31,3 +33,10 @@ def int4_gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: 
     """x [..., K] -> [..., N]."""
     w = dequantize_int4(packed, scale, zero, group, x.shape[-1])
     return (x.float() @ w.T).to(x.dtype)
+
+
+def int4_gate_up(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+                 zero: torch.Tensor, group: int) -> torch.Tensor:
+    """x [..., K] -> silu(x @ gate.T) * (x @ up.T) [..., I]; packed, scale and zero: gate
+    rows, then up rows."""
+    return swiglu(x, dequantize_int4(packed, scale, zero, group, x.shape[-1]))

@@ -8,11 +8,12 @@ Grid (M tiles, N tiles, E). Program (i, n, e) loads the [BLOCK_M, k] ids of its 
 at once when none chose expert e: most programs at decode and verify sizes (a row chooses 8 of
 Qwen3.6-35B-A3B's 256 experts). Otherwise each row that chose e finds its slot j, loads
 x[m, j or 0] (the other rows read as 0), and the program walks K decoding each
-[BLOCK_N, BLOCK_K] weight tile of expert e once for all those rows, with the 2-D kernels' own
-tile decoders (`fp8_tile`, `nvfp4_tile`, `int4_tile`) and `dot_xwt`, and stores y[m, j, n]
-for those rows only: a chosen expert's weights are read once per block of rows, whatever the
-number of rows that chose it. Tiles are the 2-D GEMMs' (`gemm_meta`): 16 rows up to M = 16,
-64 for prefill chunks (NVFP4 steps K by 32 here: NVFP4_BLOCK_K).
+[BLOCK_N, BLOCK_K] weight tile of expert e once for all those rows, with the 2-D kernels'
+tile decoders (kernels/weight_tiles.py: `fp8_tile`, `nvfp4_tile`, `int4_tile`) and
+`dot_xwt`, and stores y[m, j, n] for those rows only: a chosen expert's weights are read
+once per block of rows, whatever the number of rows that chose it. Tiles are the tiled 2-D
+GEMMs' (`gemm_meta`): 16 rows up to M = 16, 64 for prefill chunks (NVFP4 steps K by 32
+here: NVFP4_BLOCK_K).
 
 No host sync: the grid covers all E experts (a compacted list of the chosen ones would need
 its length on the host) and the idle programs cost one ids tile each. The launcher checks the
@@ -36,18 +37,10 @@ import triton
 import triton.language as tl
 
 from ..fp8_gemm.kernel import BLOCK_K as FP8_BLOCK_K
-from ..fp8_gemm.kernel import (
-    BLOCK_N,
-    INTERPRETED,
-    check_operand,
-    dot_xwt,
-    fp8_tile,
-    gemm_meta,
-)
+from ..fp8_gemm.kernel import BLOCK_N, gemm_meta
 from ..int4_gemm.kernel import BLOCK_K as INT4_BLOCK_K
-from ..int4_gemm.kernel import int4_tile
-from ..nvfp4_gemm.kernel import nvfp4_tile
 from ..specs import Spec, launch
+from ..weight_tiles import INTERPRETED, check_operand, dot_xwt, fp8_tile, int4_tile, nvfp4_tile
 from .reference import check_float, check_fp8, check_int4, check_nvfp4
 
 FLOAT_BLOCK_K = 32
@@ -165,7 +158,8 @@ def _moe_nvfp4_kernel(x, topk_ids, packed, scale, global_scale, out, M, N, K, to
     rj = tl.arange(0, HALF)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        w_even, w_odd = nvfp4_tile(packed, p_off, scale, s_off, mn, k0, K, BLOCK_N, BLOCK_K)
+        w_even, w_odd = nvfp4_tile(packed, p_off, scale, s_off, mn, k0, K, BLOCK_N, BLOCK_K,
+                                   False)
         xk = x + k0 + x_off + 2 * rj[None, :]                         # x at k0 + 2j
         xm = chosen[:, None] & (rj < (K - k0) // 2)[None, :]
         acc += dot_xwt(tl.load(xk, mask=xm, other=0.0), w_even)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from ..gate_up import swiglu
+
 GROUP = 16
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
@@ -35,3 +37,14 @@ def nvfp4_gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     """x [..., K] -> [..., N]."""
     w = dequantize_nvfp4(packed, scale, global_scale)
     return (x.float() @ w.T).to(x.dtype)
+
+
+def nvfp4_gate_up(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+                  global_scale: torch.Tensor) -> torch.Tensor:
+    """x [..., K] -> silu(x @ gate.T) * (x @ up.T) [..., I]; packed [2I, K / 2]: gate rows,
+    then up rows; global_scale [2]: gate's, then up's."""
+    i = packed.shape[0] // 2
+    gs = global_scale.reshape(-1)
+    w = torch.cat((dequantize_nvfp4(packed[:i], scale[:i], gs[0]),
+                   dequantize_nvfp4(packed[i:], scale[i:], gs[1])))
+    return swiglu(x, w)

@@ -32,7 +32,7 @@ def _jit_functions(module) -> dict[str, object]:
 
 @pytest.mark.parametrize("name", MODULES)
 def test_every_jit_kernel_declares_specs_and_every_helper_is_used(name):
-    module = importlib.import_module(f"flash_planner.kernels.{name}.kernel")
+    module = importlib.import_module(f"flash_planner.kernels.{name}")
     jit = _jit_functions(module)
     kernels = {n for n in jit if n.endswith("_kernel")}
     assert kernels, f"{name}: no @triton.jit kernel found"
@@ -52,6 +52,7 @@ CONFIGS = [("fp32", "fp32"), ("fp32", "fp8"), ("bf16", "bf16"), ("bf16", "fp8")]
 # targets, neither of which this dense-MLP hybrid run loads; test_weight_gemm.py and
 # test_moe_gemm.py check that their launches are declared specs.
 QUANTIZED_ONLY = {"_fp8_gemm_kernel", "_int4_gemm_kernel", "_nvfp4_gemm_kernel",
+                  "_fp8_rows_kernel", "_int4_rows_kernel", "_nvfp4_rows_kernel",
                   "_moe_gemm_kernel", "_moe_fp8_kernel", "_moe_nvfp4_kernel", "_moe_int4_kernel"}
 
 

@@ -1,0 +1,220 @@
+"""The skinny weight-only GEMMs (M <= 16, split along K) and the fused gate/up projection.
+
+Every configuration path runs against the formats' references: the FMA path (1, 2, 4 rows)
+and the tensor-core path (16), K whole in one program or split over 2-4 programs that meet
+through the tile counters, K a multiple of the step (unmasked rows) or not, an N off the
+tiles; the gated kernels against `*_gate_up` references; the launchers' choice for 1-16 rows
+and the prefill path of the fused projection. The counted configurations are checked for
+what the kernels need of them, and the measured table is read back.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+import torch
+from test_weight_gemm import _close, _on, fp8_args, int4_args, nvfp4_args
+
+from flash_planner.kernels import dispatch, gemm_configs
+from flash_planner.kernels.fp8_gemm import kernel as fp8_k
+from flash_planner.kernels.fp8_gemm import reference as fp8_r
+from flash_planner.kernels.fp8_gemm.skinny import fp8_rows
+from flash_planner.kernels.gemm_configs import RowsConfig
+from flash_planner.kernels.int4_gemm import kernel as int4_k
+from flash_planner.kernels.int4_gemm import reference as int4_r
+from flash_planner.kernels.int4_gemm.skinny import int4_rows
+from flash_planner.kernels.nvfp4_gemm import kernel as nvfp4_k
+from flash_planner.kernels.nvfp4_gemm import reference as nvfp4_r
+from flash_planner.kernels.nvfp4_gemm.skinny import nvfp4_rows
+from flash_planner.kernels.split_k import counters
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ROWS = {"fp8": fp8_rows, "nvfp4": nvfp4_rows, "int4": int4_rows}
+GEMM = {"fp8": (fp8_k.fp8_gemm, fp8_r.fp8_gemm), "nvfp4": (nvfp4_k.nvfp4_gemm, nvfp4_r.nvfp4_gemm),
+        "int4": (int4_k.int4_gemm, int4_r.int4_gemm)}
+GATE_UP = {"fp8": (fp8_k.fp8_gate_up, fp8_r.fp8_gate_up),
+           "nvfp4": (nvfp4_k.nvfp4_gate_up, nvfp4_r.nvfp4_gate_up),
+           "int4": (int4_k.int4_gate_up, int4_r.int4_gate_up)}
+# name -> (format, K, weight arguments from a generator, rows of the weight)
+SHAPES = {
+    "fp8-even": ("fp8", 512, lambda g, n: fp8_args(n, 512, 8, 128, g)),
+    "fp8-ragged": ("fp8", 300, lambda g, n: fp8_args(n, 300, 8, 128, g)),
+    "nvfp4-even": ("nvfp4", 512, lambda g, n: nvfp4_args(n, 512, g)),
+    "nvfp4-ragged": ("nvfp4", 272, lambda g, n: nvfp4_args(n, 272, g)),
+    "int4-even": ("int4", 512, lambda g, n: int4_args(n, 512, 128, g)),
+    "int4-odd": ("int4", 301, lambda g, n: int4_args(n, 301, 64, g)),
+}
+# (rows, BLOCK_M, BLOCK_N, K step in values, split): FMA and tensor-core paths, whole and split
+CONFIGS = [(1, 1, 32, 64, 1), (2, 2, 16, 64, 3), (3, 4, 32, 64, 4), (16, 16, 32, 64, 1),
+           (9, 16, 16, 64, 2), (16, 16, 64, 32, 4)]
+
+
+def _gated_args(fmt, make, gen, i):
+    """Weight arguments of a fused [2I, K] projection: nvfp4 with a global scale per half."""
+    args = list(make(gen, 2 * i))
+    if fmt == "nvfp4":
+        args[2] = torch.tensor([0.0173, 0.0311])
+    return args
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "M{}-BM{}-BN{}-BK{}-S{}".format(*c))
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_path_matches_the_reference(shape, config, dtype):
+    fmt, k, make = SHAPES[shape]
+    m, *tiles = config
+    gen = torch.Generator().manual_seed(m)
+    args = _on(DEVICE, make(gen, 45))
+    x = torch.randn(m, k, generator=gen).to(dtype).to(DEVICE)
+    out = ROWS[fmt](x, *args, config=RowsConfig(*tiles))
+    _close(out, GEMM[fmt][1](x, *args))
+    assert int(counters(x.device).abs().sum()) == 0        # every split tile reset its counter
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[2], CONFIGS[4]],
+                         ids=lambda c: "M{}-BM{}-BN{}-BK{}-S{}".format(*c))
+@pytest.mark.parametrize("shape", ["fp8-even", "nvfp4-ragged", "int4-odd"])
+def test_gated_paths_match_the_reference(shape, config, dtype):
+    fmt, k, make = SHAPES[shape]
+    m, *tiles = config
+    gen = torch.Generator().manual_seed(m)
+    args = _on(DEVICE, _gated_args(fmt, make, gen, 24))
+    x = torch.randn(m, k, generator=gen).to(dtype).to(DEVICE)
+    out = ROWS[fmt](x, *args, gated=True, config=RowsConfig(*tiles))
+    assert out.shape == (m, 24)
+    _close(out, GATE_UP[fmt][1](x, *args))
+    assert int(counters(x.device).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 37], ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("fmt", GATE_UP)
+def test_gate_up_launcher_matches_the_reference(fmt, m):
+    """The public launcher: the skinny kernel's own choice up to 16 rows, the tiled kernel
+    and the activation beside it for a prefill chunk."""
+    shape = {"fp8": "fp8-even", "nvfp4": "nvfp4-even", "int4": "int4-odd"}[fmt]
+    _, k, make = SHAPES[shape]
+    gen = torch.Generator().manual_seed(m)
+    args = _on(DEVICE, _gated_args(fmt, make, gen, 40))
+    x = torch.randn(2, m, k, generator=gen).to(torch.bfloat16).to(DEVICE)[:, :m]
+    kernel, reference = GATE_UP[fmt]
+    out = kernel(x, *args)
+    assert out.shape == (2, m, 40)
+    _close(out, reference(x, *args))
+    assert inspect.signature(kernel) == inspect.signature(reference)
+    assert list(inspect.signature(getattr(dispatch, f"{fmt}_gate_up")).parameters) == list(
+        inspect.signature(reference).parameters)
+
+
+def test_gate_up_is_the_two_projections_with_swiglu():
+    """The reference itself: silu of the gate rows' product times the up rows' product."""
+    gen = torch.Generator().manual_seed(3)
+    w, s, _, _ = fp8_args(32, 256, 8, 128, gen)
+    x = torch.randn(3, 256, generator=gen)
+    gate = fp8_r.fp8_gemm(x, w[:16], s[:2], 8, 128)
+    up = fp8_r.fp8_gemm(x, w[16:], s[2:], 8, 128)
+    want = torch.nn.functional.silu(gate) * up
+    torch.testing.assert_close(fp8_r.fp8_gate_up(x, w, s, 8, 128), want, rtol=1e-5, atol=1e-5)
+
+
+def _bad_gate_up():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 256)
+    w, s, _, _ = fp8_args(40, 256, 8, 128, gen)
+    p, e, _ = nvfp4_args(40, 256, gen)
+    q, f, z, _ = int4_args(41, 256, 32, gen)
+    return {
+        "fp8-straddles": (fp8_k.fp8_gate_up, (x, w[:36], s[:5], 8, 128), "block_n"),
+        "nvfp4-one-global": (nvfp4_k.nvfp4_gate_up, (x, p, e, torch.ones(1)), "global_scale"),
+        "int4-odd-rows": (int4_k.int4_gate_up, (x, q, f, z, 32), "gate rows"),
+    }
+
+
+BAD = _bad_gate_up()
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_gate_up_operands_raise_naming_what(case):
+    fn, args, what = BAD[case]
+    with pytest.raises(ValueError, match=what):
+        fn(*_on(DEVICE, args))
+
+
+def test_a_tile_too_short_for_the_rows_is_refused():
+    gen = torch.Generator().manual_seed(0)
+    args = _on(DEVICE, nvfp4_args(20, 256, gen))
+    x = torch.randn(5, 256).to(DEVICE)
+    with pytest.raises(ValueError, match="BLOCK_M 4 < 5 rows"):
+        nvfp4_rows(x, *args, config=RowsConfig(4, 32, 128, 1))
+
+
+# ---- configurations
+
+SHAPES_27B = [(17408, 5120), (5120, 17408), (12288, 5120), (248320, 5120), (1024, 2048)]
+
+
+@pytest.mark.parametrize("sms", [20, 132])
+@pytest.mark.parametrize("family,k_align", [("fp8", 128), ("nvfp4", 16), ("int4", 128),
+                                            ("int4", 32)])
+def test_counted_configurations_are_launchable(family, k_align, sms):
+    for n, k in SHAPES_27B:
+        for rows in range(1, 17):
+            for gated in (False, True):
+                c = gemm_configs.heuristic(family, n, k, rows, sms, k_align, gated)
+                assert c.block_m >= rows and (c.block_m >= 16) == c.use_dot
+                assert c.split in (1, 2, 4, 8, 16)
+                if family == "nvfp4":
+                    assert c.block_k % 16 == 0
+                else:
+                    assert k_align % c.block_k == 0          # one scale block / group a step
+                tiles, steps, split = c.grid(n, k)
+                assert split <= c.split and (split - 1) * steps * c.block_k < k
+                if split > 1:
+                    assert steps >= 2                        # every split keeps two K steps
+
+
+def test_down_projection_splits_on_an_h100_and_not_on_thor():
+    """The 27B's MLP down projection has 80 tiles of 64 rows: under 4 per SM on an H100's 132
+    SMs, so K is split; on Thor's 20 SMs the tiles alone fill them."""
+    h100 = gemm_configs.heuristic("nvfp4", 5120, 17408, 1, 132, 16)
+    thor = gemm_configs.heuristic("nvfp4", 5120, 17408, 1, 20, 16)
+    assert h100.split > 1 and h100.grid(5120, 17408)[0] * h100.split >= 4 * 132
+    assert thor.split == 1
+
+
+def test_the_measured_table_is_read_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASH_PLANNER_CACHE", str(tmp_path))
+    monkeypatch.setattr(gemm_configs, "_table", None)
+    cpu = torch.device("cpu")
+    key = gemm_configs.shape_key(cpu, "nvfp4", 77, 512, 16, 3, False)
+    measured = RowsConfig(4, 16, 128, 2, num_warps=8)
+    gemm_configs.record(key, measured)
+    monkeypatch.setattr(gemm_configs, "_table", None)             # a new process reads it
+    assert gemm_configs.choose("nvfp4", 77, 512, 4, cpu, 4, 16, False) == measured
+    assert gemm_configs.choose("nvfp4", 77, 512, 4, cpu, 4, 16, True) == (
+        gemm_configs.heuristic("nvfp4", 77, 512, 4, 4, 16, True))
+    assert json.loads(gemm_configs.table_path().read_text())[key]["num_warps"] == 8
+    gen = torch.Generator().manual_seed(0)
+    args = _on(DEVICE, nvfp4_args(77, 512, gen))
+    x = torch.randn(3, 512, generator=gen).to(DEVICE)
+    if DEVICE == "cpu":                               # the table's entry is the one launched
+        from flash_planner.kernels.specs import record_launches
+
+        with record_launches() as launches:
+            nvfp4_k.nvfp4_gemm(x, *args)
+        assert launches[0].num_warps == 8 and launches[0].constexprs["BLOCK_N"] == 16
+    _close(nvfp4_k.nvfp4_gemm(x, *args), nvfp4_r.nvfp4_gemm(x, *args))
+
+
+def test_an_unreadable_table_falls_back_to_counting(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("FLASH_PLANNER_CACHE", str(tmp_path))
+    monkeypatch.setattr(gemm_configs, "_table", None)
+    gemm_configs.table_path().write_text("{not json")
+    cpu = torch.device("cpu")
+    with caplog.at_level("WARNING"):
+        got = gemm_configs.choose("fp8", 64, 256, 1, cpu, 4, 128, False)
+    assert got == gemm_configs.heuristic("fp8", 64, 256, 1, 4, 128)
+    assert "unreadable" in caplog.text
+    monkeypatch.setattr(gemm_configs, "_table", None)
