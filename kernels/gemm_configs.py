@@ -13,6 +13,7 @@ of measuring:
   - BLOCK_N keeps the FMA path's [BM, BN, BK] products at 64 fp32 per thread, and is halved
     for a fused gate and up projection, whose programs decode two tiles a step (the fp32
     demo's 16-row gated tiles spilled at 64);
+  - fp32 rows on tensor cores use 8 warps (4 spilled in the fp32 demo's gated tiles);
   - SPLIT (a power of two, at most 16) makes N tiles x SPLIT reach 4 programs per SM, while
     every split keeps at least two K steps.
 Buckets are powers of two: a 3-row verify runs the 4-row configuration.
@@ -89,9 +90,9 @@ def step_k(family: str, k_align: int) -> int:
 
 
 def heuristic(family: str, n: int, k: int, rows: int, sms: int, k_align: int,
-              gated: bool = False) -> RowsConfig:
+              gated: bool = False, fp32: bool = False) -> RowsConfig:
     """The counted configuration (the module docstring); n is the output width (I when
-    gated)."""
+    gated), fp32 whether the rows are float32."""
     m = bucket(rows)
     block_k = step_k(family, k_align)
     block_m = m if m <= FMA_ROWS else 16
@@ -105,7 +106,9 @@ def heuristic(family: str, n: int, k: int, rows: int, sms: int, k_align: int,
     while (split < MAX_SPLIT and tiles * split < PROGRAMS_PER_SM * sms
            and k >= 2 * block_k * split * 2):
         split *= 2
-    return RowsConfig(block_m, block_n, block_k, split)
+    # fp32 rows take three bf16 dots each (weight_tiles.dot_xwt): 8 warps share the registers
+    warps = 8 if fp32 and block_m >= 16 else 4
+    return RowsConfig(block_m, block_n, block_k, split, num_warps=warps)
 
 
 # ---- the declared specializations (kernels/report.py compiles these)
@@ -126,7 +129,8 @@ def declared(family: str, k_align: int) -> list[tuple[str, str, RowsConfig, bool
     out: dict[tuple, tuple] = {}
     for model, act, proj, n, k, sms in DECLARED:
         for rows in (1, MAX_ROWS):
-            config = heuristic(family, n, k, rows, sms, k_align, proj == "gate_up")
+            config = heuristic(family, n, k, rows, sms, k_align, proj == "gate_up",
+                               act == "*fp32")
             key = (act, config, proj == "gate_up", k % config.block_k == 0)
             label = f"{family} rows {model} {act[1:]} {proj} M{rows} {sms} SMs"
             out.setdefault(key, (label, act, config, proj == "gate_up", n, k))
@@ -148,9 +152,10 @@ def device_key(device: torch.device) -> str:
 
 
 def shape_key(device: torch.device, family: str, n: int, k: int, k_align: int, rows: int,
-              gated: bool) -> str:
+              gated: bool, fp32: bool) -> str:
     kind = f"{family} gate_up" if gated else family
-    return f"{device_key(device)}|{kind}|{n}x{k}/{k_align}|M{bucket(rows)}"
+    return (f"{device_key(device)}|{kind}|{n}x{k}/{k_align}|M{bucket(rows)}"
+            f"{' fp32' if fp32 else ''}")
 
 
 _table: dict[str, RowsConfig] | None = None
@@ -184,23 +189,27 @@ def record(key: str, config: RowsConfig) -> None:
 
 
 def choose(family: str, n: int, k: int, rows: int, device: torch.device, sms: int,
-           k_align: int, gated: bool) -> RowsConfig:
+           k_align: int, gated: bool, fp32: bool) -> RowsConfig:
     """The measured configuration of this shape on this device, else the counted one."""
-    found = load_table().get(shape_key(device, family, n, k, k_align, rows, gated))
-    return found if found is not None else heuristic(family, n, k, rows, sms, k_align, gated)
+    found = load_table().get(shape_key(device, family, n, k, k_align, rows, gated, fp32))
+    return found if found is not None else heuristic(family, n, k, rows, sms, k_align, gated,
+                                                     fp32)
 
 
 def candidates(family: str, n: int, k: int, rows: int, sms: int, k_align: int,
-               gated: bool) -> list[RowsConfig]:
+               gated: bool, fp32: bool) -> list[RowsConfig]:
     """What `tune` times: the counted configuration and its neighbours (half and double the
-    split, other tile widths, 8 warps)."""
-    base = heuristic(family, n, k, rows, sms, k_align, gated)
+    split, other tile widths, the other warp count)."""
+    base = heuristic(family, n, k, rows, sms, k_align, gated, fp32)
     out = [base]
     for split in (base.split // 2, base.split * 2):
         if 1 <= split <= MAX_SPLIT and k >= 2 * base.block_k * split:
-            out.append(RowsConfig(base.block_m, base.block_n, base.block_k, split))
+            out.append(RowsConfig(base.block_m, base.block_n, base.block_k, split,
+                                  base.num_warps))
     for block_n in (base.block_n // 2, base.block_n * 2):
         if 16 <= block_n <= 128:
-            out.append(RowsConfig(base.block_m, block_n, base.block_k, base.split))
-    out.append(RowsConfig(base.block_m, base.block_n, base.block_k, base.split, num_warps=8))
+            out.append(RowsConfig(base.block_m, block_n, base.block_k, base.split,
+                                  base.num_warps))
+    out.append(RowsConfig(base.block_m, base.block_n, base.block_k, base.split,
+                          num_warps=12 - base.num_warps))
     return list(dict.fromkeys(out))

@@ -98,7 +98,8 @@ def launch_rows(kernel, family: str, rows: torch.Tensor, n: int, k_align: int,
     configuration is `config` (tests, tuning) or the table's choice; returns y [M, n]."""
     m, k = rows.shape
     if config is None:
-        config = choose(family, n, k, m, rows.device, sm_count(rows.device), k_align, gated)
+        config = choose(family, n, k, m, rows.device, sm_count(rows.device), k_align, gated,
+                        rows.dtype == torch.float32)
     if config.block_m < m:
         raise ValueError(f"{family} skinny GEMM: BLOCK_M {config.block_m} < {m} rows")
     tiles, steps, split = config.grid(n, k)

@@ -27,6 +27,7 @@ from .proposers import WHY_MISSING, ProposerBytes, build_proposers
 from .sampling import GREEDY, SamplingParams
 from .threads import Threads, apply_threads
 from .trt.backends import make_dense
+from .weights import tuning
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,8 @@ class Engine:
         proposers, extra = build_proposers(config, checkpoint, state, dtype, device)
         engine = cls(config, checkpoint, state, device, dtype, proposers, extra)
         engine.threads = threads
+        if tuning.wanted(device):     # before the graphs: they capture the chosen launches
+            tuning.tune_linears([checkpoint.model], dtype, progress)
         if config.resolve_compile(device):
             engine.compile_report = compile_forwards(engine, progress)
         log.info("loaded %s on %s (%s, weights %s, dense segments: %s, proposers: %s): %s",

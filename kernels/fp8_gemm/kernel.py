@@ -78,8 +78,8 @@ def _operands(op: str, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
     return rows
 
 
-def _tiled(rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int,
-           block_k: int, fp32_out: bool = False) -> torch.Tensor:
+def tiled_gemm(rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int,
+               block_k: int, fp32_out: bool = False) -> torch.Tensor:
     """The tiled kernel; fp32_out: sums stored unrounded (the fused projection's prefill
     applies its activation to them)."""
     m, k = rows.shape
@@ -105,7 +105,7 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n
     elif m <= MAX_ROWS:
         y = fp8_rows(rows, weight, scale, block_n, block_k)
     else:
-        y = _tiled(rows, weight, scale, block_n, block_k)
+        y = tiled_gemm(rows, weight, scale, block_n, block_k)
     return y.reshape(*x.shape[:-1], n)
 
 
@@ -119,7 +119,7 @@ def fp8_gate_up(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bloc
     elif m <= MAX_ROWS:
         y = fp8_rows(rows, weight, scale, block_n, block_k, gated=True)
     else:  # prefill: the tiled kernel over both halves, then the activation
-        both = _tiled(rows, weight, scale, block_n, block_k, fp32_out=True)
+        both = tiled_gemm(rows, weight, scale, block_n, block_k, fp32_out=True)
         y = (torch.nn.functional.silu(both[:, :i]) * both[:, i:]).to(x.dtype)
     return y.reshape(*x.shape[:-1], i)
 

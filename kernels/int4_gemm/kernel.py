@@ -78,8 +78,8 @@ def _operands(op: str, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tenso
     return rows
 
 
-def _tiled(rows: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
-           group: int, fp32_out: bool = False) -> torch.Tensor:
+def tiled_gemm(rows: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+               group: int, fp32_out: bool = False) -> torch.Tensor:
     """The tiled kernel; fp32_out: sums stored unrounded (the fused projection's prefill
     applies its activation to them)."""
     m, k = rows.shape
@@ -105,7 +105,7 @@ def int4_gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: 
     elif m <= MAX_ROWS:
         y = int4_rows(rows, packed, scale, zero, group)
     else:
-        y = _tiled(rows, packed, scale, zero, group)
+        y = tiled_gemm(rows, packed, scale, zero, group)
     return y.reshape(*x.shape[:-1], n)
 
 
@@ -119,7 +119,7 @@ def int4_gate_up(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     elif m <= MAX_ROWS:
         y = int4_rows(rows, packed, scale, zero, group, gated=True)
     else:  # prefill: the tiled kernel over both halves, then the activation
-        both = _tiled(rows, packed, scale, zero, group, fp32_out=True)
+        both = tiled_gemm(rows, packed, scale, zero, group, fp32_out=True)
         y = (torch.nn.functional.silu(both[:, :i]) * both[:, i:]).to(x.dtype)
     return y.reshape(*x.shape[:-1], i)
 

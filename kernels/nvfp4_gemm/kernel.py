@@ -77,8 +77,8 @@ def _operands(op: str, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tenso
     return rows
 
 
-def _tiled(rows: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
-           global_scale: torch.Tensor, fp32_out: bool = False) -> torch.Tensor:
+def tiled_gemm(rows: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+               global_scale: torch.Tensor, fp32_out: bool = False) -> torch.Tensor:
     """The tiled kernel; fp32_out: sums stored unrounded (the fused projection's prefill
     applies its activation to them)."""
     m, k = rows.shape
@@ -103,7 +103,7 @@ def nvfp4_gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     elif m <= MAX_ROWS:
         y = nvfp4_rows(rows, packed, scale, global_scale.reshape(-1))
     else:
-        y = _tiled(rows, packed, scale, global_scale)
+        y = tiled_gemm(rows, packed, scale, global_scale)
     return y.reshape(*x.shape[:-1], n)
 
 
@@ -118,8 +118,8 @@ def nvfp4_gate_up(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
         y = nvfp4_rows(rows, packed, scale, global_scale.reshape(-1), gated=True)
     else:  # prefill: the tiled kernel per half (a launch each is nothing against M rows)
         gs = global_scale.reshape(-1)
-        gate = _tiled(rows, packed[:i], scale[:i], gs[:1], fp32_out=True)
-        up = _tiled(rows, packed[i:], scale[i:], gs[1:], fp32_out=True)
+        gate = tiled_gemm(rows, packed[:i], scale[:i], gs[:1], fp32_out=True)
+        up = tiled_gemm(rows, packed[i:], scale[i:], gs[1:], fp32_out=True)
         y = (torch.nn.functional.silu(gate) * up).to(x.dtype)
     return y.reshape(*x.shape[:-1], i)
 

@@ -163,7 +163,7 @@ def _recipe_families(model) -> dict[str, set[str]]:
 
 RECIPE = {**dict.fromkeys(("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z",
                            "out_proj"), {"fp8"}),
-          **dict.fromkeys(("gate_proj", "up_proj", "down_proj"), {"nvfp4"})}
+          **dict.fromkeys(("gate_up", "down_proj"), {"nvfp4"})}  # gate and up fused
 
 
 def _copy(quant_dir, tmp_path):

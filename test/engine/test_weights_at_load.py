@@ -45,8 +45,13 @@ def test_quantize_at_load_error_is_within_the_format_step(checkpoints, weights, 
     swapped = {n: m for n, m in quant.model.named_modules() if isinstance(m, QuantLinear)}
     assert swapped and {m.family for m in swapped.values()} == {weights}
     assert not any(n.endswith(("in_proj_a", "in_proj_b", "lm_head")) for n in swapped)
+    for name, module in swapped.items():      # MLP gate and up fused at load where they stack
+        if name.endswith(".gate_proj"):       # (FP8: the tiny MoE's shared expert has I < 128)
+            assert not module.stacks_with(swapped[name.removesuffix("gate_proj") + "up_proj"])
+    assert any(m.gated for m in swapped.values()) or (weights, kind) == ("fp8", "hybrid_moe")
     for name, module in swapped.items():
-        w = plain.model.get_submodule(name).weight.detach()
+        w = torch.cat([plain.model.get_submodule(theirs).weight.detach()
+                       for theirs, _ in unfused(name, module)])
         stacked = [(w[e], _expert(module, e)) for e in range(module.expert_count)] if (
             module.expert_count) else [(w, module)]
         for w, one in stacked:
@@ -56,6 +61,15 @@ def test_quantize_at_load_error_is_within_the_format_step(checkpoints, weights, 
         assert any(m.expert_count for m in swapped.values())
         assert not any(n.endswith(("mlp.gate", "shared_expert_gate")) for n in swapped)
     assert quant.bytes_per_forward < plain.bytes_per_forward
+
+
+def unfused(name: str, module: QuantLinear) -> list[tuple[str, slice]]:
+    """The checkpoint's Linears a loaded module holds, with their rows: a fused MLP input
+    projection (`mlp.gate_up`) holds gate_proj's rows, then up_proj's."""
+    if not module.gated:
+        return [(name, slice(None))]
+    half, mlp = module.out_features // 2, name.removesuffix(".gate_up")
+    return [(f"{mlp}.gate_proj", slice(0, half)), (f"{mlp}.up_proj", slice(half, None))]
 
 
 def _expert(stack: QuantLinear, e: int) -> QuantLinear:
@@ -78,7 +92,8 @@ def test_quantized_at_load_decodes_like_its_dequantized_weights(checkpoints, mak
     tensors = load_file(str(twin / "model.safetensors"))
     for name, module in engine.model.named_modules():
         if isinstance(module, QuantLinear):
-            tensors[f"model.{name}.weight"] = module.dequantized().contiguous()
+            for theirs, rows in unfused(name, module):
+                tensors[f"model.{theirs}.weight"] = module.dequantized()[rows].contiguous()
     save_file(tensors, str(twin / "model.safetensors"))
     prompt = engine.tokenizer.encode("pick up the red cup", add_special_tokens=False)
     settings = GenerationSettings(max_new_tokens=24)

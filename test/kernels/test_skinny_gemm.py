@@ -161,8 +161,8 @@ SHAPES_27B = [(17408, 5120), (5120, 17408), (12288, 5120), (248320, 5120), (1024
 def test_counted_configurations_are_launchable(family, k_align, sms):
     for n, k in SHAPES_27B:
         for rows in range(1, 17):
-            for gated in (False, True):
-                c = gemm_configs.heuristic(family, n, k, rows, sms, k_align, gated)
+            for gated, fp32 in ((False, False), (True, True)):
+                c = gemm_configs.heuristic(family, n, k, rows, sms, k_align, gated, fp32)
                 assert c.block_m >= rows and (c.block_m >= 16) == c.use_dot
                 assert c.split in (1, 2, 4, 8, 16)
                 if family == "nvfp4":
@@ -188,13 +188,13 @@ def test_the_measured_table_is_read_back(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASH_PLANNER_CACHE", str(tmp_path))
     monkeypatch.setattr(gemm_configs, "_table", None)
     cpu = torch.device("cpu")
-    key = gemm_configs.shape_key(cpu, "nvfp4", 77, 512, 16, 3, False)
+    key = gemm_configs.shape_key(cpu, "nvfp4", 77, 512, 16, 3, False, True)
     measured = RowsConfig(4, 16, 128, 2, num_warps=8)
     gemm_configs.record(key, measured)
     monkeypatch.setattr(gemm_configs, "_table", None)             # a new process reads it
-    assert gemm_configs.choose("nvfp4", 77, 512, 4, cpu, 4, 16, False) == measured
-    assert gemm_configs.choose("nvfp4", 77, 512, 4, cpu, 4, 16, True) == (
-        gemm_configs.heuristic("nvfp4", 77, 512, 4, 4, 16, True))
+    assert gemm_configs.choose("nvfp4", 77, 512, 4, cpu, 4, 16, False, True) == measured
+    assert gemm_configs.choose("nvfp4", 77, 512, 4, cpu, 4, 16, True, True) == (
+        gemm_configs.heuristic("nvfp4", 77, 512, 4, 4, 16, True, True))
     assert json.loads(gemm_configs.table_path().read_text())[key]["num_warps"] == 8
     gen = torch.Generator().manual_seed(0)
     args = _on(DEVICE, nvfp4_args(77, 512, gen))
@@ -214,7 +214,7 @@ def test_an_unreadable_table_falls_back_to_counting(tmp_path, monkeypatch, caplo
     gemm_configs.table_path().write_text("{not json")
     cpu = torch.device("cpu")
     with caplog.at_level("WARNING"):
-        got = gemm_configs.choose("fp8", 64, 256, 1, cpu, 4, 128, False)
+        got = gemm_configs.choose("fp8", 64, 256, 1, cpu, 4, 128, False, False)
     assert got == gemm_configs.heuristic("fp8", 64, 256, 1, 4, 128)
     assert "unreadable" in caplog.text
     monkeypatch.setattr(gemm_configs, "_table", None)

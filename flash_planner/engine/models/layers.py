@@ -46,9 +46,14 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        # set after loading where gate and up are quantized alike (weights/fuse.py): one
+        # module computing silu(gate(x)) * up(x), and gate_proj / up_proj gone
+        self.gate_up: nn.Module | None = None
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None:
+            return self.down_proj(self.gate_up(x))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

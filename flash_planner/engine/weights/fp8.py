@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ...kernels.dispatch import dequantize_fp8, fp8_gemm, moe_fp8_gemm
+from ...kernels.dispatch import dequantize_fp8, fp8_gate_up, fp8_gemm, moe_fp8_gemm
 from .layout import FLOAT_DTYPES, Layout, Quantize, TensorSpec
 from .linear import QuantLinear
 from .packing import cdiv as _cdiv
@@ -35,8 +35,18 @@ class Fp8Linear(QuantLinear):
         return {"weight": ((n, k), torch.uint8),
                 "scale": ((_cdiv(n, self.block_n), _cdiv(k, self.block_k)), torch.float32)}
 
+    def operands(self):
+        return self.weight, self.scale, self.block_n, self.block_k
+
     def gemm(self, x):
-        return fp8_gemm(x, self.weight, self.scale, self.block_n, self.block_k)
+        return fp8_gemm(x, *self.operands())
+
+    def gate_up(self, x):
+        return fp8_gate_up(x, *self.operands())
+
+    def stacks_with(self, other):
+        return (super().stacks_with(other) and self.out_features % self.block_n == 0
+                and (other.block_n, other.block_k) == (self.block_n, self.block_k))
 
     def grouped(self, x, ids):
         return moe_fp8_gemm(x, ids, self.weight, self.scale, self.block_n, self.block_k)

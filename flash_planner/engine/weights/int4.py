@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from ...kernels.dispatch import dequantize_int4, int4_gemm, moe_int4_gemm
+from ...kernels.dispatch import dequantize_int4, int4_gate_up, int4_gemm, moe_int4_gemm
 from .layout import FLOAT_DTYPES, Layout, Quantize, TensorSpec
 from .linear import QuantLinear
 from .packing import cdiv as _cdiv
@@ -40,8 +40,17 @@ class Int4Linear(QuantLinear):
         return {"packed": ((n, _cdiv(k, 2)), torch.uint8),
                 "scale": ((n, groups), torch.float32), "zero": ((n, groups), torch.uint8)}
 
+    def operands(self):
+        return self.packed, self.scale, self.zero, self.group
+
     def gemm(self, x):
-        return int4_gemm(x, self.packed, self.scale, self.zero, self.group)
+        return int4_gemm(x, *self.operands())
+
+    def gate_up(self, x):
+        return int4_gate_up(x, *self.operands())
+
+    def stacks_with(self, other):
+        return super().stacks_with(other) and other.group == self.group
 
     def grouped(self, x, ids):
         return moe_int4_gemm(x, ids, self.packed, self.scale, self.zero, self.group)

@@ -19,6 +19,7 @@ class QuantLinear(nn.Module):
 
     family = ""          # "fp8" | "nvfp4" | "int4"
     expert_count = 0     # > 0: a stack of this many experts' weights (experts.py)
+    gated = False        # an MLP's gate and up projections stacked (fuse.py): silu(g) * u
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
@@ -29,8 +30,24 @@ class QuantLinear(nn.Module):
         """Buffer name -> (shape, dtype) in the engine's layout."""
         raise NotImplementedError
 
+    def operands(self) -> tuple:
+        """The GEMM's arguments after x (kernels/dispatch: `<family>_gemm(x, *operands)`)."""
+        raise NotImplementedError
+
     def gemm(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def gate_up(self, x: torch.Tensor) -> torch.Tensor:
+        """A gated module's fused GEMM: silu(x @ gate.T) * (x @ up.T) (kernels/gate_up.py)."""
+        raise NotImplementedError
+
+    def stacks_with(self, other: QuantLinear) -> bool:
+        """Whether this weight and `other`, stacked row-wise, form one weight of this layout
+        (the same family, shape and format parameters; no scale block across the seam)."""
+        return (type(other) is type(self) and not (self.expert_count or other.expert_count)
+                and not (self.gated or other.gated)
+                and (other.in_features, other.out_features)
+                == (self.in_features, self.out_features))
 
     def grouped(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """A stack's grouped GEMM: y [M, k, N] = x[m, j or 0] @ W[ids[m, j]].T for x
@@ -67,9 +84,10 @@ class QuantLinear(nn.Module):
             (buf if expert is None else buf[expert]).copy_(t.to(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gemm(x)
+        return self.gate_up(x) if self.gated else self.gemm(x)
 
     def extra_repr(self) -> str:
         stack = f", experts={self.expert_count}" if self.expert_count else ""
+        gated = ", gate and up stacked: silu(gate) * up" if self.gated else ""
         return (f"{self.family}, in_features={self.in_features}, "
-                f"out_features={self.out_features}{stack}")
+                f"out_features={self.out_features}{stack}{gated}")

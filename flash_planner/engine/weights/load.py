@@ -21,6 +21,7 @@ from safetensors import safe_open
 from torch import nn
 
 from .experts import PlannedStack, load_stack, plan_experts
+from .fuse import fuse_gate_up
 from .layout import Layout, TensorSpec
 from .linear import QuantLinear
 from .scheme import Scheme, WeightFormatError
@@ -179,4 +180,7 @@ def load_module(module: nn.Module, names_of: Callable[[str], str], files: dict[s
     if counts:
         log.info("quantized Linears: %s", ", ".join(f"{n} {label}" for label, n in
                                                      sorted(counts.items())))
+    fused = fuse_gate_up(module)
+    if fused:
+        log.info("MLP gate and up projections fused (one GEMM with SwiGLU): %d", fused)
     return module.eval(), used, counts

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ...kernels.dispatch import dequantize_nvfp4, moe_nvfp4_gemm, nvfp4_gemm
+from ...kernels.dispatch import dequantize_nvfp4, moe_nvfp4_gemm, nvfp4_gate_up, nvfp4_gemm
 from .fp8 import FP8, FP8_MAX, e4m3_bits
 from .layout import Layout, Quantize, TensorSpec
 from .linear import QuantLinear
@@ -36,14 +36,25 @@ class Nvfp4Linear(QuantLinear):
         return {"packed": ((n, k // 2), torch.uint8), "scale": ((n, k // GROUP), torch.uint8),
                 "global_scale": ((1,), torch.float32)}
 
+    def operands(self):
+        return self.packed, self.scale, self.global_scale
+
     def gemm(self, x):
-        return nvfp4_gemm(x, self.packed, self.scale, self.global_scale)
+        return nvfp4_gemm(x, *self.operands())
+
+    def gate_up(self, x):
+        return nvfp4_gate_up(x, *self.operands())
 
     def grouped(self, x, ids):
         return moe_nvfp4_gemm(x, ids, self.packed, self.scale, self.global_scale.view(-1))
 
     def dequantized(self):
-        return dequantize_nvfp4(self.packed, self.scale, self.global_scale)
+        if not self.gated:
+            return dequantize_nvfp4(self.packed, self.scale, self.global_scale)
+        i = self.out_features // 2           # stacked gate and up: a global scale each
+        return torch.cat([dequantize_nvfp4(self.packed[rows], self.scale[rows], g)
+                          for rows, g in ((slice(0, i), self.global_scale[:1]),
+                                          (slice(i, None), self.global_scale[1:]))])
 
 
 def fits(k: int) -> bool:

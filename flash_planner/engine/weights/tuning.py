@@ -1,0 +1,48 @@
+"""Measure the decode GEMMs' configurations for the Linears a model holds (CUDA, opt-in).
+
+With FLASH_PLANNER_TUNE_GEMMS=1 the engine, on a CUDA GPU, times each distinct quantized
+Linear shape of the target (fused gate/up projections included; the drafter and MTP head
+keep their small projections in full precision or share the target's shapes) at 1, 2, 4, 8
+and 16 rows before it
+compiles its graphs (kernels/tune.py), and caches the fastest configurations on disk per GPU:
+the first start with a new model pays a few seconds per shape, later starts read the table.
+Without it the kernels run the counted configurations (kernels/gemm_configs.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from .linear import QuantLinear
+
+ENV = "FLASH_PLANNER_TUNE_GEMMS"
+
+
+def wanted(device: torch.device) -> bool:
+    return device.type == "cuda" and os.environ.get(ENV) == "1"
+
+
+def tune_linears(modules: Iterable[nn.Module], dtype: torch.dtype,
+                 progress: Callable[[str], None] | None = None) -> int:
+    """Tune every distinct (format, shape, gated) among the quantized Linears under
+    `modules`; returns how many were distinct."""
+    from ...kernels.tune import tune
+
+    seen: dict[tuple, QuantLinear] = {}
+    for module in modules:
+        for linear in module.modules():
+            if isinstance(linear, QuantLinear) and not linear.expert_count:
+                n = linear.out_features // 2 if linear.gated else linear.out_features
+                key = (linear.family, n, linear.in_features, linear.gated,
+                       tuple(op for op in linear.operands() if not torch.is_tensor(op)))
+                seen.setdefault(key, linear)
+    for i, ((family, n, k, gated, _), linear) in enumerate(seen.items(), 1):
+        if progress is not None:
+            progress(f"tuning GEMM {i}/{len(seen)}: {family} {n}x{k}"
+                     f"{' gate+up' if gated else ''}")
+        tune(family, linear.operands(), n, k, gated, dtype)
+    return len(seen)
