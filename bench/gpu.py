@@ -6,7 +6,12 @@ Parts (each one table, all of them in one JSON file):
   gemm      weight-only GEMMs at Qwen3.6-27B and 35B-A3B shapes, rows 1, 2, 4, 8, 16: bf16
             (torch) and the engine's fp8, nvfp4 and int4 layouts (dispatch: the Triton kernels
             on CUDA), as time and as the fraction of the copy bandwidth their weight bytes
-            reach;
+            reach; beside each quantized row the tiled kernel (the M > 16 one, which decode
+            ran before the skinny kernels) and the skinny kernel at its counted configuration
+            (kernels/gemm_configs.py; the launch itself uses the measured table where it has
+            the shape: `--tune` measures it first), and the speed against bf16; then the
+            27B's MLP gate and up projections fused (one GEMM with SwiGLU) against the two
+            GEMMs and the activation apart;
   thor      the full 27B's and 35B-A3B's bytes per forward (bench/weight_bytes.py) over Thor's
             273 GB/s at the NVFP4 GEMMs' measured fraction: ms and tok/s per token;
   demo      the demo planner through the planner service, warmed up, greedy: dtype (fp32,
@@ -76,16 +81,17 @@ def _layout(fmt: str):
 
 
 def weight_op(fmt: str, n: int, k: int, device: str, dtype: torch.dtype):
-    """(x -> y, weight bytes) for one Linear [N, K] in `fmt`, random weights."""
+    """(x -> y, weight bytes, the QuantLinear or None for bf16) for one Linear [N, K] in
+    `fmt`, random weights."""
     w = torch.randn(n, k, device=device, dtype=torch.float32) * 0.02
     if fmt == "bf16":
         w = w.to(dtype)
-        return (lambda x: torch.nn.functional.linear(x, w)), w.nbytes
+        return (lambda x: torch.nn.functional.linear(x, w)), w.nbytes, None
     layout = _layout(fmt)
     module = layout.module(n, k).to_empty(device=device)
     module.set_packed(layout.convert({"weight": w}, n, k))
     nbytes = sum(b.nbytes for b in module.buffers())
-    return module.gemm, nbytes
+    return module.gemm, nbytes, module
 
 
 def ceilings(device: str, small: bool) -> dict:
@@ -99,18 +105,71 @@ def ceilings(device: str, small: bool) -> dict:
             "matmul_n": n, "matmul_dtype": str(dtype).removeprefix("torch.")}
 
 
-def gemm_rows(device: str, small: bool, bw: float, repeats: int) -> list[dict]:
+def gemm_rows(device: str, small: bool, bw: float, repeats: int, tune: bool) -> list[dict]:
+    from flash_planner.kernels.tune import tune as tune_shape
+
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    rows = ROWS[:2] if small else ROWS
     out = []
     for name, n, k in SHAPES["small" if small else "big"]:
+        bf16_ms = {}
         for fmt in FORMATS:
-            op, nbytes = weight_op(fmt, n, k, device, dtype)
-            for m in (ROWS[:2] if small else ROWS):
+            op, nbytes, module = weight_op(fmt, n, k, device, dtype)
+            if module is not None and tune:
+                tune_shape(fmt, module.operands(), n, k, False, dtype, rows)
+            for m in rows:
                 x = torch.randn(m, k, device=device, dtype=dtype)
                 ms = timed_ms(lambda op=op, x=x: op(x), repeats)
-                out.append({"shape": name, "n": n, "k": k, "format": fmt, "rows": m,
-                            "ms": ms, "weight_bytes": nbytes,
-                            "of_copy_bw": nbytes / (ms / 1000) / bw})
+                row = {"shape": name, "n": n, "k": k, "format": fmt, "rows": m, "ms": ms,
+                       "weight_bytes": nbytes, "of_copy_bw": nbytes / (ms / 1000) / bw}
+                if module is None:
+                    bf16_ms[m] = ms
+                else:
+                    row.update(_beside(fmt, module, x, repeats), over_bf16=bf16_ms[m] / ms)
+                out.append(row)
+    return out
+
+
+def _beside(fmt: str, module, x: torch.Tensor, repeats: int) -> dict:
+    """The tiled kernel's time and the skinny kernel's at its counted configuration."""
+    import importlib
+
+    from flash_planner.kernels import gemm_configs
+    from flash_planner.kernels.split_k import sm_count
+    from flash_planner.kernels.tune import LAUNCHERS, k_align
+
+    ops = module.operands()
+    tiled = importlib.import_module(f"flash_planner.kernels.{fmt}_gemm.kernel").tiled_gemm
+    counted = gemm_configs.heuristic(fmt, module.out_features, module.in_features,
+                                     x.shape[0], sm_count(x.device), k_align(fmt, ops),
+                                     False, x.dtype == torch.float32)
+    return {"tiled_ms": timed_ms(lambda: tiled(x, *ops), repeats),
+            "counted_ms": timed_ms(lambda: LAUNCHERS[fmt](x, *ops, config=counted), repeats)}
+
+
+def gate_up_rows(device: str, small: bool, repeats: int) -> list[dict]:
+    """The 27B's MLP input (gate and up, I 17408 from K 5120) fused against apart."""
+    from flash_planner.engine.weights.fuse import stack_gate_up
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    i, k = (128, 64) if small else (17408, 5120)
+    out = []
+    for fmt in FORMATS[1:]:
+        _, nbytes, gate = weight_op(fmt, i, k, device, dtype)
+        _, _, up = weight_op(fmt, i, k, device, dtype)
+
+        def apart(x, gate=gate, up=up):
+            return torch.nn.functional.silu(gate(x)) * up(x)
+
+        for m in (1, 16):
+            x = torch.randn(m, k, device=device, dtype=dtype)
+            apart_ms = timed_ms(lambda x=x: apart(x), repeats)
+            out.append({"format": fmt, "rows": m, "i": i, "k": k, "apart_ms": apart_ms})
+        fused = stack_gate_up(gate, up)
+        for row in out[-2:]:
+            x = torch.randn(row["rows"], k, device=device, dtype=dtype)
+            row["fused_ms"] = timed_ms(lambda x=x, fused=fused: fused(x), repeats)
+            row["weight_bytes"] = 2 * nbytes
     return out
 
 
@@ -288,11 +347,24 @@ def print_tables(report: dict) -> None:
         print(f"ceilings: copy {c['copy_gbps']:.0f} GB/s (read + write), {c['matmul_dtype']} "
               f"matmul {c['matmul_n']}^3 {c['matmul_tflops']:.1f} TFLOP/s")
     if report.get("gemm"):
-        print(f"{'shape':<20}{'format':<8}{'rows':>5}{'ms':>10}{'weight MB':>11}"
-              f"{'of copy bw':>12}")
+        print(f"weight-only GEMMs (ms: the engine's launch; tiled: the M > 16 kernel; counted: "
+              f"the skinny kernel's counted configuration; x bf16: bf16 ms / ms)\n"
+              f"{'shape':<20}{'format':<8}{'rows':>5}{'ms':>10}{'tiled':>9}{'counted':>9}"
+              f"{'weight MB':>11}{'of copy bw':>12}{'x bf16':>8}")
         for r in report["gemm"]:
-            print(f"{r['shape']:<20}{r['format']:<8}{r['rows']:>5}{r['ms']:>10.4f}"
-                  f"{r['weight_bytes'] / 1e6:>11.2f}{100 * r['of_copy_bw']:>11.1f}%")
+            extra = ("" if "tiled_ms" not in r else
+                     f"{r['tiled_ms']:>9.4f}{r['counted_ms']:>9.4f}")
+            ratio = f"{r['over_bf16']:>8.2f}" if "over_bf16" in r else ""
+            print(f"{r['shape']:<20}{r['format']:<8}{r['rows']:>5}{r['ms']:>10.4f}{extra:>18}"
+                  f"{r['weight_bytes'] / 1e6:>11.2f}{100 * r['of_copy_bw']:>11.1f}%{ratio}")
+    if report.get("gate_up"):
+        print(f"MLP gate + up, {report['gate_up'][0]['i']} x {report['gate_up'][0]['k']} each:"
+              f" fused (one GEMM, SwiGLU in its epilogue) against apart (two GEMMs, silu, "
+              f"multiply)\n{'format':<8}{'rows':>5}{'fused ms':>10}{'apart ms':>10}"
+              f"{'apart/fused':>13}")
+        for r in report["gate_up"]:
+            print(f"{r['format']:<8}{r['rows']:>5}{r['fused_ms']:>10.4f}{r['apart_ms']:>10.4f}"
+                  f"{r['apart_ms'] / r['fused_ms']:>13.2f}")
     if report.get("slices"):
         print(f"engine slices, 4 layers ({'fp32' if report['small'] else 'bf16'} compute; "
               f"verify = 16 rows with its rollback; GB read per forward, experts at top-k "
@@ -326,9 +398,14 @@ def main(argv=None) -> int:
                         help="tiny shapes on a CPU, kernels interpreted (default: off)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="which tables (default: all)")
+    parser.add_argument("--tune", action="store_true",
+                        help="measure the skinny GEMMs' configurations for the gemm part's "
+                             "shapes first and use them (cached; CUDA only; default: off)")
     parser.add_argument("--json-out", type=Path, default=None,
                         help="write the report there as JSON (default: print only)")
     args = parser.parse_args(argv)
+    if args.tune and args.small:
+        parser.error("--tune measures on a CUDA GPU; --small runs interpreted on a CPU")
     if not args.small and not torch.cuda.is_available():
         print("bench/gpu.py needs a CUDA GPU (use --small for a CPU smoke run)",
               file=sys.stderr)
@@ -346,7 +423,9 @@ def main(argv=None) -> int:
         report["ceilings"] = ceil
     bw = ceil["copy_gbps"] * 1e9
     if "gemm" in args.parts or "thor" in args.parts:
-        report["gemm"] = gemm_rows(device, args.small, bw, 2 if args.small else 50)
+        report["gemm"] = gemm_rows(device, args.small, bw, 2 if args.small else 50, args.tune)
+    if "gemm" in args.parts:
+        report["gate_up"] = gate_up_rows(device, args.small, 2 if args.small else 50)
     if "thor" in args.parts:
         one = [r["of_copy_bw"] for r in report["gemm"] if r["format"] == "nvfp4"
                and r["rows"] == 1]

@@ -24,6 +24,12 @@ def test_the_gpu_bench_runs_small_and_reports_every_part(tmp_path):
     # the quantized layouts read fewer bytes than bf16 weights of the same shape
     by = {(r["shape"], r["format"]): r["weight_bytes"] for r in gemm}
     assert all(by[(s, f)] < by[(s, "bf16")] for s, f in by if f != "bf16")
+    # each quantized row has the tiled kernel and the counted configuration beside it
+    assert all(r["tiled_ms"] > 0 and r["counted_ms"] > 0 and r["over_bf16"] > 0
+               for r in gemm if r["format"] != "bf16")
+    assert {(r["format"], r["rows"]) for r in report["gate_up"]} == {
+        (f, m) for f in ("fp8", "nvfp4", "int4") for m in (1, 16)}
+    assert all(r["fused_ms"] > 0 and r["apart_ms"] > 0 for r in report["gate_up"])
     assert [r["model"] for r in report["thor"]] == ["Qwen3.6-27B", "Qwen3.6-35B-A3B"]
     assert "Thor line" in proc.stdout
     slices = report["slices"]
