@@ -21,6 +21,7 @@ Buckets are powers of two: a 3-row verify runs the 4-row configuration.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -144,6 +145,7 @@ def table_path() -> Path:
     return Path(root) / "gemm_configs.json"
 
 
+@functools.cache
 def device_key(device: torch.device) -> str:
     if device.type != "cuda":
         return "cpu"
@@ -159,6 +161,7 @@ def shape_key(device: torch.device, family: str, n: int, k: int, k_align: int, r
 
 
 _table: dict[str, RowsConfig] | None = None
+_chosen: dict[tuple, RowsConfig] = {}     # choose()'s answers, per launch shape
 
 
 def load_table() -> dict[str, RowsConfig]:
@@ -166,6 +169,7 @@ def load_table() -> dict[str, RowsConfig]:
     global _table
     if _table is None:
         _table = {}
+        _chosen.clear()
         path = table_path()
         if path.is_file():
             try:
@@ -181,6 +185,7 @@ def record(key: str, config: RowsConfig) -> None:
     """Add one measured configuration to the table and write it back."""
     table = load_table()
     table[key] = config
+    _chosen.clear()
     path = table_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -190,10 +195,17 @@ def record(key: str, config: RowsConfig) -> None:
 
 def choose(family: str, n: int, k: int, rows: int, device: torch.device, sms: int,
            k_align: int, gated: bool, fp32: bool) -> RowsConfig:
-    """The measured configuration of this shape on this device, else the counted one."""
-    found = load_table().get(shape_key(device, family, n, k, k_align, rows, gated, fp32))
-    return found if found is not None else heuristic(family, n, k, rows, sms, k_align, gated,
-                                                     fp32)
+    """The measured configuration of this shape on this device, else the counted one
+    (remembered per shape: a launch looks it up once)."""
+    table = load_table()
+    args = (family, n, k, bucket(rows), device, sms, k_align, gated, fp32)
+    config = _chosen.get(args)
+    if config is None:
+        config = table.get(shape_key(device, family, n, k, k_align, rows, gated, fp32))
+        if config is None:
+            config = heuristic(family, n, k, rows, sms, k_align, gated, fp32)
+        _chosen[args] = config
+    return config
 
 
 def candidates(family: str, n: int, k: int, rows: int, sms: int, k_align: int,

@@ -19,6 +19,8 @@ the dot's operand shuffles through shared memory cost more than the multiplies.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -150,6 +152,7 @@ def workspace(split: int, halves: int, m: int, n: int, device: torch.device) -> 
     return torch.empty(split, halves, m, n, dtype=torch.float32, device=device)
 
 
+@functools.cache
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device; 4 elsewhere (the interpreter: small, so
     tests at tiny shapes split K as an H100 does at the 27B's)."""

@@ -163,3 +163,26 @@ def test_accept_rows_strict_and_relaxed(vocab):
             assert torch.equal(ours, ref), (relaxed, topk, delta)
     strict = accept_r.accept_rows(drafts, logits, torch.zeros(b, k, dtype=torch.bool), 1, 0.0)
     assert accept_r.accepted_prefix(strict).tolist() == [k, 0, 1]
+
+
+def test_accept_rows_split_over_the_vocabulary_keeps_the_first_maximum():
+    """Few rows over a long vocabulary: each row's reductions are split over programs (five
+    chunks here) and combined in order. The maximum recurs in a later chunk, so the
+    combination must keep the earlier index; draft ranks straddle the chunks."""
+    from flash_planner.kernels.accept.kernel import BLOCK_V, split
+
+    gen = torch.Generator().manual_seed(5)
+    vocab = 4 * BLOCK_V + 100
+    logits = torch.randn(1, 3, vocab, generator=gen)
+    logits[0, 0, [1500, 3900]] = 9.0                  # a tie across chunks: 1500 wins
+    logits[0, 1, 4150] = 9.0                          # the maximum in the last chunk
+    drafts = torch.tensor([[3900, 4150]])
+    chunk, splits = split(2, vocab, torch.device(DEVICE))
+    assert splits > 1 and chunk % BLOCK_V == 0
+    for relaxed in (torch.zeros(1, 2, dtype=torch.bool), torch.ones(1, 2, dtype=torch.bool)):
+        args = [x.to(DEVICE) for x in (drafts, logits, relaxed)]
+        for topk, delta in ((1, 0.0), (2, 0.5)):
+            ours = accept_k.accept_rows(*args, topk, delta)
+            assert torch.equal(ours, accept_r.accept_rows(*args, topk, delta))
+    assert accept_k.accept_rows(*args[:2], torch.zeros_like(args[2]), 1, 0.0).tolist() == [
+        [False, True]]
