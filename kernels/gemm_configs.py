@@ -13,7 +13,8 @@ of measuring:
   - BLOCK_N keeps the FMA path's [BM, BN, BK] products at 64 fp32 per thread, and is halved
     for a fused gate and up projection, whose programs decode two tiles a step (the fp32
     demo's 16-row gated tiles spilled at 64);
-  - fp32 rows on tensor cores use 8 warps (4 spilled in the fp32 demo's gated tiles);
+  - fp32 rows on tensor cores use 8 warps and half the tile width (the fp32 demo's tiles
+    spilled at 4 warps, its MoE FP8 tiles at 8 warps and the full width);
   - SPLIT (a power of two, at most 16) makes N tiles x SPLIT reach 4 programs per SM, while
     every split keeps at least two K steps.
 Buckets are powers of two: a 3-row verify runs the 4-row configuration.
@@ -39,7 +40,7 @@ STEP_BYTES = 64               # bytes of one weight row per K step
 PROGRAMS_PER_SM = 4
 MAX_SPLIT = 16
 PRODUCT_ELEMENTS = 64 * 128   # FMA path: fp32 products per program per step (64 a thread)
-BITS = {"fp8": 8, "nvfp4": 4, "int4": 4}
+BITS = {"float": 16, "fp8": 8, "nvfp4": 4, "int4": 4}
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,10 @@ def heuristic(family: str, n: int, k: int, rows: int, sms: int, k_align: int,
            and k >= 2 * block_k * split * 2):
         split *= 2
     # fp32 rows take three bf16 dots each (weight_tiles.dot_xwt): 8 warps share the registers
-    warps = 8 if fp32 and block_m >= 16 else 4
+    # of a half-width tile
+    warps = 4
+    if fp32 and block_m >= 16:
+        warps, block_n = 8, max(32, block_n // 2)
     return RowsConfig(block_m, block_n, block_k, split, num_warps=warps)
 
 
@@ -122,6 +126,16 @@ DECLARED = (("27B", "*bf16", "gate_up", 17408, 5120, 20),
             ("27B", "*bf16", "down", 5120, 17408, 132),
             ("demo", "*fp32", "gate_up", 512, 192, 20),
             ("demo", "*fp32", "down", 192, 512, 20))
+
+
+# Qwen3.6-35B-A3B's experts (hidden 2048, moe_intermediate_size 512, 256 experts, top 8):
+# gate or up (N 512 from K 2048, S = 1) and down (N 2048 from K 512, S = k) on Thor and an
+# H100; the demo-sized fp32 MoE the CPU tests load (8 experts, top 2, hidden 64, 32 wide).
+DECLARED_MOE = (("35B-A3B", "*bf16", "up", 512, 2048, 256, 8, 20),
+                ("35B-A3B", "*bf16", "down", 2048, 512, 256, 8, 20),
+                ("35B-A3B", "*bf16", "up", 512, 2048, 256, 8, 132),
+                ("35B-A3B", "*bf16", "down", 2048, 512, 256, 8, 132),
+                ("demo", "*fp32", "up", 32, 64, 8, 2, 20))
 
 
 def declared(family: str, k_align: int) -> list[tuple[str, str, RowsConfig, bool, int, int]]:

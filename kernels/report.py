@@ -37,7 +37,7 @@ from .toolchain import ToolchainError, guarded
 
 MODULES = ("accept.kernel", "checkpoint_select.kernel", "fp8_gemm.kernel", "fp8_gemm.skinny",
            "gdn_steps.kernel", "int4_gemm.kernel", "int4_gemm.skinny", "kv_append.kernel",
-           "moe_gemm.kernel", "nvfp4_gemm.kernel", "nvfp4_gemm.skinny")
+           "moe_gemm.kernel", "moe_gemm.skinny", "nvfp4_gemm.kernel", "nvfp4_gemm.skinny")
 TARGETS = {"sm_90": 90, "sm_110": 110}
 SHARED_LIMIT = 227 * 1024  # bytes per block, sm_90; taken for sm_110 too (see the docstring)
 MAX_REGS = 255

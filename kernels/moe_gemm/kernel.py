@@ -38,10 +38,13 @@ import triton.language as tl
 
 from ..fp8_gemm.kernel import BLOCK_K as FP8_BLOCK_K
 from ..fp8_gemm.kernel import BLOCK_N, gemm_meta
+from ..gemm_configs import MAX_ROWS
 from ..int4_gemm.kernel import BLOCK_K as INT4_BLOCK_K
 from ..specs import Spec, launch
-from ..weight_tiles import INTERPRETED, check_operand, dot_xwt, fp8_tile, int4_tile, nvfp4_tile
+from ..weight_tiles import check_operand, dot_xwt, fp8_tile, int4_tile, nvfp4_tile
 from .reference import check_float, check_fp8, check_int4, check_nvfp4
+from .skinny import moe_rows
+from .tiles import dot_float, routed_rows, store_chosen
 
 FLOAT_BLOCK_K = 32
 # NVFP4 steps K by 32 here (16 bytes of each packed row, 2 scales), not the 2-D kernel's 64:
@@ -50,45 +53,12 @@ NVFP4_BLOCK_K = 32
 
 
 @triton.jit
-def _routed_rows(topk_ids, expert, rm, M, topk, TOPK: tl.constexpr):
-    """For rows rm [BM]: the slot j in which each chose `expert`, and its row m * k + j of y
-    [M * k, N], -1 where the row did not choose it (ids are distinct within a row)."""
-    rt = tl.arange(0, TOPK)
-    ids = tl.load(topk_ids + rm[:, None] * topk + rt[None, :],
-                  mask=(rm < M)[:, None] & (rt < topk)[None, :], other=-1)   # [BM, TOPK]
-    hit = ids == expert
-    slot = tl.sum(tl.where(hit, rt[None, :], 0), axis=1)
-    # one row index per row, not (m, j, chosen): the epilogue keeps it live across the K loop
-    return slot, tl.where(tl.max(hit.to(tl.int32), axis=1) > 0, rm * topk + slot, -1)
-
-
-@triton.jit
-def _store_rows(out, acc, y_row, rn, N):
-    """y[y_row, rn] = acc where y_row >= 0; out is y [M * k, N]."""
-    dst = out + y_row[:, None] * N + rn[None, :]
-    tl.store(dst, acc.to(out.dtype.element_ty), mask=(y_row >= 0)[:, None] & (rn < N)[None, :])
-
-
-@triton.jit
-def _dot_float(x, w):
-    """x [BM, BK] @ w [BN, BK]^T -> float32 [BM, BN], w as loaded (x's dtype)."""
-    if w.dtype == tl.float32:
-        if INTERPRETED:
-            acc = tl.dot(x, tl.trans(w), input_precision="ieee")
-        else:
-            acc = tl.dot(x, tl.trans(w), input_precision="tf32x3")
-    else:
-        acc = dot_xwt(x, w.to(tl.float32))     # upcast at once: the interpreter's bf16 quirk
-    return acc
-
-
-@triton.jit
 def _moe_gemm_kernel(x, topk_ids, weight, out, M, N, K, topk, stride_xm, stride_xs,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      TOPK: tl.constexpr):
     expert = tl.program_id(2)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    slot, y_row = _routed_rows(topk_ids, expert, rm, M, topk, TOPK)
+    slot, y_row = routed_rows(topk_ids, expert, rm, M, topk, TOPK)
     if tl.max(y_row, axis=0) < 0:                         # no row of the block chose it
         return
     chosen = y_row >= 0
@@ -105,8 +75,8 @@ def _moe_gemm_kernel(x, topk_ids, weight, out, M, N, K, topk, stride_xm, stride_
                      other=0.0)
         w = tl.load(weight + k0 + w_off + rk[None, :], mask=mn[:, None] & mk[None, :],
                     other=0.0)
-        acc += _dot_float(xt, w)
-    _store_rows(out, acc, y_row, rn, N)
+        acc += dot_float(xt, w)
+    store_chosen(out, acc, y_row, rn, N)
 
 
 @triton.jit
@@ -115,7 +85,7 @@ def _moe_fp8_kernel(x, topk_ids, weight, scale, out, M, N, K, topk, stride_xm, s
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TOPK: tl.constexpr):
     expert = tl.program_id(2)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    slot, y_row = _routed_rows(topk_ids, expert, rm, M, topk, TOPK)
+    slot, y_row = routed_rows(topk_ids, expert, rm, M, topk, TOPK)
     if tl.max(y_row, axis=0) < 0:
         return
     chosen = y_row >= 0
@@ -134,7 +104,7 @@ def _moe_fp8_kernel(x, topk_ids, weight, scale, out, M, N, K, topk, stride_xm, s
                      other=0.0)
         w, s = fp8_tile(weight, w_off, s_rows, mn, mk, k0, block_k, BLOCK_K)
         acc += dot_xwt(xt, w) * s[None, :]
-    _store_rows(out, acc, y_row, rn, N)
+    store_chosen(out, acc, y_row, rn, N)
 
 
 @triton.jit
@@ -144,7 +114,7 @@ def _moe_nvfp4_kernel(x, topk_ids, packed, scale, global_scale, out, M, N, K, to
     HALF: tl.constexpr = BLOCK_K // 2
     expert = tl.program_id(2)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    slot, y_row = _routed_rows(topk_ids, expert, rm, M, topk, TOPK)
+    slot, y_row = routed_rows(topk_ids, expert, rm, M, topk, TOPK)
     if tl.max(y_row, axis=0) < 0:
         return
     chosen = y_row >= 0
@@ -165,7 +135,7 @@ def _moe_nvfp4_kernel(x, topk_ids, packed, scale, global_scale, out, M, N, K, to
         acc += dot_xwt(tl.load(xk, mask=xm, other=0.0), w_even)
         acc += dot_xwt(tl.load(xk + 1, mask=xm, other=0.0), w_odd)
     acc = acc * tl.load(global_scale + expert)
-    _store_rows(out, acc, y_row, rn, N)
+    store_chosen(out, acc, y_row, rn, N)
 
 
 @triton.jit
@@ -175,7 +145,7 @@ def _moe_int4_kernel(x, topk_ids, packed, scale, zero, out, M, N, K, topk, strid
     HALF: tl.constexpr = BLOCK_K // 2
     expert = tl.program_id(2)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    slot, y_row = _routed_rows(topk_ids, expert, rm, M, topk, TOPK)
+    slot, y_row = routed_rows(topk_ids, expert, rm, M, topk, TOPK)
     if tl.max(y_row, axis=0) < 0:
         return
     chosen = y_row >= 0
@@ -198,13 +168,16 @@ def _moe_int4_kernel(x, topk_ids, packed, scale, zero, out, M, N, K, topk, strid
         part = dot_xwt(tl.load(xk, mask=chosen[:, None] & even[None, :], other=0.0), w_even)
         part += dot_xwt(tl.load(xk + 1, mask=chosen[:, None] & odd[None, :], other=0.0), w_odd)
         acc += part * s[None, :]
-    _store_rows(out, acc, y_row, rn, N)
+    store_chosen(out, acc, y_row, rn, N)
 
 
 def _run(op: str, kernel, x: torch.Tensor, topk_ids: torch.Tensor, experts: int, n: int,
-         weights: dict[str, torch.Tensor], scalars: dict[str, int], block_k: int):
-    """y [M, k, N] from `kernel` over (M tiles, N tiles, E), once the operands' dtypes and
-    shapes are checked: here their memory (contiguous, on x's device) and offset sizes."""
+         weights: dict[str, torch.Tensor], scalars: dict[str, int], block_k: int,
+         skinny: tuple[str, dict[str, int], int]):
+    """y [M, k, N] from `kernel` over (M tiles, N tiles, E), or up to 16 rows from
+    skinny.py's kernel (`skinny`: its format, integer arguments and K alignment), once the
+    operands' dtypes and shapes are checked: here their memory (contiguous, on x's device)
+    and offset sizes."""
     ids = topk_ids.to(torch.int32).contiguous()                      # a no-op from int32
     for name, tensor in {"topk_ids": ids, **weights}.items():
         check_operand(op, name, tensor, tensor.dtype, tensor.shape, x.device)
@@ -220,6 +193,9 @@ def _run(op: str, kernel, x: torch.Tensor, topk_ids: torch.Tensor, experts: int,
     if max(x_span, per_expert, out.numel()) >= 2**31:
         raise ValueError(f"{op}: x, one expert's weight or the output span 2^31 elements or "
                          "more")
+    if m <= MAX_ROWS:
+        fmt, ints, k_align = skinny
+        return moe_rows(fmt, x, ids, experts, n, weights, ints, k_align)
     options = meta(m, topk, block_k)
     args = dict(x=x, topk_ids=ids, **weights, out=out, M=m, N=n, K=k, topk=topk,
                 stride_xm=x.stride(0), stride_xs=x.stride(1) if s > 1 else 0, **scalars)
@@ -232,7 +208,7 @@ def moe_gemm(x: torch.Tensor, topk_ids: torch.Tensor, weight: torch.Tensor) -> t
     """Same contract as the reference: x [M, S, K] -> y [M, k, N]."""
     e, n, _ = check_float("moe_gemm", x, topk_ids, weight, values=not x.is_cuda)
     return _run("moe_gemm", _moe_gemm_kernel, x, topk_ids, e, n, {"weight": weight}, {},
-                FLOAT_BLOCK_K)
+                FLOAT_BLOCK_K, ("float", {}, 16))
 
 
 def moe_fp8_gemm(x: torch.Tensor, topk_ids: torch.Tensor, weight: torch.Tensor,
@@ -243,9 +219,9 @@ def moe_fp8_gemm(x: torch.Tensor, topk_ids: torch.Tensor, weight: torch.Tensor,
     if block_k % FP8_BLOCK_K:
         raise ValueError(f"{op}: block_k must be a multiple of {FP8_BLOCK_K} (the kernel's K "
                          f"tile), got {block_k}")
+    ints = {"block_n": block_n, "block_k": block_k, "scale_cols": scale.shape[2]}
     return _run(op, _moe_fp8_kernel, x, topk_ids, e, n, {"weight": weight, "scale": scale},
-                {"block_n": block_n, "block_k": block_k, "scale_cols": scale.shape[2]},
-                FP8_BLOCK_K)
+                ints, FP8_BLOCK_K, ("fp8", ints, block_k))
 
 
 def moe_nvfp4_gemm(x: torch.Tensor, topk_ids: torch.Tensor, packed: torch.Tensor,
@@ -254,7 +230,9 @@ def moe_nvfp4_gemm(x: torch.Tensor, topk_ids: torch.Tensor, packed: torch.Tensor
     op = "moe_nvfp4_gemm"
     e, n, _ = check_nvfp4(op, x, topk_ids, packed, scale, global_scale, values=not x.is_cuda)
     weights = {"packed": packed, "scale": scale, "global_scale": global_scale}
-    return _run(op, _moe_nvfp4_kernel, x, topk_ids, e, n, weights, {}, NVFP4_BLOCK_K)
+    ints = {"stride_p": packed.shape[2], "stride_s": scale.shape[2]}
+    return _run(op, _moe_nvfp4_kernel, x, topk_ids, e, n, weights, {}, NVFP4_BLOCK_K,
+                ("nvfp4", ints, 16))
 
 
 def moe_int4_gemm(x: torch.Tensor, topk_ids: torch.Tensor, packed: torch.Tensor,
@@ -267,7 +245,8 @@ def moe_int4_gemm(x: torch.Tensor, topk_ids: torch.Tensor, packed: torch.Tensor,
                          f"tile), got {group}")
     weights = {"packed": packed, "scale": scale, "zero": zero}
     scalars = {"packed_cols": packed.shape[2], "group": group, "groups": scale.shape[2]}
-    return _run(op, _moe_int4_kernel, x, topk_ids, e, n, weights, scalars, INT4_BLOCK_K)
+    return _run(op, _moe_int4_kernel, x, topk_ids, e, n, weights, scalars, INT4_BLOCK_K,
+                ("int4", scalars, group))
 
 
 def meta(m: int, topk: int, block_k: int) -> dict:
@@ -301,8 +280,7 @@ def _spec(fmt: str, model: str, act: str, topk: int, m: int) -> Spec:
 # bf16 activations on Thor, in each format (float bf16, FP8 128 x 128 blocks, NVFP4, int4
 # group 128); gate/up (K 2048 -> N 512, S = 1) and down (K 512 -> N 2048, S = k) are one
 # specialization (the shapes are runtime ints). The demo-sized fp32 variant (8 experts, top
-# 2) is what the CPU tests launch. A spec per row tile: M <= 16 (decode and verify blocks,
-# per cycle) and M > 16 (prefill chunks).
-SPECS = tuple(_spec(fmt, model, act, topk, m) for fmt in FORMATS
-              for model, act, topk in (("35B-A3B", "*bf16", 8), ("demo", "*fp32", 2))
-              for m in (16, 64))
+# 2) is what the CPU tests launch. Prefill chunks (M > 16) only: up to 16 rows (decode and
+# verify blocks) run skinny.py's kernels.
+SPECS = tuple(_spec(fmt, model, act, topk, 64) for fmt in FORMATS
+              for model, act, topk in (("35B-A3B", "*bf16", 8), ("demo", "*fp32", 2)))

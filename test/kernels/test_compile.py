@@ -68,11 +68,13 @@ def test_cannot_compile_names_the_interpreter(monkeypatch):
     assert "TRITON_INTERPRET=1 is set" in report.cannot_compile()
 
 
-def test_skinny_gemms_load_16_byte_vectors_at_the_27b_shapes(rows):
-    """The decode GEMMs stream their weights in 16-byte loads (ld.global.v4 on the FMA path,
-    16-byte cp.async into the tensor-core path's pipeline), not byte by byte: a K step starts
-    on a multiple of BLOCK_K the compiler can see, and its row masks are constant along K."""
-    skinny = [r for r in rows if r["kernel"].endswith("_rows_kernel") and " 27B " in r["spec"]]
-    assert len(skinny) >= 2 * 3 * 4
+def test_skinny_gemms_load_16_byte_vectors_at_the_model_shapes(rows):
+    """The decode GEMMs (2-D and mixture-of-experts) stream their weights in 16-byte loads
+    (ld.global.v4 on the FMA path, 16-byte cp.async into the tensor-core path's pipeline),
+    not byte by byte: a K step starts on a multiple of BLOCK_K the compiler can see, and its
+    row masks are constant along K."""
+    skinny = [r for r in rows if r["kernel"].endswith("_rows_kernel")
+              and (" 27B " in r["spec"] or " 35B-A3B " in r["spec"])]
+    assert len(skinny) >= 2 * (3 * 4 + 4 * 4)
     for r in skinny:
         assert r["vector"] == 16, r

@@ -16,7 +16,7 @@ import inspect
 import pytest
 import torch
 
-from flash_planner.kernels import dispatch
+from flash_planner.kernels import dispatch, report
 from flash_planner.kernels.fp8_gemm.reference import dequantize_fp8
 from flash_planner.kernels.int4_gemm.reference import dequantize_int4
 from flash_planner.kernels.moe_gemm import kernel, reference
@@ -166,6 +166,46 @@ def test_kernel_matches_reference_on_other_routings(fmt, route, s):
     _close(kernel_fn(x, ids, *args), reference_fn(x, ids, *args))
 
 
+def _skinny_operands(fmt, args, kdim):
+    """(integer arguments, weight tensors, K alignment) of skinny.moe_rows for `args`."""
+    if fmt == "float":
+        return {}, {"weight": args[0]}, 16
+    if fmt == "fp8":
+        return ({"block_n": args[2], "block_k": args[3], "scale_cols": args[1].shape[2]},
+                {"weight": args[0], "scale": args[1]}, args[3])
+    if fmt == "nvfp4":
+        return ({"stride_p": kdim // 2, "stride_s": kdim // 16},
+                dict(zip(("packed", "scale", "global_scale"), args)), 16)
+    return ({"packed_cols": args[0].shape[2], "group": args[3], "groups": args[1].shape[2]},
+            dict(zip(("packed", "scale", "zero"), args[:3])), args[3])
+
+
+# (rows, BLOCK_M, BLOCK_N, K step, split): the skinny kernels' FMA and tensor-core paths, K
+# whole or split over programs that meet through the (expert, N tile) counters
+SKINNY = [(1, 1, 32, 32, 1), (3, 4, 16, 32, 3), (5, 16, 32, 32, 2), (16, 16, 64, 32, 4)]
+
+
+@pytest.mark.parametrize("s", ["S1", "Sk"])
+@pytest.mark.parametrize("config", SKINNY, ids=lambda c: "M{}-BM{}-BN{}-BK{}-S{}".format(*c))
+@pytest.mark.parametrize("case", ["float-40x96", "fp8-b16x32-72x160", "nvfp4-72x160",
+                                  "int4-g64-72x159"])
+def test_skinny_paths_match_the_reference(case, config, s):
+    from flash_planner.kernels.gemm_configs import RowsConfig
+    from flash_planner.kernels.moe_gemm.skinny import moe_rows
+    from flash_planner.kernels.split_k import counters
+
+    m, *tiles = config
+    k, e = 3, 8
+    for dtype in (torch.float32, torch.bfloat16):
+        fmt, x, ids, args = _inputs(case, m, k, e, 1 if s == "S1" else k, dtype, seed=m)
+        ref = _functions(fmt)[1](x, ids, *args)
+        ints, weights, align = _skinny_operands(fmt, args, x.shape[2])
+        out = moe_rows(fmt, x, ids.to(torch.int32), e, ref.shape[2], weights, ints, align,
+                       RowsConfig(*tiles))
+        _close(out, ref)
+        assert int(counters(x.device).abs().sum()) == 0
+
+
 def test_int64_ids_strided_x_and_an_empty_block():
     fmt, x, ids, args = _inputs("int4-g32-40x97", 5, 4, 8, 4, torch.bfloat16)
     wide = torch.zeros(5, 4, 100, dtype=x.dtype, device=DEVICE)
@@ -188,7 +228,10 @@ def test_launches_are_declared_specs(fmt):
                 _, x, ids, args = _inputs(SMALL[fmt], m, 2, 3, 1, dtype)
                 kernel_fn(x, ids, *args)
     assert len(launches) == 4
-    assert all(sum(spec.admits(launch) for spec in kernel.SPECS) == 1 for launch in launches)
+    skinny = [launch for launch in launches if launch.name.endswith("_rows_kernel")]
+    assert len(skinny) == 2                                 # M = 1: the split-K kernel
+    specs = report.all_specs()
+    assert all(any(spec.admits(launch) for spec in specs) for launch in launches)
 
 
 @pytest.mark.parametrize("fmt", NAMES)

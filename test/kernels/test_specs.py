@@ -53,6 +53,8 @@ CONFIGS = [("fp32", "fp32"), ("fp32", "fp8"), ("bf16", "bf16"), ("bf16", "fp8")]
 # test_moe_gemm.py check that their launches are declared specs.
 QUANTIZED_ONLY = {"_fp8_gemm_kernel", "_int4_gemm_kernel", "_nvfp4_gemm_kernel",
                   "_fp8_rows_kernel", "_int4_rows_kernel", "_nvfp4_rows_kernel",
+                  "_moe_float_rows_kernel", "_moe_fp8_rows_kernel", "_moe_nvfp4_rows_kernel",
+                  "_moe_int4_rows_kernel",
                   "_moe_gemm_kernel", "_moe_fp8_kernel", "_moe_nvfp4_kernel", "_moe_int4_kernel"}
 
 
