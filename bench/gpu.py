@@ -20,15 +20,18 @@ Parts (each one table, all of them in one JSON file):
             plans equal to fp32 eager's, and the engine's first request's TTFT against the
             median of the next ones (load and warm-up times beside). Needs our planning
             dependencies too (docs/thor.md lists the wheels).
-  slices    engine slices at the 27B's width (4 layers: 3 GDN + 1 attention, its vocabulary;
-            bf16 and NVFP4 quantized at load) and the 35B-A3B's (bf16), random weights: a
+  slices    engine slices at the 27B's width (4 layers: 3 GDN + 1 attention, its vocabulary)
+            and the 35B-A3B's, bf16 and NVFP4 (quantized at load, experts included; gate and
+            up fused as the loader fuses them), random weights: a
             1-row decode and a 16-row verify (with its rollback), eager and through the
             compiled graphs, as ms, bytes per forward and the fraction of the copy bandwidth.
             --small: tiny widths, eager only (a cold compile on a CPU takes minutes). On
             a GPU each slice compiles its graphs (75-105 s cold at these widths; the
             on-disk cache makes a second run quick): `--parts` splits a first run.
-Not in it yet: the MoE grouped GEMM, NVFP4 experts in the 35B-A3B slice (bench/kernels.py
-has the hot-path kernels' table).
+  moe       (with gemm) the 35B-A3B's grouped expert GEMMs in each format, a decode row and
+            4- and 16-row verify blocks with random routing: time beside the tiled kernel's,
+            and the fraction of the copy bandwidth the distinct chosen experts' bytes reach.
+bench/kernels.py has the hot-path kernels' table.
 
     python bench/gpu.py [--parts ceilings gemm thor] [--json-out FILE]   # a CUDA GPU
     python bench/gpu.py --small     # tiny shapes on a CPU, kernels interpreted: a smoke run
@@ -132,19 +135,70 @@ def gemm_rows(device: str, small: bool, bw: float, repeats: int, tune: bool) -> 
 
 def _beside(fmt: str, module, x: torch.Tensor, repeats: int) -> dict:
     """The tiled kernel's time and the skinny kernel's at its counted configuration."""
-    import importlib
-
     from flash_planner.kernels import gemm_configs
     from flash_planner.kernels.split_k import sm_count
     from flash_planner.kernels.tune import LAUNCHERS, k_align
 
     ops = module.operands()
-    tiled = importlib.import_module(f"flash_planner.kernels.{fmt}_gemm.kernel").tiled_gemm
     counted = gemm_configs.heuristic(fmt, module.out_features, module.in_features,
                                      x.shape[0], sm_count(x.device), k_align(fmt, ops),
                                      False, x.dtype == torch.float32)
-    return {"tiled_ms": timed_ms(lambda: tiled(x, *ops), repeats),
+    with gemm_configs.tiled_only():
+        tiled_ms = timed_ms(lambda: module(x), repeats)
+    return {"tiled_ms": tiled_ms,
             "counted_ms": timed_ms(lambda: LAUNCHERS[fmt](x, *ops, config=counted), repeats)}
+
+
+def expert_stack(fmt: str, experts: int, n: int, k: int, device: str, dtype: torch.dtype):
+    """A stack of `experts` random [N, K] weights in `fmt` (bf16: an ExpertLinear)."""
+    from flash_planner.engine.weights.experts import ExpertLinear
+
+    if fmt == "bf16":
+        stack = ExpertLinear(experts, k, n).to(device=device, dtype=dtype)
+        with torch.no_grad():
+            stack.weight.normal_(0.0, 0.02)
+        return stack
+    layout = _layout(fmt)
+    with torch.device("meta"):
+        stack = layout.module(n, k).stacked(experts)
+    stack = stack.to_empty(device=device)
+    for e in range(experts):
+        w = torch.randn(n, k, device=device, dtype=torch.float32) * 0.02
+        stack.set_packed(layout.convert({"weight": w}, n, k), expert=e)
+    return stack
+
+
+def moe_rows(device: str, small: bool, bw: float, repeats: int) -> list[dict]:
+    """The 35B-A3B's grouped expert GEMMs (256 experts, top 8; tiny: 8, top 2): a decode
+    row and verify blocks with random distinct routing; bytes: the distinct chosen experts'."""
+    from flash_planner.kernels import gemm_configs
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    experts, topk = (8, 2) if small else (256, 8)
+    shapes = [("tiny up", 32, 64), ("tiny down", 64, 32)] if small else [
+        ("35B-A3B up", 512, 2048), ("35B-A3B down", 2048, 512)]
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for name, n, k in shapes:
+        slots = topk if "down" in name else 1
+        for fmt in FORMATS:
+            stack = expert_stack(fmt, experts, n, k, device, dtype)
+            per_expert = sum(b.nbytes for b in stack.buffers()) + sum(
+                p.nbytes for p in stack.parameters())
+            per_expert //= experts
+            for m in ((1, 4) if small else (1, 4, 16)):
+                ids = torch.stack([torch.randperm(experts, generator=gen)[:topk]
+                                   for _ in range(m)]).to(device=device, dtype=torch.int32)
+                x = torch.randn(m, slots, k, device=device, dtype=dtype)
+                ms = timed_ms(lambda x=x, ids=ids, g=stack.grouped: g(x, ids), repeats)
+                with gemm_configs.tiled_only():
+                    tiled_ms = timed_ms(lambda x=x, ids=ids, g=stack.grouped: g(x, ids),
+                                        repeats)
+                nbytes = per_expert * len(set(ids.flatten().tolist()))
+                out.append({"shape": name, "format": fmt, "rows": m, "ms": ms,
+                            "tiled_ms": tiled_ms, "weight_bytes": nbytes,
+                            "of_copy_bw": nbytes / (ms / 1000) / bw})
+    return out
 
 
 def gate_up_rows(device: str, small: bool, repeats: int) -> list[dict]:
@@ -202,6 +256,7 @@ def slice_model(raw: dict, weights: str, dtype: torch.dtype, device: str):
     device: no checkpoint is written."""
     from flash_planner.engine.config import ModelConfig
     from flash_planner.engine.models.target import TargetModel
+    from flash_planner.engine.weights.fuse import fuse_gate_up
     from flash_planner.engine.weights.load import plan_linears
     from flash_planner.engine.weights.scheme import UNQUANTIZED
 
@@ -216,6 +271,16 @@ def slice_model(raw: dict, weights: str, dtype: torch.dtype, device: str):
         for name, p in planned.items():
             w = torch.randn(p.n, p.k, device=device, dtype=dtype) * 0.02
             model.get_submodule(name).set_packed(p.layout.convert({"weight": w}, p.n, p.k))
+    if weights != "bf16":               # the experts too, one stack per projection
+        from flash_planner.engine.weights.experts import ExpertLinear
+
+        for parent in list(model.modules()):
+            for child, stack in list(parent.named_children()):
+                if isinstance(stack, ExpertLinear):
+                    setattr(parent, child, expert_stack(weights, stack.expert_count,
+                                                        stack.out_features,
+                                                        stack.in_features, device, dtype))
+    fuse_gate_up(model)
     return cfg, model.eval()
 
 
@@ -231,7 +296,7 @@ def slice_rows(device: str, small: bool, bw: float, repeats: int) -> list[dict]:
     dtype = torch.float32 if small else torch.bfloat16
     four = {"num_hidden_layers": 4, **(TINY if small else {})}
     slices = [("27B", dict(QWEN3_6_27B, **four), ("bf16", "nvfp4")),
-              ("35B-A3B", dict(QWEN3_6_35B_A3B, **four), ("bf16",))]
+              ("35B-A3B", dict(QWEN3_6_35B_A3B, **four), ("bf16", "nvfp4"))]
     out = []
     for name, raw, formats in slices:
         for weights in formats:
@@ -365,6 +430,14 @@ def print_tables(report: dict) -> None:
         for r in report["gate_up"]:
             print(f"{r['format']:<8}{r['rows']:>5}{r['fused_ms']:>10.4f}{r['apart_ms']:>10.4f}"
                   f"{r['apart_ms'] / r['fused_ms']:>13.2f}")
+    if report.get("moe"):
+        print(f"MoE grouped GEMMs (random routing; weight MB: the distinct experts chosen; "
+              f"tiled: the M > 16 kernel)\n{'shape':<16}{'format':<8}{'rows':>5}{'ms':>10}"
+              f"{'tiled':>9}{'weight MB':>11}{'of copy bw':>12}")
+        for r in report["moe"]:
+            print(f"{r['shape']:<16}{r['format']:<8}{r['rows']:>5}{r['ms']:>10.4f}"
+                  f"{r['tiled_ms']:>9.4f}{r['weight_bytes'] / 1e6:>11.2f}"
+                  f"{100 * r['of_copy_bw']:>11.1f}%")
     if report.get("slices"):
         print(f"engine slices, 4 layers ({'fp32' if report['small'] else 'bf16'} compute; "
               f"verify = 16 rows with its rollback; GB read per forward, experts at top-k "
@@ -426,6 +499,7 @@ def main(argv=None) -> int:
         report["gemm"] = gemm_rows(device, args.small, bw, 2 if args.small else 50, args.tune)
     if "gemm" in args.parts:
         report["gate_up"] = gate_up_rows(device, args.small, 2 if args.small else 50)
+        report["moe"] = moe_rows(device, args.small, bw, 2 if args.small else 50)
     if "thor" in args.parts:
         one = [r["of_copy_bw"] for r in report["gemm"] if r["format"] == "nvfp4"
                and r["rows"] == 1]

@@ -22,10 +22,12 @@ Buckets are powers of two: a 3-row verify runs the 4-row configuration.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -72,6 +74,27 @@ class RowsConfig:
     def meta(self) -> dict:
         return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k,
                 "SPLIT": self.split, "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+_skinny_rows = MAX_ROWS
+
+
+def skinny(rows: int) -> bool:
+    """Whether a launch over `rows` rows runs a skinny kernel (up to 16; none inside
+    `tiled_only`)."""
+    return rows <= _skinny_rows
+
+
+@contextlib.contextmanager
+def tiled_only() -> Iterator[None]:
+    """Every weight-only and MoE GEMM inside on the tiled kernels, whatever M: what decode
+    ran before the skinny kernels (bench/gpu.py times both)."""
+    global _skinny_rows
+    _skinny_rows = 0
+    try:
+        yield
+    finally:
+        _skinny_rows = MAX_ROWS
 
 
 def bucket(rows: int) -> int:

@@ -34,13 +34,18 @@ def test_the_gpu_bench_runs_small_and_reports_every_part(tmp_path):
     assert "Thor line" in proc.stdout
     slices = report["slices"]
     assert {(r["slice"], r["weights"], r["rows"]) for r in slices} == {
-        (n, w, rows) for n, w in (("27B", "bf16"), ("27B", "nvfp4"), ("35B-A3B", "bf16"))
+        (n, w, rows) for n in ("27B", "35B-A3B") for w in ("bf16", "nvfp4")
         for rows in (1, 16)}
     assert all(r["ms"] > 0 and r["gb_per_forward"] > 0 for r in slices)
     # the NVFP4 slice reads fewer bytes than the bf16 one; a verify reads more experts
     gb = {(r["slice"], r["weights"], r["rows"]): r["gb_per_forward"] for r in slices}
     assert gb["27B", "nvfp4", 1] < gb["27B", "bf16", 1] == gb["27B", "bf16", 16]
     assert gb["35B-A3B", "bf16", 16] > gb["35B-A3B", "bf16", 1]
+    assert gb["35B-A3B", "nvfp4", 1] < gb["35B-A3B", "bf16", 1]      # NVFP4 experts too
+    moe = report["moe"]
+    assert {(r["format"], r["rows"]) for r in moe} == {
+        (f, m) for f in ("bf16", "fp8", "nvfp4", "int4") for m in (1, 4)}
+    assert all(r["ms"] > 0 and r["tiled_ms"] > 0 and r["weight_bytes"] > 0 for r in moe)
     demo = report["demo"]
     assert {(r["dtype"], r["method"]) for r in demo} == {
         (d, m) for d in ("fp32", "bf16") for m in ("auto", "none")}

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..gemm_configs import MAX_ROWS
+from ..gemm_configs import skinny
 from ..specs import Spec, launch
 from ..weight_tiles import check_operand, dot_xwt, flatten_rows, fp8_tile, int32_sizes
 from .skinny import fp8_rows
@@ -102,7 +102,7 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n
     m, n = rows.shape[0], weight.shape[0]
     if m * n == 0:
         y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    elif m <= MAX_ROWS:
+    elif skinny(m):
         y = fp8_rows(rows, weight, scale, block_n, block_k)
     else:
         y = tiled_gemm(rows, weight, scale, block_n, block_k)
@@ -116,7 +116,7 @@ def fp8_gate_up(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bloc
     m, i = rows.shape[0], weight.shape[0] // 2
     if m * i == 0:
         y = torch.empty(m, i, dtype=x.dtype, device=x.device)
-    elif m <= MAX_ROWS:
+    elif skinny(m):
         y = fp8_rows(rows, weight, scale, block_n, block_k, gated=True)
     else:  # prefill: the tiled kernel over both halves, then the activation
         both = tiled_gemm(rows, weight, scale, block_n, block_k, fp32_out=True)

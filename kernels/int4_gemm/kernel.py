@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ..fp8_gemm.kernel import BLOCK_N, gemm_meta
-from ..gemm_configs import MAX_ROWS
+from ..gemm_configs import skinny
 from ..specs import Spec, launch
 from ..weight_tiles import check_operand, dot_xwt, flatten_rows, int4_tile, int32_sizes
 from .skinny import int4_rows
@@ -102,7 +102,7 @@ def int4_gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: 
     m, n = rows.shape[0], packed.shape[0]
     if m * n == 0:
         y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    elif m <= MAX_ROWS:
+    elif skinny(m):
         y = int4_rows(rows, packed, scale, zero, group)
     else:
         y = tiled_gemm(rows, packed, scale, zero, group)
@@ -116,7 +116,7 @@ def int4_gate_up(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     m, i = rows.shape[0], packed.shape[0] // 2
     if m * i == 0:
         y = torch.empty(m, i, dtype=x.dtype, device=x.device)
-    elif m <= MAX_ROWS:
+    elif skinny(m):
         y = int4_rows(rows, packed, scale, zero, group, gated=True)
     else:  # prefill: the tiled kernel over both halves, then the activation
         both = tiled_gemm(rows, packed, scale, zero, group, fp32_out=True)

@@ -38,7 +38,7 @@ import triton.language as tl
 
 from ..fp8_gemm.kernel import BLOCK_K as FP8_BLOCK_K
 from ..fp8_gemm.kernel import BLOCK_N, gemm_meta
-from ..gemm_configs import MAX_ROWS
+from ..gemm_configs import skinny
 from ..int4_gemm.kernel import BLOCK_K as INT4_BLOCK_K
 from ..specs import Spec, launch
 from ..weight_tiles import check_operand, dot_xwt, fp8_tile, int4_tile, nvfp4_tile
@@ -173,9 +173,9 @@ def _moe_int4_kernel(x, topk_ids, packed, scale, zero, out, M, N, K, topk, strid
 
 def _run(op: str, kernel, x: torch.Tensor, topk_ids: torch.Tensor, experts: int, n: int,
          weights: dict[str, torch.Tensor], scalars: dict[str, int], block_k: int,
-         skinny: tuple[str, dict[str, int], int]):
+         rows_kernel: tuple[str, dict[str, int], int]):
     """y [M, k, N] from `kernel` over (M tiles, N tiles, E), or up to 16 rows from
-    skinny.py's kernel (`skinny`: its format, integer arguments and K alignment), once the
+    skinny.py's kernel (`rows_kernel`: its format, integer arguments and K alignment), once the
     operands' dtypes and shapes are checked: here their memory (contiguous, on x's device)
     and offset sizes."""
     ids = topk_ids.to(torch.int32).contiguous()                      # a no-op from int32
@@ -193,8 +193,8 @@ def _run(op: str, kernel, x: torch.Tensor, topk_ids: torch.Tensor, experts: int,
     if max(x_span, per_expert, out.numel()) >= 2**31:
         raise ValueError(f"{op}: x, one expert's weight or the output span 2^31 elements or "
                          "more")
-    if m <= MAX_ROWS:
-        fmt, ints, k_align = skinny
+    if skinny(m):
+        fmt, ints, k_align = rows_kernel
         return moe_rows(fmt, x, ids, experts, n, weights, ints, k_align)
     options = meta(m, topk, block_k)
     args = dict(x=x, topk_ids=ids, **weights, out=out, M=m, N=n, K=k, topk=topk,

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ..fp8_gemm.kernel import BLOCK_N, gemm_meta
-from ..gemm_configs import MAX_ROWS
+from ..gemm_configs import skinny
 from ..specs import Spec, launch
 from ..weight_tiles import check_operand, dot_xwt, flatten_rows, int32_sizes, nvfp4_tile
 from .reference import GROUP
@@ -100,7 +100,7 @@ def nvfp4_gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     m, n = rows.shape[0], packed.shape[0]
     if m * n == 0:
         y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    elif m <= MAX_ROWS:
+    elif skinny(m):
         y = nvfp4_rows(rows, packed, scale, global_scale.reshape(-1))
     else:
         y = tiled_gemm(rows, packed, scale, global_scale)
@@ -114,7 +114,7 @@ def nvfp4_gate_up(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
     m, i = rows.shape[0], packed.shape[0] // 2
     if m * i == 0:
         y = torch.empty(m, i, dtype=x.dtype, device=x.device)
-    elif m <= MAX_ROWS:
+    elif skinny(m):
         y = nvfp4_rows(rows, packed, scale, global_scale.reshape(-1), gated=True)
     else:  # prefill: the tiled kernel per half (a launch each is nothing against M rows)
         gs = global_scale.reshape(-1)
