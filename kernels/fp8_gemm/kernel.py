@@ -23,14 +23,14 @@ import triton
 import triton.language as tl
 
 from ..gemm_configs import skinny
-from ..specs import Spec, launch
+from ..specs import Spec, aligned, launch
 from ..weight_tiles import check_operand, dot_xwt, flatten_rows, fp8_tile, int32_sizes
 from .skinny import fp8_rows
 
 # Tiles and warps, from kernels/report.py: 64 x 64 weight tiles with 4 warps took 212-255
-# registers and spilled in the 64-row prefill tiles (the report compiles without Triton's
-# 16-byte alignment specialization, so every byte is its own load and pointer); K steps of 32
-# with 8 warps hold 61-204 registers and no stack across the three formats.
+# registers and spilled in the 64-row prefill tiles when the report compiled without Triton's
+# 16-byte alignment specialization; K steps of 32 with 8 warps hold 47-142 registers and no
+# stack across the three formats, compiled as launched (aligned at the model shapes).
 BLOCK_N = 64
 BLOCK_K = 32
 NUM_WARPS = 8
@@ -140,7 +140,7 @@ def _spec(model: str, act: str, out: str = "") -> Spec:
              **dict.fromkeys(("M", "N", "K", "stride_xm", "block_n", "block_k", "scale_cols"),
                              "i32")}
     label = f"fp8 {model} {act[1:]} M>16{' -> fp32' if out else ''}"
-    return Spec.from_meta(_fp8_gemm_kernel, label, types, meta(64))
+    return Spec.from_meta(_fp8_gemm_kernel, label, types, meta(64), aligned=aligned(types))
 
 
 # Qwen3.6-27B's FP8 layers (q/k/v/o, GDN in_proj_qkv/z/out_proj, MLP: K 5120 to 17408, block

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from ..fp8_gemm.kernel import BLOCK_N, gemm_meta
 from ..gemm_configs import skinny
-from ..specs import Spec, launch
+from ..specs import Spec, aligned, launch
 from ..weight_tiles import check_operand, dot_xwt, flatten_rows, int4_tile, int32_sizes
 from .skinny import int4_rows
 
@@ -133,7 +133,7 @@ def _spec(model: str, act: str, out: str = "") -> Spec:
              **dict.fromkeys(("M", "N", "K", "stride_xm", "packed_cols", "group", "groups"),
                              "i32")}
     label = f"int4 {model} {act[1:]} M>16{' -> fp32' if out else ''}"
-    return Spec.from_meta(_int4_gemm_kernel, label, types, meta(64))
+    return Spec.from_meta(_int4_gemm_kernel, label, types, meta(64), aligned=aligned(types))
 
 
 # Qwen3.6-27B layers in W4A16 (AWQ / GPTQ / compressed-tensors repacked; K 5120 to 17408,

@@ -40,7 +40,7 @@ from ..fp8_gemm.kernel import BLOCK_K as FP8_BLOCK_K
 from ..fp8_gemm.kernel import BLOCK_N, gemm_meta
 from ..gemm_configs import skinny
 from ..int4_gemm.kernel import BLOCK_K as INT4_BLOCK_K
-from ..specs import Spec, launch
+from ..specs import Spec, aligned, launch
 from ..weight_tiles import check_operand, dot_xwt, fp8_tile, int4_tile, nvfp4_tile
 from .reference import check_float, check_fp8, check_int4, check_nvfp4
 from .skinny import moe_rows
@@ -273,7 +273,7 @@ def _spec(fmt: str, model: str, act: str, topk: int, m: int) -> Spec:
              "out": act, **dict.fromkeys(INTS + ints, "i32")}
     label = f"{fmt} {model} {act[1:]} M{'<=16' if m <= 16 else '>16'}"
     return Spec.from_meta(kernel, label, types, meta(m, topk, block_k), per_cycle=m <= 16,
-                          shape_constexprs=("TOPK",))
+                          shape_constexprs=("TOPK",), aligned=aligned(types))
 
 
 # Qwen3.6-35B-A3B's experts (hidden 2048, moe_intermediate_size 512, 256 experts, top 8) with

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from ..fp8_gemm.kernel import BLOCK_N, gemm_meta
 from ..gemm_configs import skinny
-from ..specs import Spec, launch
+from ..specs import Spec, aligned, launch
 from ..weight_tiles import check_operand, dot_xwt, flatten_rows, int32_sizes, nvfp4_tile
 from .reference import GROUP
 from .skinny import nvfp4_rows
@@ -132,7 +132,7 @@ def _spec(model: str, act: str, out: str = "") -> Spec:
     types = {"x": act, "packed": "*u8", "scale": "*u8", "global_scale": "*fp32", "out": out or act,
              **dict.fromkeys(("M", "N", "K", "stride_xm"), "i32")}
     label = f"nvfp4 {model} {act[1:]} M>16{' -> fp32' if out else ''}"
-    return Spec.from_meta(_nvfp4_gemm_kernel, label, types, meta(64))
+    return Spec.from_meta(_nvfp4_gemm_kernel, label, types, meta(64), aligned=aligned(types))
 
 
 # Qwen3.6-27B's NVFP4 MLP (gate/up 5120 -> 17408, down 17408 -> 5120) with bf16 activations
