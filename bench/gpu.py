@@ -31,6 +31,8 @@ Parts (each one table, all of them in one JSON file):
   moe       (with gemm) the 35B-A3B's grouped expert GEMMs in each format, a decode row and
             4- and 16-row verify blocks with random routing: time beside the tiled kernel's,
             and the fraction of the copy bandwidth the distinct chosen experts' bytes reach.
+  profile   where a plan's time goes in fp32 and in bf16 (the demo, eager, auto, under
+            torch.profiler): the ops with the most host time and their device time, per dtype.
 bench/kernels.py has the hot-path kernels' table.
 
     python bench/gpu.py [--parts ceilings gemm thor] [--json-out FILE]   # a CUDA GPU
@@ -64,7 +66,7 @@ _bench_kernels = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_bench_kernels)
 copy_bandwidth, timed_ms = _bench_kernels.copy_bandwidth, _bench_kernels.timed_ms
 
-PARTS = ("ceilings", "gemm", "thor", "slices", "demo")
+PARTS = ("ceilings", "gemm", "thor", "slices", "demo", "profile")
 ROWS = (1, 2, 4, 8, 16)
 THOR_GBPS = 273.0
 # (name, N, K): the Linear shapes one decode step reads most of
@@ -406,6 +408,104 @@ def demo_rows(device: str, small: bool) -> list[dict]:
     return rows
 
 
+def profile_rows(device: str, small: bool) -> list[dict]:
+    """Where a plan's time goes, fp32 against bf16: the demo through the planner service
+    (eager, auto), three held-out plans under torch.profiler after warm-up; per dtype the
+    ops with the most host time (self CPU) and their device time. The first GPU run found
+    bf16 5x slower than fp32 when eager and in TTFT: this names the ops that differ."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from flash_planner.engine.engine import Engine
+    from flash_planner.kernels import dispatch
+    from flash_planner.planning.presets import ModelPreset, default_skills_path
+    from flash_planner.planning.request import PlanRequest
+    from flash_planner.planning.service import PlannerConfig, PlannerService, PlanTicket
+    from flash_planner.planning.skills import SkillCatalog
+    from flash_planner.train.corpus import heldout_sets
+
+    preset = ModelPreset.load("demo")
+    catalog = SkillCatalog.from_yaml(default_skills_path())
+    tasks = heldout_sets(0, 40)["world"][:1 if small else 3]
+    if small:
+        dispatch.set_backend("auto")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    rows = []
+    for dtype in ("fp32", "bf16"):
+        engine = Engine.load(preset.engine_config(device=device, dtype=dtype, compile="off"))
+        service = PlannerService(engine, catalog, PlannerConfig(
+            refusal_hint=preset.refusal_hint, sampling="greedy"))
+        service.warm_up()
+        # each request runs in this thread, not the service's worker: the profiler records
+        # the ops of the thread that started it
+        t0 = time.perf_counter()
+        with profile(activities=activities) as prof:
+            for ex in tasks:
+                result = service._run(PlanTicket(PlanRequest(ex.task, ex.context,
+                                                             method="auto"), None))
+                assert result.success, result.error
+        wall_ms = (time.perf_counter() - t0) * 1000 / len(tasks)
+        events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]
+        ops = [{"op": e.key, "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1000,
+                "device_ms": getattr(e, "self_device_time_total",
+                                     getattr(e, "self_cuda_time_total", 0)) / 1000}
+               for e in events]
+        rows.append({"dtype": dtype, "plan_ms": wall_ms, "plans": len(tasks), "ops": ops})
+        del service, engine
+    return rows
+
+
+def sdpa_rows(device: str) -> list[dict]:
+    """SDPA as eager attention calls it: the demo's heads, a 16-row verify block under a
+    boolean mask, a key length new at every call (as a growing context makes it), per dtype
+    and backend: ms per call (mean of 16 lengths, synchronized), or why the backend refused.
+    A backend that builds a plan per shape (cuDNN's graphs) pays it on every call here."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flash_planner.planning.presets import ModelPreset, asset_path
+
+    target = Path(asset_path(ModelPreset.load("demo").target_path))
+    raw = json.loads((target / "config.json").read_text())
+    raw = raw.get("text_config", raw)
+    heads, kv, dim = (raw["num_attention_heads"], raw["num_key_value_heads"],
+                      raw.get("head_dim", raw["hidden_size"] // raw["num_attention_heads"]))
+    from flash_planner.engine.models.layers import attention
+
+    backends = {"default": None, "math": SDPBackend.MATH,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                "engine": "engine"}       # models/layers.attention, as an eager forward calls it
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for name, backend in backends.items():
+            times, error = [], None
+            for length in range(200, 216):
+                q = torch.randn(1, 16, heads, dim, device=device, dtype=dtype)
+                k = torch.randn(1, length, kv, dim, device=device, dtype=dtype)
+                v = torch.randn(1, length, kv, dim, device=device, dtype=dtype)
+                mask = torch.ones(16, length, device=device, dtype=torch.bool).tril(length - 16)
+                try:
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    if backend == "engine":
+                        attention(q, k, v, mask, dim ** -0.5)
+                    else:
+                        with sdpa_kernel([backend] if backend else list(backends.values())[1:5]):
+                            torch.nn.functional.scaled_dot_product_attention(
+                                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                attn_mask=mask, enable_gqa=heads != kv)
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    times.append((time.perf_counter() - t0) * 1000)
+                except RuntimeError as exc:
+                    error = str(exc).splitlines()[0][:60]
+                    break
+            rows.append({"dtype": str(dtype).removeprefix("torch."), "backend": name,
+                         "ms": sum(times) / len(times) if times else None, "error": error,
+                         "heads": heads, "kv_heads": kv, "head_dim": dim})
+    return rows
+
+
 def print_tables(report: dict) -> None:
     c = report.get("ceilings")
     if c:
@@ -457,6 +557,21 @@ def print_tables(report: dict) -> None:
             print(f"{r['dtype']:<6}{r['forward']:<10}{r['method']:<8}{r['ttft_ms']:>9.1f}"
                   f"{r['tok_s']:>8.0f}{r['tokens_per_cycle']:>9.2f}"
                   f"{r['plans_equal']:>4}/{r['tasks']:<2}{first:>20}{r['load_s']:>8.1f}")
+    if report.get("profile"):
+        for r in report["profile"]:
+            print(f"profile, {r['dtype']} eager auto: {r['plan_ms']:.1f} ms a plan over "
+                  f"{r['plans']} plans (profiler on); top ops by host time\n"
+                  f"  {'op':<48}{'calls':>8}{'self CPU ms':>13}{'device ms':>11}")
+            for op in r["ops"]:
+                print(f"  {op['op'][:47]:<48}{op['calls']:>8}{op['self_cpu_ms']:>13.2f}"
+                      f"{op['device_ms']:>11.2f}")
+    if report.get("sdpa"):
+        s = report["sdpa"][0]
+        print(f"SDPA as eager attention calls it ({s['heads']} heads, {s['kv_heads']} kv, dim "
+              f"{s['head_dim']}, 16 rows, boolean mask, a new key length every call):")
+        for r in report["sdpa"]:
+            got = f"{r['ms']:.3f} ms" if r["ms"] is not None else f"refused: {r['error']}"
+            print(f"  {r['dtype']:<9}{r['backend']:<10}{got}")
     if report.get("thor"):
         print(f"Thor line: {THOR_GBPS:.0f} GB/s at the nvfp4 GEMMs' measured fraction "
               f"({100 * report['thor'][0]['fraction']:.0f}%, 1 row)")
@@ -508,6 +623,9 @@ def main(argv=None) -> int:
         report["slices"] = slice_rows(device, args.small, bw, 3 if args.small else 20)
     if "demo" in args.parts:
         report["demo"] = demo_rows(device, args.small)
+    if "profile" in args.parts:
+        report["profile"] = profile_rows(device, args.small)
+        report["sdpa"] = sdpa_rows(device)
     report["wall_s"] = time.perf_counter() - t0
     print(f"{report['device']}; wall {report['wall_s']:.0f} s")
     print_tables(report)

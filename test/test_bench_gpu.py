@@ -54,6 +54,13 @@ def test_the_gpu_bench_runs_small_and_reports_every_part(tmp_path):
     # fp32 eager is the reference of plans equal; each engine's first request is reported
     assert all(r["plans_equal"] == r["tasks"] for r in demo if r["dtype"] == "fp32")
     assert sum(r["first_ttft_ms"] is not None for r in demo) == 2
+    # where a plan's time goes, per dtype: the profiler saw the engine's ops
+    profiled = {r["dtype"]: r for r in report["profile"]}
+    assert set(profiled) == {"fp32", "bf16"}
+    assert all(any(op["op"] == "aten::mm" for op in r["ops"]) for r in profiled.values())
+    sdpa = {(r["dtype"], r["backend"]): r for r in report["sdpa"]}
+    assert all(sdpa[d, b]["ms"] > 0 for d in ("float32", "bfloat16") for b in ("math",
+                                                                              "engine"))
 
 
 def test_the_full_run_needs_a_gpu_and_says_so_without_one():

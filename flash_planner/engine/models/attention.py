@@ -7,13 +7,12 @@ write, attention over the cache), `post` (output gate + o_proj, dense).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...kernels import dispatch
 from ..config import ModelConfig
 from .context import ForwardContext
-from .layers import RMSNorm, apply_rope
+from .layers import RMSNorm, apply_rope, attention
 
 
 class Attention(nn.Module):
@@ -94,11 +93,8 @@ class Attention(nn.Module):
                mask: torch.Tensor) -> torch.Tensor:
         """q [B, T, H, D] over keys, values [B, L, Hkv, D] where mask [T, L] -> [B, T, H*D]."""
         b, t = q.shape[:2]
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=mask, scale=self.head_dim ** -0.5,
-            enable_gqa=self.num_heads != self.num_kv_heads)            # [B, H, T, D]
-        return out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
+        out = attention(q, keys, values, mask, self.head_dim ** -0.5)   # [B, T, H, D]
+        return out.reshape(b, t, self.num_heads * self.head_dim)
 
     def post(self, core: torch.Tensor, post: tuple[torch.Tensor, ...]) -> torch.Tensor:
         if self.gated:

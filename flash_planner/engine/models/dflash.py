@@ -26,14 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError, ModelConfig, RopeConfig
 from ..weights.load import load_module, open_shard
 from ..weights.scheme import WeightFormatError, read_scheme
 from .draft_conv import GroupedDynamicConv
-from .layers import MLP, RMSNorm, apply_rope, rope_cos_sin
+from .layers import MLP, RMSNorm, apply_rope, attention, rope_cos_sin
 from .selector import CandidateSelector
 
 DFLASH, DFLASH2 = "DFlashDraftModel", "DFlash2DraftModel"
@@ -272,10 +271,8 @@ class DraftAttention(nn.Module):
         k, v = self.kv(h, cos, sin)
         keys = torch.cat((ctx_k, k), dim=1)                            # [B, C+T, Hkv, D]
         values = torch.cat((ctx_v, v), dim=1)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask,
-            scale=self.d ** -0.5, enable_gqa=self.h != self.hkv)       # [B, H, T, D]
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.h * self.d))
+        out = attention(q, keys, values, mask, self.d ** -0.5)          # [B, T, H, D]
+        return self.o_proj(out.reshape(b, t, self.h * self.d))
 
 
 class DraftLayer(nn.Module):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 class RMSNorm(nn.Module):
@@ -75,3 +76,38 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x1, x2 = x_rot[..., : r // 2], x_rot[..., r // 2:]
     rotated = torch.cat((-x2, x1), dim=-1)
     return torch.cat((x_rot * cos + rotated * sin, x_pass), dim=-1)
+
+
+# cuDNN's SDPA backend builds an execution graph per shape; PyTorch may pick it for a masked
+# grouped-query call in bf16/fp16 on CUDA (flash takes no mask, the memory-efficient kernel no
+# grouped heads). Eager forwards change the key length at every call, so on CUDA they expand
+# the grouped heads and keep cuDNN out: the memory-efficient kernel takes the call (math where
+# it refuses). Compiled forwards (static shapes, traced by dynamo) keep every backend.
+EAGER_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+              scale: float) -> torch.Tensor:
+    """q [B, T, H, D] over keys, values [B, L, Hkv, D] (Hkv divides H) where mask [T, L]
+    -> [B, T, H, D]."""
+    if q.is_cuda and not torch.compiler.is_compiling():
+        return expanded_attention(q, keys, values, mask, scale)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask,
+        scale=scale, enable_gqa=q.shape[2] != keys.shape[2])
+    return out.transpose(1, 2)
+
+
+def expanded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                       mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """`attention` with the grouped heads expanded and cuDNN's backend left out (CUDA's
+    eager path)."""
+    group = q.shape[2] // keys.shape[2]
+    if group > 1:
+        keys = keys.repeat_interleave(group, dim=2)
+        values = values.repeat_interleave(group, dim=2)
+    with sdpa_kernel(EAGER_BACKENDS):
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask,
+            scale=scale)
+    return out.transpose(1, 2)
