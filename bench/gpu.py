@@ -138,7 +138,7 @@ def gemm_rows(device: str, small: bool, bw: float, repeats: int, tune: bool) -> 
 def _beside(fmt: str, module, x: torch.Tensor, repeats: int) -> dict:
     """The tiled kernel's time and the skinny kernel's at its counted configuration."""
     from flash_planner.kernels import gemm_configs
-    from flash_planner.kernels.split_k import sm_count
+    from flash_planner.kernels.gemm_configs import sm_count
     from flash_planner.kernels.tune import LAUNCHERS, k_align
 
     ops = module.operands()

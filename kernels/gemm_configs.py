@@ -23,7 +23,6 @@ Buckets are powers of two: a 3-row verify runs the 4-row configuration.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -182,7 +181,14 @@ def table_path() -> Path:
     return Path(root) / "gemm_configs.json"
 
 
-@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 4 elsewhere (the interpreter: small, so
+    tests at tiny shapes split K as an H100 does at the 27B's)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
 def device_key(device: torch.device) -> str:
     if device.type != "cuda":
         return "cpu"
@@ -230,19 +236,26 @@ def record(key: str, config: RowsConfig) -> None:
     tmp.replace(path)
 
 
-def choose(family: str, n: int, k: int, rows: int, device: torch.device, sms: int,
-           k_align: int, gated: bool, fp32: bool) -> RowsConfig:
+def choose(family: str, n: int, k: int, rows: int, device: torch.device, k_align: int,
+           gated: bool, fp32: bool) -> RowsConfig:
     """The measured configuration of this shape on this device, else the counted one
-    (remembered per shape: a launch looks it up once)."""
-    table = load_table()
-    args = (family, n, k, bucket(rows), device, sms, k_align, gated, fp32)
+    (remembered per shape: an eager launch looks it up once). Inside a torch.compile trace:
+    the table as loaded, nothing read from disk and nothing remembered."""
+    if torch.compiler.is_compiling():
+        return _lookup(_table or {}, family, n, k, rows, device, k_align, gated, fp32)
+    args = (family, n, k, bucket(rows), device, k_align, gated, fp32)
     config = _chosen.get(args)
     if config is None:
-        config = table.get(shape_key(device, family, n, k, k_align, rows, gated, fp32))
-        if config is None:
-            config = heuristic(family, n, k, rows, sms, k_align, gated, fp32)
-        _chosen[args] = config
+        config = _chosen[args] = _lookup(load_table(), family, n, k, rows, device, k_align,
+                                         gated, fp32)
     return config
+
+
+def _lookup(table: dict[str, RowsConfig], family: str, n: int, k: int, rows: int,
+            device: torch.device, k_align: int, gated: bool, fp32: bool) -> RowsConfig:
+    found = table.get(shape_key(device, family, n, k, k_align, rows, gated, fp32))
+    return found if found is not None else heuristic(family, n, k, rows, sm_count(device),
+                                                     k_align, gated, fp32)
 
 
 def candidates(family: str, n: int, k: int, rows: int, sms: int, k_align: int,
@@ -262,3 +275,6 @@ def candidates(family: str, n: int, k: int, rows: int, sms: int, k_align: int,
     out.append(RowsConfig(base.block_m, base.block_n, base.block_k, base.split,
                           num_warps=12 - base.num_warps))
     return list(dict.fromkeys(out))
+
+
+load_table()        # at import: a compiled graph's trace reads the table, never the disk

@@ -19,8 +19,6 @@ the dot's operand shuffles through shared memory cost more than the multiplies.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -100,7 +98,7 @@ def launch_rows(kernel, family: str, rows: torch.Tensor, n: int, k_align: int,
     configuration is `config` (tests, tuning) or the table's choice; returns y [M, n]."""
     m, k = rows.shape
     if config is None:
-        config = choose(family, n, k, m, rows.device, sm_count(rows.device), k_align, gated,
+        config = choose(family, n, k, m, rows.device, k_align, gated,
                         rows.dtype == torch.float32)
     if config.block_m < m:
         raise ValueError(f"{family} skinny GEMM: BLOCK_M {config.block_m} < {m} rows")
@@ -108,7 +106,7 @@ def launch_rows(kernel, family: str, rows: torch.Tensor, n: int, k_align: int,
     out = torch.empty(m, n, dtype=rows.dtype, device=rows.device)
     args = dict(x=rows, **weights, out=out,
                 part=workspace(split, 2 if gated else 1, m, n, rows.device),
-                counts=counters(rows.device), M=m, N=n, K=k, stride_xm=rows.stride(0),
+                counts=counters(rows.device, tiles), M=m, N=n, K=k, stride_xm=rows.stride(0),
                 steps=steps)
     meta = {**config.meta(), "SPLIT": split, "GATED": gated, "EVEN": k % config.block_k == 0}
     launch(kernel, (tiles, split), args, meta)
@@ -136,8 +134,13 @@ def rows_specs(kernel, family: str, k_align: int, weight_types: dict[str, str],
     return tuple(specs)
 
 
-def counters(device: torch.device) -> torch.Tensor:
-    """The device's tile counters, made (zeroed) on first use."""
+def counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed counters for `tiles` tiles: the device's own (made on first use; the kernels
+    leave them at zero), or, inside a torch.compile trace, a fresh zeroed buffer (a
+    module-level tensor must not be born inside a traced graph; a compiled graph pays a small
+    memset for it)."""
+    if torch.compiler.is_compiling():
+        return torch.zeros(tiles, dtype=torch.int32, device=device)
     buf = _counters.get(device)
     if buf is None:
         buf = _counters[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
@@ -150,12 +153,3 @@ def workspace(split: int, halves: int, m: int, n: int, device: torch.device) -> 
     if split == 1:
         return torch.empty(1, dtype=torch.float32, device=device)
     return torch.empty(split, halves, m, n, dtype=torch.float32, device=device)
-
-
-@functools.cache
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device; 4 elsewhere (the interpreter: small, so
-    tests at tiny shapes split K as an H100 does at the 27B's)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4

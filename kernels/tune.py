@@ -20,10 +20,9 @@ import torch
 
 from . import gemm_configs
 from .fp8_gemm.skinny import fp8_rows
-from .gemm_configs import RowsConfig
+from .gemm_configs import RowsConfig, sm_count
 from .int4_gemm.skinny import int4_rows
 from .nvfp4_gemm.skinny import nvfp4_rows
-from .split_k import sm_count
 
 log = logging.getLogger(__name__)
 

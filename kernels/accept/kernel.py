@@ -15,9 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..gemm_configs import COUNTERS
+from ..gemm_configs import COUNTERS, sm_count
 from ..specs import Spec, launch
-from ..split_k import counters, sm_count
+from ..split_k import counters
 
 BLOCK_V = 1024
 MAX_SPLITS = 64
@@ -105,7 +105,7 @@ def accept_rows(
                 for dtype in (torch.float32, torch.int32, torch.int32)]
         args = dict(drafts=drafts.to(torch.int64).contiguous(), logits=logits.contiguous(),
                     relaxed=relaxed.to(torch.int8).contiguous(), ok=ok, part_max=part[0],
-                    part_first=part[1], part_above=part[2], counts=counters(drafts.device),
+                    part_first=part[1], part_above=part[2], counts=counters(drafts.device, b * k),
                     k=k, vocab=vocab, chunk=chunk, splits=splits, topk=topk,
                     delta=float(delta))
         launch(_accept_kernel, (b * k, splits), args, meta(splits))

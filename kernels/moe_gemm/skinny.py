@@ -21,9 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..gemm_configs import COUNTERS, DECLARED_MOE, RowsConfig, heuristic
+from ..gemm_configs import COUNTERS, DECLARED_MOE, RowsConfig, heuristic, sm_count
 from ..specs import Spec, launch
-from ..split_k import SHAPE_CONSTEXPRS, counters, dot_rows, finish, sm_count, workspace
+from ..split_k import SHAPE_CONSTEXPRS, counters, dot_rows, finish, workspace
 from ..weight_tiles import fp8_tile, int4_tile, nvfp4_tile
 from .tiles import dot_float_rows, routed_rows
 
@@ -209,7 +209,8 @@ def moe_rows(fmt: str, x: torch.Tensor, ids: torch.Tensor, experts: int, n: int,
         tiles, steps, split = tiles, -(-k // config.block_k), 1
     out = torch.empty(m, topk, n, dtype=x.dtype, device=x.device)
     args = dict(x=x, topk_ids=ids, **weights, out=out,
-                part=workspace(split, 1, m * topk, n, x.device), counts=counters(x.device),
+                part=workspace(split, 1, m * topk, n, x.device),
+                counts=counters(x.device, experts * tiles),
                 M=m, N=n, K=k, topk=topk, stride_xm=x.stride(0),
                 stride_xs=x.stride(1) if s > 1 else 0, **ints, steps=steps)
     meta = {**config.meta(), "SPLIT": split, "TOPK": triton.next_power_of_2(topk),

@@ -70,7 +70,7 @@ def test_every_path_matches_the_reference(shape, config, dtype):
     x = torch.randn(m, k, generator=gen).to(dtype).to(DEVICE)
     out = ROWS[fmt](x, *args, config=RowsConfig(*tiles))
     _close(out, GEMM[fmt][1](x, *args))
-    assert int(counters(x.device).abs().sum()) == 0        # every split tile reset its counter
+    assert int(counters(x.device, 1).abs().sum()) == 0        # every split tile reset its counter
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -86,7 +86,7 @@ def test_gated_paths_match_the_reference(shape, config, dtype):
     out = ROWS[fmt](x, *args, gated=True, config=RowsConfig(*tiles))
     assert out.shape == (m, 24)
     _close(out, GATE_UP[fmt][1](x, *args))
-    assert int(counters(x.device).abs().sum()) == 0
+    assert int(counters(x.device, 1).abs().sum()) == 0
 
 
 @pytest.mark.parametrize("m", [1, 5, 16, 37], ids=lambda m: f"M{m}")
@@ -192,8 +192,8 @@ def test_the_measured_table_is_read_back(tmp_path, monkeypatch):
     measured = RowsConfig(4, 16, 128, 2, num_warps=8)
     gemm_configs.record(key, measured)
     monkeypatch.setattr(gemm_configs, "_table", None)             # a new process reads it
-    assert gemm_configs.choose("nvfp4", 77, 512, 4, cpu, 4, 16, False, True) == measured
-    assert gemm_configs.choose("nvfp4", 77, 512, 4, cpu, 4, 16, True, True) == (
+    assert gemm_configs.choose("nvfp4", 77, 512, 4, cpu, 16, False, True) == measured
+    assert gemm_configs.choose("nvfp4", 77, 512, 4, cpu, 16, True, True) == (
         gemm_configs.heuristic("nvfp4", 77, 512, 4, 4, 16, True, True))
     assert json.loads(gemm_configs.table_path().read_text())[key]["num_warps"] == 8
     gen = torch.Generator().manual_seed(0)
@@ -214,7 +214,29 @@ def test_an_unreadable_table_falls_back_to_counting(tmp_path, monkeypatch, caplo
     gemm_configs.table_path().write_text("{not json")
     cpu = torch.device("cpu")
     with caplog.at_level("WARNING"):
-        got = gemm_configs.choose("fp8", 64, 256, 1, cpu, 4, 128, False, False)
+        got = gemm_configs.choose("fp8", 64, 256, 1, cpu, 128, False, False)
     assert got == gemm_configs.heuristic("fp8", 64, 256, 1, 4, 128)
     assert "unreadable" in caplog.text
     monkeypatch.setattr(gemm_configs, "_table", None)
+
+
+def test_the_launch_path_traces_into_a_compiled_graph_without_a_break(monkeypatch):
+    """Compiled forwards (fullgraph) trace the launchers' host side: choosing the
+    configuration, the counters and the workspace must not read files, remember anything
+    or make a module-level tensor inside the trace."""
+    def host(x):
+        config = gemm_configs.choose("nvfp4", 5120, 17408, x.shape[0], x.device, 16, False,
+                                     x.dtype == torch.float32)
+        tiles, steps, split = config.grid(5120, 17408)
+        from flash_planner.kernels.split_k import workspace
+
+        part = workspace(split, 1, x.shape[0], 5120, x.device)
+        return x * steps + counters(x.device, tiles).sum() + part.numel()
+
+    x = torch.ones(3, 4)
+    monkeypatch.setattr(gemm_configs, "_chosen", {})
+    traced = torch.compile(host, fullgraph=True, backend="eager")(x)
+    assert gemm_configs._chosen == {}                        # the trace remembered nothing
+    assert torch.equal(traced, host(x))
+    assert set(gemm_configs._chosen) == {                    # the eager call did
+        ("nvfp4", 5120, 17408, 4, torch.device("cpu"), 16, False, True)}
