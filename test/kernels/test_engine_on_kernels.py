@@ -14,6 +14,7 @@ import torch
 from flash_planner.engine.generate import GenerationSettings, generate
 from flash_planner.engine.proposer import ReplayProposer
 from flash_planner.kernels import dispatch
+from flash_planner.kernels.specs import record_launches
 
 # Triton runs on a CPU only in its interpreter: with a GPU the engines live on it
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -61,13 +62,19 @@ def test_speculative_decoding_on_kernels_matches_the_references(hybrid_dir, make
 @pytest.mark.parametrize("weights", ["fp8", "nvfp4", "int4"])
 def test_quantized_weights_on_the_gemm_kernels_match_the_references(hybrid_dir, make_engine,
                                                                    weights, request):
-    """The same speculative request with every Linear on its weight-only GEMM kernel."""
+    """The same speculative request with every Linear on its weight-only GEMM kernel: the
+    skinny kernel for decode and verify rows, the fused gate and up projection among them,
+    the tiled kernel for the prompt."""
     engine = make_engine(hybrid_dir, weights=weights, device=DEVICE)
-    ref, reference, kernels = _references_then_kernels(engine, request, 12)
+    with record_launches() as launches:
+        ref, reference, kernels = _references_then_kernels(engine, request, 12)
     op = f"{weights}_gemm"
     assert dispatch._pick(op, None, torch.zeros(1, device=DEVICE)) is dispatch.TRITON_OPS[op]
     assert kernels.token_ids == reference.token_ids == ref
     assert kernels.stats.accept_hist == reference.stats.accept_hist
+    ran = {(spec.name, spec.constexprs.get("GATED")) for spec in launches}
+    assert {(f"_{weights}_rows_kernel", True), (f"_{weights}_rows_kernel", False),
+            (f"_{weights}_gemm_kernel", None)} <= ran
 
 
 @pytest.mark.parametrize("weights", ["auto", "fp8", "nvfp4", "int4"])
