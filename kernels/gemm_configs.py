@@ -1,9 +1,9 @@
 """How each skinny weight-only GEMM is launched: tiles, K split and warps per shape and device.
 
-A configuration is chosen per (format, N, K, row bucket, SM count). The choice comes from a
-table measured once per GPU and cached on disk (`tune`, run by `python -m
-flash_planner.kernels.tune` and by bench/gpu.py), else from `heuristic`, which counts instead
-of measuring:
+A configuration is chosen per (format, N, K, row bucket, SM count; fused or not, fp32 rows
+or not). The choice comes from a table measured once per GPU and cached on disk
+(kernels/tune.py: run by the engine at load with FLASH_PLANNER_TUNE_GEMMS=1 on CUDA, and by
+`bench/gpu.py --tune`), else from `heuristic`, which counts instead of measuring:
   - rows: 1, 2, 4 use FMAs (BLOCK_M the bucket); 8 and 16 a 16-row tensor-core tile;
   - a K step reads 64 bytes of every weight row (fp8 64 values, nvfp4 and int4 128; fp8 and
     int4 held inside one scale block or group): 64 rows x 64 B = 4 KiB a step, 32 bytes (two
