@@ -240,3 +240,17 @@ def test_the_launch_path_traces_into_a_compiled_graph_without_a_break(monkeypatc
     assert torch.equal(traced, host(x))
     assert set(gemm_configs._chosen) == {                    # the eager call did
         ("nvfp4", 5120, 17408, 4, torch.device("cpu"), 16, False, True)}
+
+
+def test_tuning_measures_on_a_gpu_only(monkeypatch):
+    from flash_planner.engine.weights import tuning
+    from flash_planner.kernels.tune import tune
+
+    gen = torch.Generator().manual_seed(0)
+    args = nvfp4_args(32, 256, gen)
+    with pytest.raises(ValueError, match="tuning measures on a CUDA GPU"):
+        tune("nvfp4", args, 32, 256, False, torch.float32)
+    monkeypatch.setenv(tuning.ENV, "1")
+    assert tuning.wanted(torch.device("cuda")) and not tuning.wanted(torch.device("cpu"))
+    monkeypatch.setenv(tuning.ENV, "0")
+    assert not tuning.wanted(torch.device("cuda"))
