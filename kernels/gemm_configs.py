@@ -177,8 +177,13 @@ def declared(family: str, k_align: int) -> list[tuple[str, str, RowsConfig, bool
 # ---- the measured table
 
 def table_path() -> Path:
-    root = os.environ.get("FLASH_PLANNER_CACHE") or Path.home() / ".cache" / "flash_planner"
-    return Path(root) / "gemm_configs.json"
+    """gemm_configs.json under engine.config.cache_home()'s root, by the same rule (kernels
+    import nothing of the engine)."""
+    if os.environ.get("FLASH_PLANNER_CACHE"):
+        root = Path(os.environ["FLASH_PLANNER_CACHE"]).expanduser()
+    else:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flash_planner"
+    return root / "gemm_configs.json"
 
 
 def sm_count(device: torch.device) -> int:

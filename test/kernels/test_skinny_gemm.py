@@ -254,3 +254,15 @@ def test_tuning_measures_on_a_gpu_only(monkeypatch):
     assert tuning.wanted(torch.device("cuda")) and not tuning.wanted(torch.device("cpu"))
     monkeypatch.setenv(tuning.ENV, "0")
     assert not tuning.wanted(torch.device("cuda"))
+
+
+@pytest.mark.parametrize("env", [{"FLASH_PLANNER_CACHE": "/tmp/fp-cache"},
+                                 {"XDG_CACHE_HOME": "/tmp/xdg"}, {}])
+def test_the_table_lives_under_the_engines_cache_root(monkeypatch, env):
+    from flash_planner.engine.config import cache_home
+
+    for name in ("FLASH_PLANNER_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert gemm_configs.table_path() == cache_home() / "gemm_configs.json"
