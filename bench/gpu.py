@@ -171,20 +171,24 @@ def expert_stack(fmt: str, experts: int, n: int, k: int, device: str, dtype: tor
 
 
 def moe_rows(device: str, small: bool, bw: float, repeats: int) -> list[dict]:
-    """The 35B-A3B's grouped expert GEMMs (256 experts, top 8; tiny: 8, top 2): a decode
-    row and verify blocks with random distinct routing; bytes: the distinct chosen experts'."""
+    """The 35B-A3B's grouped expert GEMMs (256 experts, top 8; tiny: 8, top 2): gate and up
+    stacked (as the loader fuses them) and down, a decode row and verify blocks with random
+    distinct routing; bytes: the distinct chosen experts'."""
+    from flash_planner.engine.weights.fuse import stack_gate_up
     from flash_planner.kernels import gemm_configs
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     experts, topk = (8, 2) if small else (256, 8)
-    shapes = [("tiny up", 32, 64), ("tiny down", 64, 32)] if small else [
-        ("35B-A3B up", 512, 2048), ("35B-A3B down", 2048, 512)]
+    shapes = [("tiny gate+up", 128, 64), ("tiny down", 64, 32)] if small else [
+        ("35B-A3B gate+up", 512, 2048), ("35B-A3B down", 2048, 512)]
     gen = torch.Generator().manual_seed(0)
     out = []
     for name, n, k in shapes:
         slots = topk if "down" in name else 1
         for fmt in FORMATS:
             stack = expert_stack(fmt, experts, n, k, device, dtype)
+            if "gate+up" in name:
+                stack = stack_gate_up(stack, expert_stack(fmt, experts, n, k, device, dtype))
             per_expert = sum(b.nbytes for b in stack.buffers()) + sum(
                 p.nbytes for p in stack.parameters())
             per_expert //= experts

@@ -148,25 +148,26 @@ def int4_gate_up(x, packed, scale, zero, group):
 
 
 # Mixture-of-experts grouped GEMMs over the same formats, experts stacked E first:
-# y [M, k, N] with y[m, j] = x[m, j if S == k else 0] @ W[topk_ids[m, j]].T, x [M, S, K].
+# y [M, k, N] with y[m, j] = x[m, j if S == k else 0] @ W[topk_ids[m, j]].T, x [M, S, K];
+# gated: each expert's gate rows then its up rows, y = silu(gate) * up [M, k, N / 2].
 
-def moe_gemm(x, topk_ids, weight):
-    return _pick("moe_gemm", _moe_gemm_ref, x)(x, topk_ids, weight)
+def moe_gemm(x, topk_ids, weight, gated=False):
+    return _pick("moe_gemm", _moe_gemm_ref, x)(x, topk_ids, weight, gated)
 
 
-def moe_fp8_gemm(x, topk_ids, weight, scale, block_n, block_k):
+def moe_fp8_gemm(x, topk_ids, weight, scale, block_n, block_k, gated=False):
     return _pick("moe_fp8_gemm", _moe_fp8_gemm_ref, x)(x, topk_ids, weight, scale, block_n,
-                                                        block_k)
+                                                        block_k, gated)
 
 
-def moe_nvfp4_gemm(x, topk_ids, packed, scale, global_scale):
+def moe_nvfp4_gemm(x, topk_ids, packed, scale, global_scale, gated=False):
     return _pick("moe_nvfp4_gemm", _moe_nvfp4_gemm_ref, x)(x, topk_ids, packed, scale,
-                                                            global_scale)
+                                                            global_scale, gated)
 
 
-def moe_int4_gemm(x, topk_ids, packed, scale, zero, group):
+def moe_int4_gemm(x, topk_ids, packed, scale, zero, group, gated=False):
     return _pick("moe_int4_gemm", _moe_int4_gemm_ref, x)(x, topk_ids, packed, scale, zero,
-                                                          group)
+                                                          group, gated)
 
 
 __all__ = ["accept_rows", "backend", "checkpoint_select", "dequantize_fp8", "dequantize_int4",

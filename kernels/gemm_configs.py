@@ -13,8 +13,9 @@ or not). The choice comes from a table measured once per GPU and cached on disk
   - BLOCK_N keeps the FMA path's [BM, BN, BK] products at 64 fp32 per thread, and is halved
     for a fused gate and up projection, whose programs decode two tiles a step (the fp32
     demo's 16-row gated tiles spilled at 64);
-  - fp32 rows on tensor cores use 8 warps and half the tile width (the fp32 demo's tiles
-    spilled at 4 warps, its MoE FP8 tiles at 8 warps and the full width);
+  - fp32 rows on tensor cores use 8 warps and half the tile width, and half the K step when
+    fused (the fp32 demo's tiles spilled at 4 warps, its MoE FP8 tiles at 8 warps and the
+    full width, its fused MoE NVFP4 tiles at the full step);
   - SPLIT (a power of two, at most 16) makes N tiles x SPLIT reach 4 programs per SM, while
     every split keeps at least two K steps.
 Buckets are powers of two: a 3-row verify runs the 4-row configuration.
@@ -135,6 +136,8 @@ def heuristic(family: str, n: int, k: int, rows: int, sms: int, k_align: int,
     warps = 4
     if fp32 and block_m >= 16:
         warps, block_n = 8, max(32, block_n // 2)
+        if gated:                       # two tiles' three dots each: half the K step
+            block_k = max(32, block_k // 2)
     return RowsConfig(block_m, block_n, block_k, split, num_warps=warps)
 
 
@@ -151,13 +154,15 @@ DECLARED = (("27B", "*bf16", "gate_up", 17408, 5120, 20),
 
 
 # Qwen3.6-35B-A3B's experts (hidden 2048, moe_intermediate_size 512, 256 experts, top 8):
-# gate or up (N 512 from K 2048, S = 1) and down (N 2048 from K 512, S = k) on Thor and an
-# H100; the demo-sized fp32 MoE the CPU tests load (8 experts, top 2, hidden 64, 32 wide).
+# gate and up stacked ("up": I 512 from K 2048, S = 1) and down (N 2048 from K 512, S = k)
+# on Thor and an H100; the demo-sized fp32 MoE the CPU tests load (8 experts, top 2, hidden
+# 64, 32 wide).
 DECLARED_MOE = (("35B-A3B", "*bf16", "up", 512, 2048, 256, 8, 20),
                 ("35B-A3B", "*bf16", "down", 2048, 512, 256, 8, 20),
                 ("35B-A3B", "*bf16", "up", 512, 2048, 256, 8, 132),
                 ("35B-A3B", "*bf16", "down", 2048, 512, 256, 8, 132),
-                ("demo", "*fp32", "up", 32, 64, 8, 2, 20))
+                ("demo", "*fp32", "up", 32, 64, 8, 2, 20),
+                ("demo", "*fp32", "down", 64, 32, 8, 2, 20))
 
 
 def declared(family: str, k_align: int) -> list[tuple[str, str, RowsConfig, bool, int, int]]:

@@ -173,11 +173,11 @@ def _moe_int4_kernel(x, topk_ids, packed, scale, zero, out, M, N, K, topk, strid
 
 def _run(op: str, kernel, x: torch.Tensor, topk_ids: torch.Tensor, experts: int, n: int,
          weights: dict[str, torch.Tensor], scalars: dict[str, int], block_k: int,
-         rows_kernel: tuple[str, dict[str, int], int]):
-    """y [M, k, N] from `kernel` over (M tiles, N tiles, E), or up to 16 rows from
-    skinny.py's kernel (`rows_kernel`: its format, integer arguments and K alignment), once the
-    operands' dtypes and shapes are checked: here their memory (contiguous, on x's device)
-    and offset sizes."""
+         rows_kernel: tuple[str, dict[str, int], int], gated: bool):
+    """y [M, k, N] (gated: silu(gate) * up, [M, k, N / 2]) from `kernel` over (M tiles,
+    N tiles, E), or up to 16 rows from skinny.py's kernel (`rows_kernel`: its format, integer
+    arguments and K alignment), once the operands' dtypes and shapes are checked: here their
+    memory (contiguous, on x's device) and offset sizes."""
     ids = topk_ids.to(torch.int32).contiguous()                      # a no-op from int32
     for name, tensor in {"topk_ids": ids, **weights}.items():
         check_operand(op, name, tensor, tensor.dtype, tensor.shape, x.device)
@@ -185,68 +185,87 @@ def _run(op: str, kernel, x: torch.Tensor, topk_ids: torch.Tensor, experts: int,
         x = x.contiguous()
     m, s, k = x.shape
     topk = ids.shape[1]
-    out = torch.empty(m, topk, n, dtype=x.dtype, device=x.device)
+    width = n // 2 if gated else n
     if m * topk * n == 0:
-        return out
+        return torch.empty(m, topk, width, dtype=x.dtype, device=x.device)
     x_span = sum((size - 1) * stride for size, stride in zip(x.shape, x.stride())) + 1
     per_expert = next(iter(weights.values())).numel() // max(experts, 1)
-    if max(x_span, per_expert, out.numel()) >= 2**31:
+    if max(x_span, per_expert, m * topk * n) >= 2**31:
         raise ValueError(f"{op}: x, one expert's weight or the output span 2^31 elements or "
                          "more")
     if skinny(m):
         fmt, ints, k_align = rows_kernel
-        return moe_rows(fmt, x, ids, experts, n, weights, ints, k_align)
+        return moe_rows(fmt, x, ids, experts, width, weights, ints, k_align, gated=gated)
+    # a prefill chunk: the tiled kernel over every row; a gated stack's sums stay float32 for
+    # the activation, NVFP4's two global scales applied after (the kernel takes one)
+    tiled = dict(weights)
+    if gated and "global_scale" in weights:
+        tiled["global_scale"] = torch.ones(experts, dtype=torch.float32, device=x.device)
+    out = torch.empty(m, topk, n, dtype=torch.float32 if gated else x.dtype, device=x.device)
     options = meta(m, topk, block_k)
-    args = dict(x=x, topk_ids=ids, **weights, out=out, M=m, N=n, K=k, topk=topk,
+    args = dict(x=x, topk_ids=ids, **tiled, out=out, M=m, N=n, K=k, topk=topk,
                 stride_xm=x.stride(0), stride_xs=x.stride(1) if s > 1 else 0, **scalars)
     grid = (triton.cdiv(m, options["BLOCK_M"]), triton.cdiv(n, BLOCK_N), experts)
     launch(kernel, grid, args, options)
-    return out
+    if not gated:
+        return out
+    gate, up = out[..., :width], out[..., width:]
+    if "global_scale" in weights:
+        per_pair = weights["global_scale"][ids.long()]                   # [M, k, 2]
+        gate, up = gate * per_pair[..., :1], up * per_pair[..., 1:]
+    return (torch.nn.functional.silu(gate) * up).to(x.dtype)
 
 
-def moe_gemm(x: torch.Tensor, topk_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def moe_gemm(x: torch.Tensor, topk_ids: torch.Tensor, weight: torch.Tensor,
+             gated: bool = False) -> torch.Tensor:
     """Same contract as the reference: x [M, S, K] -> y [M, k, N]."""
-    e, n, _ = check_float("moe_gemm", x, topk_ids, weight, values=not x.is_cuda)
+    e, n, _ = check_float("moe_gemm", x, topk_ids, weight, values=not x.is_cuda, gated=gated)
     return _run("moe_gemm", _moe_gemm_kernel, x, topk_ids, e, n, {"weight": weight}, {},
-                FLOAT_BLOCK_K, ("float", {}, 16))
+                FLOAT_BLOCK_K, ("float", {}, 16), gated)
 
 
 def moe_fp8_gemm(x: torch.Tensor, topk_ids: torch.Tensor, weight: torch.Tensor,
-                 scale: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
+                 scale: torch.Tensor, block_n: int, block_k: int, gated: bool = False
+                 ) -> torch.Tensor:
     """Same contract as the reference: x [M, S, K] -> y [M, k, N]."""
     op = "moe_fp8_gemm"
-    e, n, _ = check_fp8(op, x, topk_ids, weight, scale, block_n, block_k, values=not x.is_cuda)
+    e, n, _ = check_fp8(op, x, topk_ids, weight, scale, block_n, block_k, values=not x.is_cuda,
+                        gated=gated)
     if block_k % FP8_BLOCK_K:
         raise ValueError(f"{op}: block_k must be a multiple of {FP8_BLOCK_K} (the kernel's K "
                          f"tile), got {block_k}")
     ints = {"block_n": block_n, "block_k": block_k, "scale_cols": scale.shape[2]}
     return _run(op, _moe_fp8_kernel, x, topk_ids, e, n, {"weight": weight, "scale": scale},
-                ints, FP8_BLOCK_K, ("fp8", ints, block_k))
+                ints, FP8_BLOCK_K, ("fp8", ints, block_k), gated)
 
 
 def moe_nvfp4_gemm(x: torch.Tensor, topk_ids: torch.Tensor, packed: torch.Tensor,
-                   scale: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+                   scale: torch.Tensor, global_scale: torch.Tensor, gated: bool = False
+                   ) -> torch.Tensor:
     """Same contract as the reference: x [M, S, K] -> y [M, k, N]."""
     op = "moe_nvfp4_gemm"
-    e, n, _ = check_nvfp4(op, x, topk_ids, packed, scale, global_scale, values=not x.is_cuda)
+    e, n, _ = check_nvfp4(op, x, topk_ids, packed, scale, global_scale, values=not x.is_cuda,
+                          gated=gated)
     weights = {"packed": packed, "scale": scale, "global_scale": global_scale}
     ints = {"stride_p": packed.shape[2], "stride_s": scale.shape[2]}
     return _run(op, _moe_nvfp4_kernel, x, topk_ids, e, n, weights, {}, NVFP4_BLOCK_K,
-                ("nvfp4", ints, 16))
+                ("nvfp4", ints, 16), gated)
 
 
 def moe_int4_gemm(x: torch.Tensor, topk_ids: torch.Tensor, packed: torch.Tensor,
-                  scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:
+                  scale: torch.Tensor, zero: torch.Tensor, group: int, gated: bool = False
+                  ) -> torch.Tensor:
     """Same contract as the reference: x [M, S, K] -> y [M, k, N]."""
     op = "moe_int4_gemm"
-    e, n, _ = check_int4(op, x, topk_ids, packed, scale, zero, group, values=not x.is_cuda)
+    e, n, _ = check_int4(op, x, topk_ids, packed, scale, zero, group, values=not x.is_cuda,
+                         gated=gated)
     if group % INT4_BLOCK_K:
         raise ValueError(f"{op}: group must be a multiple of {INT4_BLOCK_K} (the kernel's K "
                          f"tile), got {group}")
     weights = {"packed": packed, "scale": scale, "zero": zero}
     scalars = {"packed_cols": packed.shape[2], "group": group, "groups": scale.shape[2]}
     return _run(op, _moe_int4_kernel, x, topk_ids, e, n, weights, scalars, INT4_BLOCK_K,
-                ("int4", scalars, group))
+                ("int4", scalars, group), gated)
 
 
 def meta(m: int, topk: int, block_k: int) -> dict:
@@ -267,11 +286,11 @@ FORMATS = {
 }
 
 
-def _spec(fmt: str, model: str, act: str, topk: int, m: int) -> Spec:
+def _spec(fmt: str, model: str, act: str, topk: int, m: int, out: str = "") -> Spec:
     kernel, weights, ints, block_k = FORMATS[fmt]
     types = {"x": act, "topk_ids": "*i32", **{k: v or act for k, v in weights.items()},
-             "out": act, **dict.fromkeys(INTS + ints, "i32")}
-    label = f"{fmt} {model} {act[1:]} M{'<=16' if m <= 16 else '>16'}"
+             "out": out or act, **dict.fromkeys(INTS + ints, "i32")}
+    label = f"{fmt} {model} {act[1:]} M{'<=16' if m <= 16 else '>16'}{' -> fp32' if out else ''}"
     return Spec.from_meta(kernel, label, types, meta(m, topk, block_k), per_cycle=m <= 16,
                           shape_constexprs=("TOPK",), aligned=aligned(types))
 
@@ -281,6 +300,8 @@ def _spec(fmt: str, model: str, act: str, topk: int, m: int) -> Spec:
 # group 128); gate/up (K 2048 -> N 512, S = 1) and down (K 512 -> N 2048, S = k) are one
 # specialization (the shapes are runtime ints). The demo-sized fp32 variant (8 experts, top
 # 2) is what the CPU tests launch. Prefill chunks (M > 16) only: up to 16 rows (decode and
-# verify blocks) run skinny.py's kernels.
-SPECS = tuple(_spec(fmt, model, act, topk, 64) for fmt in FORMATS
-              for model, act, topk in (("35B-A3B", "*bf16", 8), ("demo", "*fp32", 2)))
+# verify blocks) run skinny.py's kernels. A gated stack's prefill keeps the 35B-A3B's sums in
+# fp32 (-> fp32).
+SPECS = tuple(_spec(fmt, model, act, topk, 64, out) for fmt in FORMATS
+              for model, act, topk, out in (("35B-A3B", "*bf16", 8, ""), ("demo", "*fp32", 2, ""),
+                                            ("35B-A3B", "*bf16", 8, "*fp32")))

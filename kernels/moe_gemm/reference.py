@@ -14,6 +14,9 @@ Shapes (one-letter dims: M rows, S input slots, K in, E experts, k chosen per ro
             int4    `packed` uint8 [E, N, ceil(K / 2)], `scale` float32 and `zero` uint8
                     [E, N, ceil(K / group)]                        (kernels/int4_gemm)
   y         [M, k, N] in x's dtype, accumulated in float32.
+  gated     the stack holds each expert's gate rows, then its up rows (N = 2I; NVFP4:
+            `global_scale` [E, 2], gate's then up's; FP8: I a multiple of block_n), and y is
+            silu(gate) * up, [M, k, I] (kernels/gate_up.py), from the float32 sums.
 
 The reference groups the (m, j) pairs by expert and computes each chosen expert with one
 matmul against its weight, dequantized with the 2-D references' helpers. The checks here are
@@ -79,40 +82,50 @@ def check_ids(op: str, topk_ids: torch.Tensor, e: int, values: bool) -> None:
 # Per format: (E, N, k) once every argument is checked; the id values only where `values`.
 
 
-def check_float(op, x, topk_ids, weight, values=True):
+def check_gated(op: str, n: int, gated: bool, block_n: int = 1) -> None:
+    """A gated stack's rows: gate's then up's, as many of each, no FP8 block across them."""
+    if gated and (n % 2 or (n // 2) % block_n):
+        raise ValueError(f"{op}: a gated stack holds gate rows, then as many up rows (I a "
+                         f"multiple of block_n {block_n}), got N = {n}")
+
+
+def check_float(op, x, topk_ids, weight, values=True, gated=False):
     e, n, topk = check_routing(op, x, topk_ids, weight, "weight must be [E, N, K]")
     check_shape(op, "weight", weight, x.dtype, (e, n, x.shape[2]))
+    check_gated(op, n, gated)
     check_ids(op, topk_ids, e, values)
     return e, n, topk
 
 
 def check_fp8(op, x, topk_ids, weight, scale, block_n, block_k,
-              values=True):
+              values=True, gated=False):
     e, n, topk = check_routing(op, x, topk_ids, weight, "weight must be uint8 [E, N, K]")
     k = x.shape[2]
     check_shape(op, "weight", weight, torch.uint8, (e, n, k))
     if block_n < 1 or block_k < 1:
         raise ValueError(f"{op}: block_n and block_k must be >= 1, got ({block_n}, {block_k})")
     check_shape(op, "scale", scale, torch.float32, (e, cdiv(n, block_n), cdiv(k, block_k)))
+    check_gated(op, n, gated, block_n)
     check_ids(op, topk_ids, e, values)
     return e, n, topk
 
 
 def check_nvfp4(op, x, topk_ids, packed, scale, global_scale,
-                values=True):
+                values=True, gated=False):
     e, n, topk = check_routing(op, x, topk_ids, packed, "packed must be uint8 [E, N, K / 2]")
     k = x.shape[2]
     if k % NVFP4_GROUP:
         raise ValueError(f"{op}: K (x's last dim) must be a multiple of {NVFP4_GROUP}, got {k}")
     check_shape(op, "packed", packed, torch.uint8, (e, n, k // 2))
     check_shape(op, "scale", scale, torch.uint8, (e, n, k // NVFP4_GROUP))
-    check_shape(op, "global_scale", global_scale, torch.float32, (e,))
+    check_shape(op, "global_scale", global_scale, torch.float32, (e, 2) if gated else (e,))
+    check_gated(op, n, gated)
     check_ids(op, topk_ids, e, values)
     return e, n, topk
 
 
 def check_int4(op, x, topk_ids, packed, scale, zero, group,
-               values=True):
+               values=True, gated=False):
     e, n, topk = check_routing(op, x, topk_ids, packed,
                                "packed must be uint8 [E, N, ceil(K / 2)]")
     k = x.shape[2]
@@ -121,14 +134,17 @@ def check_int4(op, x, topk_ids, packed, scale, zero, group,
     check_shape(op, "packed", packed, torch.uint8, (e, n, cdiv(k, 2)))
     check_shape(op, "scale", scale, torch.float32, (e, n, cdiv(k, group)))
     check_shape(op, "zero", zero, torch.uint8, (e, n, cdiv(k, group)))
+    check_gated(op, n, gated)
     check_ids(op, topk_ids, e, values)
     return e, n, topk
 
 
 def grouped_gemm(x: torch.Tensor, topk_ids: torch.Tensor, n: int, num_experts: int,
-                 expert_weight: Callable[[int], torch.Tensor]) -> torch.Tensor:
-    """y [M, k, N]: each chosen expert once, one matmul over the (m, j) pairs that chose it;
-    expert_weight(e) is expert e's float32 weight [N, K]."""
+                 expert_weight: Callable[[int], torch.Tensor], gated: bool = False
+                 ) -> torch.Tensor:
+    """y [M, k, N] (gated: silu(gate) * up, [M, k, N / 2]): each chosen expert once, one
+    matmul over the (m, j) pairs that chose it; expert_weight(e) is expert e's float32
+    weight [N, K]."""
     m, _, k = x.shape
     topk = topk_ids.shape[1]
     rows = x.float().expand(m, topk, k).reshape(m * topk, k)       # pair (m, j) -> its input
@@ -138,42 +154,58 @@ def grouped_gemm(x: torch.Tensor, topk_ids: torch.Tensor, n: int, num_experts: i
         # Correct, not fast (all E are decoded); on CUDA the Triton kernel serves instead.
         weights = torch.stack([expert_weight(e) for e in range(num_experts)])
         y = torch.bmm(rows[:, None], weights[ids].transpose(1, 2))[:, 0]
-        return y.reshape(m, topk, n).to(x.dtype)
-    y = torch.zeros(m * topk, n, dtype=torch.float32, device=x.device)
-    for e in torch.unique(ids).tolist():
-        pairs = torch.nonzero(ids == e).squeeze(1)
-        y[pairs] = rows[pairs] @ expert_weight(e).T
-    return y.reshape(m, topk, n).to(x.dtype)
+    else:
+        y = torch.zeros(m * topk, n, dtype=torch.float32, device=x.device)
+        for e in torch.unique(ids).tolist():
+            pairs = torch.nonzero(ids == e).squeeze(1)
+            y[pairs] = rows[pairs] @ expert_weight(e).T
+    y = y.reshape(m, topk, n)
+    if gated:
+        y = torch.nn.functional.silu(y[..., :n // 2]) * y[..., n // 2:]
+    return y.to(x.dtype)
 
 
-def moe_gemm(x: torch.Tensor, topk_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def moe_gemm(x: torch.Tensor, topk_ids: torch.Tensor, weight: torch.Tensor,
+             gated: bool = False) -> torch.Tensor:
     """Float expert weights [E, N, K]: x [M, S, K] -> y [M, k, N]."""
-    e, n, _ = check_float("moe_gemm", x, topk_ids, weight, not torch.compiler.is_compiling())
-    return grouped_gemm(x, topk_ids, n, e, lambda i: weight[i].float())
+    e, n, _ = check_float("moe_gemm", x, topk_ids, weight, not torch.compiler.is_compiling(),
+                          gated)
+    return grouped_gemm(x, topk_ids, n, e, lambda i: weight[i].float(), gated)
 
 
 def moe_fp8_gemm(x: torch.Tensor, topk_ids: torch.Tensor, weight: torch.Tensor,
-                 scale: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
+                 scale: torch.Tensor, block_n: int, block_k: int, gated: bool = False
+                 ) -> torch.Tensor:
     """FP8 e4m3 expert weights with block scales: x [M, S, K] -> y [M, k, N]."""
     e, n, _ = check_fp8("moe_fp8_gemm", x, topk_ids, weight, scale, block_n, block_k,
-                         not torch.compiler.is_compiling())
+                        not torch.compiler.is_compiling(), gated)
     return grouped_gemm(x, topk_ids, n, e,
-                        lambda i: dequantize_fp8(weight[i], scale[i], block_n, block_k))
+                        lambda i: dequantize_fp8(weight[i], scale[i], block_n, block_k), gated)
 
 
 def moe_nvfp4_gemm(x: torch.Tensor, topk_ids: torch.Tensor, packed: torch.Tensor,
-                   scale: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+                   scale: torch.Tensor, global_scale: torch.Tensor, gated: bool = False
+                   ) -> torch.Tensor:
     """NVFP4 expert weights: x [M, S, K] -> y [M, k, N]."""
     e, n, _ = check_nvfp4("moe_nvfp4_gemm", x, topk_ids, packed, scale, global_scale,
-                         not torch.compiler.is_compiling())
-    return grouped_gemm(x, topk_ids, n, e, lambda i: dequantize_nvfp4(
-        packed[i], scale[i], global_scale[i:i + 1]))
+                          not torch.compiler.is_compiling(), gated)
+
+    def expert(i: int) -> torch.Tensor:
+        if not gated:
+            return dequantize_nvfp4(packed[i], scale[i], global_scale[i:i + 1])
+        half = n // 2                          # gate's rows and up's, a global scale each
+        return torch.cat([dequantize_nvfp4(packed[i, rows], scale[i, rows],
+                                           global_scale[i, h:h + 1])
+                          for h, rows in enumerate((slice(0, half), slice(half, n)))])
+
+    return grouped_gemm(x, topk_ids, n, e, expert, gated)
 
 
 def moe_int4_gemm(x: torch.Tensor, topk_ids: torch.Tensor, packed: torch.Tensor,
-                  scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:
+                  scale: torch.Tensor, zero: torch.Tensor, group: int, gated: bool = False
+                  ) -> torch.Tensor:
     """int4 expert weights with group scales and zero points: x [M, S, K] -> y [M, k, N]."""
     e, n, _ = check_int4("moe_int4_gemm", x, topk_ids, packed, scale, zero, group,
-                         not torch.compiler.is_compiling())
+                         not torch.compiler.is_compiling(), gated)
     return grouped_gemm(x, topk_ids, n, e, lambda i: dequantize_int4(
-        packed[i], scale[i], zero[i], group, x.shape[2]))
+        packed[i], scale[i], zero[i], group, x.shape[2]), gated)

@@ -32,7 +32,7 @@ from .tiles import dot_float_rows, routed_rows
 def _moe_float_rows_kernel(x, topk_ids, weight, out, part, counts, M, N, K, topk, stride_xm,
                            stride_xs, steps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, TOPK: tl.constexpr,
-                           EVEN: tl.constexpr):
+                           EVEN: tl.constexpr, GATED: tl.constexpr):
     expert = tl.program_id(2)
     rm = tl.arange(0, BLOCK_M)
     slot, y_row = routed_rows(topk_ids, expert, rm, M, topk, TOPK)
@@ -43,10 +43,11 @@ def _moe_float_rows_kernel(x, topk_ids, weight, out, part, counts, M, N, K, topk
     rk = tl.arange(0, BLOCK_K)
     mn = rn < N
     x_off = rm[:, None] * stride_xm + slot[:, None] * stride_xs      # x[m, j or 0]
-    weight += expert.to(tl.int64) * N * K
+    weight += expert.to(tl.int64) * (2 * N if GATED else N) * K
     k_lo = tl.program_id(1) * steps * BLOCK_K
     k_hi = tl.minimum(K, k_lo + steps * BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN:
             mk = tl.full((BLOCK_K,), 1, tl.int1)
@@ -57,16 +58,21 @@ def _moe_float_rows_kernel(x, topk_ids, weight, out, part, counts, M, N, K, topk
         w = tl.load(weight + rn[:, None] * K + k0 + rk[None, :],
                     mask=mn[:, None] & mk[None, :], other=0.0)
         acc += dot_float_rows(xt, w, BLOCK_M >= 16)
-    finish(acc, acc, out, part, counts, expert * tl.num_programs(0) + tl.program_id(0),
+        if GATED:
+            u = tl.load(weight + (rn + N)[:, None] * K + k0 + rk[None, :],
+                        mask=mn[:, None] & mk[None, :], other=0.0)
+            up += dot_float_rows(xt, u, BLOCK_M >= 16)
+    finish(acc, up, out, part, counts, expert * tl.num_programs(0) + tl.program_id(0),
            tl.program_id(1), y_row[:, None] * N + rn[None, :], chosen[:, None] & mn[None, :],
-           M * topk * N, SPLIT, False)
+           M * topk * N, SPLIT, GATED)
 
 
 @triton.jit
 def _moe_fp8_rows_kernel(x, topk_ids, weight, scale, out, part, counts, M, N, K, topk,
                          stride_xm, stride_xs, block_n, block_k, scale_cols, steps,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         SPLIT: tl.constexpr, TOPK: tl.constexpr, EVEN: tl.constexpr):
+                         SPLIT: tl.constexpr, TOPK: tl.constexpr, EVEN: tl.constexpr,
+                         GATED: tl.constexpr):
     expert = tl.program_id(2)
     rm = tl.arange(0, BLOCK_M)
     slot, y_row = routed_rows(topk_ids, expert, rm, M, topk, TOPK)
@@ -77,12 +83,15 @@ def _moe_fp8_rows_kernel(x, topk_ids, weight, scale, out, part, counts, M, N, K,
     rk = tl.arange(0, BLOCK_K)
     mn = rn < N
     x_off = rm[:, None] * stride_xm + slot[:, None] * stride_xs
-    weight += expert.to(tl.int64) * N * K
-    scale += expert.to(tl.int64) * tl.cdiv(N, block_n) * scale_cols
+    rows: tl.constexpr = 2 if GATED else 1            # weight rows per output column
+    weight += expert.to(tl.int64) * (rows * N) * K
+    scale += expert.to(tl.int64) * tl.cdiv(rows * N, block_n) * scale_cols
     s_rows = scale + (rn // block_n) * scale_cols
+    s_up = scale + ((rn + N) // block_n) * scale_cols
     k_lo = tl.program_id(1) * steps * BLOCK_K
     k_hi = tl.minimum(K, k_lo + steps * BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN:
             mk = tl.full((BLOCK_K,), 1, tl.int1)
@@ -92,9 +101,13 @@ def _moe_fp8_rows_kernel(x, topk_ids, weight, scale, out, part, counts, M, N, K,
                      other=0.0)
         w, s = fp8_tile(weight, rn[:, None] * K, s_rows, mn, mk, k0, block_k, BLOCK_K)
         acc += dot_rows(xt, w, BLOCK_M >= 16) * s[None, :]
-    finish(acc, acc, out, part, counts, expert * tl.num_programs(0) + tl.program_id(0),
+        if GATED:
+            u, su = fp8_tile(weight, (rn + N)[:, None] * K, s_up, mn, mk, k0, block_k,
+                             BLOCK_K)
+            up += dot_rows(xt, u, BLOCK_M >= 16) * su[None, :]
+    finish(acc, up, out, part, counts, expert * tl.num_programs(0) + tl.program_id(0),
            tl.program_id(1), y_row[:, None] * N + rn[None, :], chosen[:, None] & mn[None, :],
-           M * topk * N, SPLIT, False)
+           M * topk * N, SPLIT, GATED)
 
 
 @triton.jit
@@ -102,7 +115,7 @@ def _moe_nvfp4_rows_kernel(x, topk_ids, packed, scale, global_scale, out, part, 
                            K, topk, stride_xm, stride_xs, stride_p, stride_s, steps,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, TOPK: tl.constexpr,
-                           EVEN: tl.constexpr):
+                           EVEN: tl.constexpr, GATED: tl.constexpr):
     HALF: tl.constexpr = BLOCK_K // 2
     USE_DOT: tl.constexpr = BLOCK_M >= 16
     expert = tl.program_id(2)
@@ -115,11 +128,13 @@ def _moe_nvfp4_rows_kernel(x, topk_ids, packed, scale, global_scale, out, part, 
     rj = tl.arange(0, HALF)
     mn = rn < N
     x_off = rm[:, None] * stride_xm + slot[:, None] * stride_xs
-    packed += expert.to(tl.int64) * N * stride_p
-    scale += expert.to(tl.int64) * N * stride_s
+    rows: tl.constexpr = 2 if GATED else 1            # weight rows per output column
+    packed += expert.to(tl.int64) * (rows * N) * stride_p
+    scale += expert.to(tl.int64) * (rows * N) * stride_s
     k_lo = tl.program_id(1) * steps * BLOCK_K
     k_hi = tl.minimum(K, k_lo + steps * BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         w_even, w_odd = nvfp4_tile(packed, rn[:, None] * stride_p, scale,
                                    rn[:, None] * stride_s, mn, k0, k_hi, BLOCK_N, BLOCK_K, EVEN)
@@ -128,17 +143,25 @@ def _moe_nvfp4_rows_kernel(x, topk_ids, packed, scale, global_scale, out, part, 
         x_even = tl.load(xk, mask=xm, other=0.0)
         x_odd = tl.load(xk + 1, mask=xm, other=0.0)
         acc += dot_rows(x_even, w_even, USE_DOT) + dot_rows(x_odd, w_odd, USE_DOT)
-    acc = acc * tl.load(global_scale + expert)
-    finish(acc, acc, out, part, counts, expert * tl.num_programs(0) + tl.program_id(0),
+        if GATED:
+            u_even, u_odd = nvfp4_tile(packed, (rn + N)[:, None] * stride_p, scale,
+                                       (rn + N)[:, None] * stride_s, mn, k0, k_hi, BLOCK_N,
+                                       BLOCK_K, EVEN)
+            up += dot_rows(x_even, u_even, USE_DOT) + dot_rows(x_odd, u_odd, USE_DOT)
+    acc = acc * tl.load(global_scale + expert * rows)
+    if GATED:
+        up = up * tl.load(global_scale + expert * rows + 1)
+    finish(acc, up, out, part, counts, expert * tl.num_programs(0) + tl.program_id(0),
            tl.program_id(1), y_row[:, None] * N + rn[None, :], chosen[:, None] & mn[None, :],
-           M * topk * N, SPLIT, False)
+           M * topk * N, SPLIT, GATED)
 
 
 @triton.jit
 def _moe_int4_rows_kernel(x, topk_ids, packed, scale, zero, out, part, counts, M, N, K, topk,
                           stride_xm, stride_xs, packed_cols, group, groups, steps,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          SPLIT: tl.constexpr, TOPK: tl.constexpr, EVEN: tl.constexpr):
+                          SPLIT: tl.constexpr, TOPK: tl.constexpr, EVEN: tl.constexpr,
+                          GATED: tl.constexpr):
     HALF: tl.constexpr = BLOCK_K // 2
     USE_DOT: tl.constexpr = BLOCK_M >= 16
     expert = tl.program_id(2)
@@ -151,12 +174,14 @@ def _moe_int4_rows_kernel(x, topk_ids, packed, scale, zero, out, part, counts, M
     rj = tl.arange(0, HALF)
     mn = rn < N
     x_off = rm[:, None] * stride_xm + slot[:, None] * stride_xs
-    packed += expert.to(tl.int64) * N * packed_cols
-    scale += expert.to(tl.int64) * N * groups
-    zero += expert.to(tl.int64) * N * groups
+    rows: tl.constexpr = 2 if GATED else 1            # weight rows per output column
+    packed += expert.to(tl.int64) * (rows * N) * packed_cols
+    scale += expert.to(tl.int64) * (rows * N) * groups
+    zero += expert.to(tl.int64) * (rows * N) * groups
     k_lo = tl.program_id(1) * steps * BLOCK_K
     k_hi = tl.minimum(K, k_lo + steps * BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN:
             even = tl.full((HALF,), 1, tl.int1)
@@ -171,9 +196,14 @@ def _moe_int4_rows_kernel(x, topk_ids, packed, scale, zero, out, part, counts, M
         x_odd = tl.load(xk + 1, mask=chosen[:, None] & odd[None, :], other=0.0)
         part_sum = dot_rows(x_even, w_even, USE_DOT) + dot_rows(x_odd, w_odd, USE_DOT)
         acc += part_sum * s[None, :]
-    finish(acc, acc, out, part, counts, expert * tl.num_programs(0) + tl.program_id(0),
+        if GATED:
+            u_even, u_odd, su = int4_tile(packed, (rn + N)[:, None] * packed_cols, scale, zero,
+                                          (rn + N) * groups, mn, even, k0, group, BLOCK_K)
+            up_sum = dot_rows(x_even, u_even, USE_DOT) + dot_rows(x_odd, u_odd, USE_DOT)
+            up += up_sum * su[None, :]
+    finish(acc, up, out, part, counts, expert * tl.num_programs(0) + tl.program_id(0),
            tl.program_id(1), y_row[:, None] * N + rn[None, :], chosen[:, None] & mn[None, :],
-           M * topk * N, SPLIT, False)
+           M * topk * N, SPLIT, GATED)
 
 
 # format -> (kernel, the 2-D family whose K steps it takes, its weights' own integer arguments)
@@ -184,24 +214,25 @@ KERNELS = {"float": (_moe_float_rows_kernel, "float", ()),
 
 
 def moe_config(fmt: str, n: int, k: int, rows: int, experts: int, topk: int, sms: int,
-               k_align: int, fp32: bool) -> RowsConfig:
+               k_align: int, fp32: bool, gated: bool = False) -> RowsConfig:
     """The counted configuration: the 2-D one over the N of every expert a block can choose
     (at most rows x k of them), so the split fills the GPU with the programs that work."""
     active = min(experts, rows * topk)
-    return heuristic(KERNELS[fmt][1], n * active, k, rows, sms, k_align, False, fp32)
+    return heuristic(KERNELS[fmt][1], n * active, k, rows, sms, k_align, gated, fp32)
 
 
 def moe_rows(fmt: str, x: torch.Tensor, ids: torch.Tensor, experts: int, n: int,
-             weights: dict, ints: dict, k_align: int, config: RowsConfig | None = None
-             ) -> torch.Tensor:
+             weights: dict, ints: dict, k_align: int, config: RowsConfig | None = None,
+             gated: bool = False) -> torch.Tensor:
     """y [M, k, N] for x [M <= 16, S, K] and int32 ids [M, k] (operands checked by the
-    caller, kernel.py's launchers); `config` overrides the counted configuration."""
+    caller, kernel.py's launchers); gated: each expert's gate rows then up rows, n the
+    output width I, y = silu(gate) * up. `config` overrides the counted configuration."""
     kernel = KERNELS[fmt][0]
     m, s, k = x.shape
     topk = ids.shape[1]
     if config is None:
         config = moe_config(fmt, n, k, m, experts, topk, sm_count(x.device), k_align,
-                            x.dtype == torch.float32)
+                            x.dtype == torch.float32, gated)
     if config.block_m < m:
         raise ValueError(f"moe {fmt} skinny GEMM: BLOCK_M {config.block_m} < {m} rows")
     tiles, steps, split = config.grid(n, k)
@@ -209,12 +240,12 @@ def moe_rows(fmt: str, x: torch.Tensor, ids: torch.Tensor, experts: int, n: int,
         tiles, steps, split = tiles, -(-k // config.block_k), 1
     out = torch.empty(m, topk, n, dtype=x.dtype, device=x.device)
     args = dict(x=x, topk_ids=ids, **weights, out=out,
-                part=workspace(split, 1, m * topk, n, x.device),
+                part=workspace(split, 2 if gated else 1, m * topk, n, x.device),
                 counts=counters(x.device, experts * tiles),
                 M=m, N=n, K=k, topk=topk, stride_xm=x.stride(0),
                 stride_xs=x.stride(1) if s > 1 else 0, **ints, steps=steps)
     meta = {**config.meta(), "SPLIT": split, "TOPK": triton.next_power_of_2(topk),
-            "EVEN": k % config.block_k == 0}
+            "EVEN": k % config.block_k == 0, "GATED": gated}
     launch(kernel, (tiles, split, experts), args, meta)
     return out
 
@@ -237,23 +268,26 @@ def _specs() -> tuple[Spec, ...]:
     out: dict[tuple, Spec] = {}
     for fmt, (kernel, _, ints) in KERNELS.items():
         for model, act, proj, n, k, experts, topk, sms in DECLARED_MOE:
+            gated = proj == "up"                  # gate and up stacked, as the loader fuses
             for rows in (1, 16):
                 config = moe_config(fmt, n, k, rows, experts, topk, sms, align[fmt],
-                                    act == "*fp32")
+                                    act == "*fp32", gated)
                 types = {"x": act, "topk_ids": "*i32", **weight_types[fmt](act), "out": act,
                          "part": "*fp32", "counts": "*i32",
                          **dict.fromkeys(("M", "N", "K", "topk", "stride_xm", "stride_xs",
                                           *ints, "steps"), "i32")}
                 even = k % config.block_k == 0
-                meta = {**config.meta(), "TOPK": triton.next_power_of_2(topk), "EVEN": even}
+                meta = {**config.meta(), "TOPK": triton.next_power_of_2(topk), "EVEN": even,
+                        "GATED": gated}
                 s = 1 if proj == "up" else topk
                 values = {"M": 1, "N": n, "K": k, "topk": topk, "stride_xm": s * k,
                           "stride_xs": k if s > 1 else 0, **INT_VALUES[fmt](n, k),
                           "steps": config.grid(n, k)[1]}
                 aligned = tuple(name for name, kind in types.items() if kind.startswith("*")
                                 or (name != "M" and values[name] % 16 == 0))
-                label = f"{fmt} rows {model} {act[1:]} {proj} M{rows} {sms} SMs"
-                key = (kernel, act, config, even)
+                label = (f"{fmt} rows {model} {act[1:]} {'gate_up' if gated else proj} M{rows}"
+                         f" {sms} SMs")
+                key = (kernel, act, config, even, gated)
                 out.setdefault(key, Spec.from_meta(
                     kernel, label, types, meta, aligned=aligned,
                     shape_constexprs=(*SHAPE_CONSTEXPRS, "TOPK")))

@@ -80,3 +80,43 @@ def test_stacked_nvfp4_dequantizes_each_half_with_its_own_global_scale():
     assert not torch.equal(mlp.gate_proj.global_scale, mlp.up_proj.global_scale)
     fuse_gate_up(mlp)
     assert torch.equal(mlp.gate_up.dequantized(), torch.cat((gate, up)))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("family", [None, "fp8", "nvfp4", "int4"], ids=lambda f: f or "bf16")
+def test_stacked_experts_give_the_two_projections(family, backend):
+    """A mixture of experts' gate and up stacks, full precision or quantized, stacked per
+    expert: the same routed rows as before, decode rows and a prefill chunk."""
+    from flash_planner.engine.models.moe import Experts
+
+    gen = torch.Generator().manual_seed(4)
+    experts, hidden, inter = 8, 256, 128
+    block = Experts(experts, hidden, inter).to(DEVICE)
+    with torch.no_grad():
+        for stack in (block.gate_proj, block.up_proj, block.down_proj):
+            stack.weight.copy_(torch.randn(stack.weight.shape, generator=gen) * 0.05)
+    if family is not None:
+        layout = FAMILIES[family].quantize_at_load()
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            old = getattr(block, name)
+            with torch.device("meta"):
+                stack = layout.module(old.out_features, old.in_features).stacked(experts)
+            stack = stack.to_empty(device=DEVICE)
+            for e in range(experts):
+                stack.set_packed(layout.convert({"weight": old.weight[e].detach().cpu()},
+                                                old.out_features, old.in_features), expert=e)
+            setattr(block, name, stack)
+    x = torch.randn(37, hidden, generator=gen).to(DEVICE)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:2] for _ in range(37)])
+    ids = ids.to(device=DEVICE, dtype=torch.int32)
+    weights = torch.rand(37, 2, generator=gen).to(DEVICE)
+    dispatch.set_backend(backend)
+    try:
+        before = [block(x[:m], weights[:m], ids[:m]) for m in (1, 5, 37)]
+        assert fuse_gate_up(block) == 1
+        after = [block(x[:m], weights[:m], ids[:m]) for m in (1, 5, 37)]
+    finally:
+        dispatch.set_backend("auto")
+    assert block.gate_up.gated and not hasattr(block, "gate_proj")
+    for b, a in zip(before, after):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -50,8 +50,7 @@ def test_quantize_at_load_error_is_within_the_format_step(checkpoints, weights, 
             assert not module.stacks_with(swapped[name.removesuffix("gate_proj") + "up_proj"])
     assert any(m.gated for m in swapped.values()) or (weights, kind) == ("fp8", "hybrid_moe")
     for name, module in swapped.items():
-        w = torch.cat([plain.model.get_submodule(theirs).weight.detach()
-                       for theirs, _ in unfused(name, module)])
+        w = plain_weight(plain.model, name, module)
         stacked = [(w[e], _expert(module, e)) for e in range(module.expert_count)] if (
             module.expert_count) else [(w, module)]
         for w, one in stacked:
@@ -61,6 +60,23 @@ def test_quantize_at_load_error_is_within_the_format_step(checkpoints, weights, 
         assert any(m.expert_count for m in swapped.values())
         assert not any(n.endswith(("mlp.gate", "shared_expert_gate")) for n in swapped)
     assert quant.bytes_per_forward < plain.bytes_per_forward
+
+
+def plain_weight(model, name: str, module: QuantLinear) -> torch.Tensor:
+    """The full-precision weight the quantized module `name` holds. Expert stacks fuse gate
+    and up in full precision too, dense MLPs only when quantized, and FP8 ones only where
+    no scale block straddles the seam: either side may hold them apart."""
+    parent_name, _, leaf = name.rpartition(".")
+    parent = model.get_submodule(parent_name)
+    twin = getattr(parent, leaf, None)
+    if twin is not None:
+        return twin.weight.detach()
+    if leaf in ("gate_proj", "up_proj"):                   # stacked in the plain model only
+        w = parent.gate_up.weight.detach()
+        half = w.shape[-2] // 2
+        return w[..., :half, :] if leaf == "gate_proj" else w[..., half:, :]
+    return torch.cat([model.get_submodule(theirs).weight.detach()
+                      for theirs, _ in unfused(name, module)])
 
 
 def unfused(name: str, module: QuantLinear) -> list[tuple[str, slice]]:

@@ -81,10 +81,16 @@ def test_quantized_weights_on_the_gemm_kernels_match_the_references(hybrid_dir, 
 def test_moe_target_on_the_moe_kernels_matches_the_references(checkpoints, make_engine,
                                                               weights, request):
     """An MoE target's experts on the grouped GEMM kernels, full precision and quantized at
-    load: the same speculative request as on the references."""
+    load: the same speculative request as on the references, gate and up stacked per
+    expert where they stack (not FP8 here: the tiny experts' I = 32 is under a block)."""
     engine = make_engine(checkpoints("hybrid_moe"), weights=weights, device=DEVICE)
-    ref, reference, kernels = _references_then_kernels(engine, request, 12)
+    with record_launches() as launches:
+        ref, reference, kernels = _references_then_kernels(engine, request, 12)
     op = "moe_gemm" if weights == "auto" else f"moe_{weights}_gemm"
     assert dispatch._pick(op, None, torch.zeros(1, device=DEVICE)) is dispatch.TRITON_OPS[op]
     assert kernels.token_ids == reference.token_ids == ref
     assert kernels.stats.accept_hist == reference.stats.accept_hist
+    fmt = "float" if weights == "auto" else weights
+    gated = {spec.constexprs.get("GATED") for spec in launches
+             if spec.name == f"_moe_{fmt}_rows_kernel"}
+    assert gated == ({False} if weights == "fp8" else {True, False})

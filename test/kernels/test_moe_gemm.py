@@ -290,3 +290,89 @@ def test_bad_operands_raise_naming_the_argument(case, side):
     fn = _functions(fmt)[0 if side == "kernel" else 1]
     with pytest.raises(ValueError, match=name):
         fn(*_on(DEVICE, args))
+
+
+# ---- gated stacks: each expert's gate rows, then its up rows; y = silu(gate) * up
+
+GATED = {
+    "float": (96, lambda e, dt, g: float_args(e, 80, 96, dt, g)),
+    "fp8": (160, lambda e, dt, g: fp8_args(e, 64, 160, 16, 32, g)),
+    "nvfp4": (160, lambda e, dt, g: (*nvfp4_args(e, 72, 160, g)[:2],
+                                     torch.rand(e, 2, generator=g) * 0.02 + 0.01)),
+    "int4": (97, lambda e, dt, g: int4_args(e, 80, 97, 32, g)),
+}
+
+
+def _gated_inputs(fmt, m, k, e, dtype, seed=0):
+    kdim, make = GATED[fmt]
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, 1, kdim, generator=gen).to(dtype)
+    return x.to(DEVICE), routing(m, k, e, seed).to(DEVICE), _on(DEVICE, make(e, dtype, gen))
+
+
+def _halves(fmt, args):
+    """The gate stack's and the up stack's arguments of a gated stack's."""
+    n = args[0].shape[1]
+    rows = (slice(0, n // 2), slice(n // 2, n))
+    if fmt == "fp8":
+        w, s, bn, bk = args
+        return [(w[:, r].contiguous(), s[:, r.start // bn:r.stop // bn].contiguous(), bn, bk)
+                for r in rows]
+    if fmt == "nvfp4":
+        p, s, gs = args
+        return [(p[:, r].contiguous(), s[:, r].contiguous(), gs[:, h].contiguous())
+                for h, r in enumerate(rows)]
+    return [tuple(a[:, r].contiguous() if isinstance(a, torch.Tensor) else a for a in args)
+            for r in rows]
+
+
+@pytest.mark.parametrize("fmt", GATED)
+def test_gated_reference_is_silu_of_gate_times_up(fmt):
+    x, ids, args = _gated_inputs(fmt, 5, 3, 8, torch.float32)
+    reference_fn = _functions(fmt)[1]
+    gate_args, up_args = _halves(fmt, args)
+    want = (torch.nn.functional.silu(reference_fn(x, ids, *gate_args))
+            * reference_fn(x, ids, *up_args))
+    torch.testing.assert_close(reference_fn(x, ids, *args, gated=True), want, rtol=1e-4,
+                               atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("m", [1, 5, 16, 37], ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("fmt", GATED)
+def test_gated_kernel_matches_reference(fmt, m, dtype):
+    """Up to 16 rows the skinny kernel's fused epilogue; a prefill chunk the tiled kernel's
+    float32 sums with the activation beside it."""
+    x, ids, args = _gated_inputs(fmt, m, 3, 8, dtype, seed=m)
+    kernel_fn, reference_fn = _functions(fmt)
+    with record_launches() as launches:
+        out = kernel_fn(x, ids, *args, gated=True)
+    assert out.shape == (m, 3, args[0].shape[1] // 2)
+    _close(out, reference_fn(x, ids, *args, gated=True))
+    if m <= 16:
+        assert launches[0].constexprs["GATED"] is True
+
+
+@pytest.mark.parametrize("config", SKINNY, ids=lambda c: "M{}-BM{}-BN{}-BK{}-S{}".format(*c))
+@pytest.mark.parametrize("fmt", GATED)
+def test_gated_skinny_paths_match_the_reference(fmt, config):
+    from flash_planner.kernels.gemm_configs import RowsConfig
+    from flash_planner.kernels.moe_gemm.skinny import moe_rows
+    from flash_planner.kernels.split_k import counters
+
+    m, *tiles = config
+    x, ids, args = _gated_inputs(fmt, m, 3, 8, torch.float32, seed=m)
+    ints, weights, align = _skinny_operands(fmt, args, x.shape[2])
+    out = moe_rows(fmt, x, ids.to(torch.int32), 8, args[0].shape[1] // 2, weights, ints,
+                   align, RowsConfig(*tiles), gated=True)
+    _close(out, _functions(fmt)[1](x, ids, *args, gated=True))
+    assert int(counters(x.device, 1).abs().sum()) == 0
+
+
+def test_a_gated_stack_that_cannot_split_evenly_is_refused():
+    x, ids, args = _gated_inputs("nvfp4", 2, 3, 8, torch.float32)
+    with pytest.raises(ValueError, match="global_scale"):
+        kernel.moe_nvfp4_gemm(x, ids, args[0], args[1], args[2][:, 0], gated=True)
+    fp8 = fp8_args(8, 48, 160, 16, 32, torch.Generator().manual_seed(0))   # I = 24: no
+    with pytest.raises(ValueError, match="block_n 16"):
+        kernel.moe_fp8_gemm(x, ids, *_on(DEVICE, fp8), gated=True)

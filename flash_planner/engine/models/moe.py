@@ -56,12 +56,18 @@ class Experts(nn.Module):
         self.gate_proj = ExpertLinear(num_experts, hidden, intermediate)
         self.up_proj = ExpertLinear(num_experts, hidden, intermediate)
         self.down_proj = ExpertLinear(num_experts, intermediate, hidden)
+        # set after loading (weights/fuse.py): gate and up stacked per expert, one grouped
+        # GEMM giving silu(gate) * up; gate_proj / up_proj gone
+        self.gate_up: nn.Module | None = None
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
                 ) -> torch.Tensor:
         """x [T, H], weights and ids [T, k] -> sum_j weights[t, j] * expert_ids[t, j](x[t])."""
         rows = x[:, None, :]                                           # [T, 1, H]
-        h = F.silu(self.gate_proj.grouped(rows, ids)) * self.up_proj.grouped(rows, ids)
+        if self.gate_up is not None:
+            h = self.gate_up.grouped(rows, ids)
+        else:
+            h = F.silu(self.gate_proj.grouped(rows, ids)) * self.up_proj.grouped(rows, ids)
         out = self.down_proj.grouped(h, ids)                           # [T, k, H]
         return (out * weights[..., None]).sum(dim=1)
 

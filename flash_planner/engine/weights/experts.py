@@ -33,6 +33,8 @@ FUSED = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
 class ExpertLinear(nn.Module):
     """E experts' [N, K] weights of one projection, in full precision."""
 
+    gated = False        # each expert's gate rows then its up rows (fuse.py): silu(g) * u
+
     def __init__(self, num_experts: int, in_features: int, out_features: int):
         super().__init__()
         self.expert_count, self.in_features, self.out_features = (num_experts, in_features,
@@ -40,7 +42,7 @@ class ExpertLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features))
 
     def grouped(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return moe_gemm(x, ids, self.weight)
+        return moe_gemm(x, ids, self.weight, self.gated)
 
     def extra_repr(self) -> str:
         return (f"experts={self.expert_count}, in_features={self.in_features}, "

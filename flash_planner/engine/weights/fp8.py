@@ -49,7 +49,8 @@ class Fp8Linear(QuantLinear):
                 and (other.block_n, other.block_k) == (self.block_n, self.block_k))
 
     def grouped(self, x, ids):
-        return moe_fp8_gemm(x, ids, self.weight, self.scale, self.block_n, self.block_k)
+        return moe_fp8_gemm(x, ids, self.weight, self.scale, self.block_n, self.block_k,
+                            self.gated)
 
     def dequantized(self):
         return dequantize_fp8(self.weight, self.scale, self.block_n, self.block_k)

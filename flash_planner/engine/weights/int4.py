@@ -53,7 +53,8 @@ class Int4Linear(QuantLinear):
         return super().stacks_with(other) and other.group == self.group
 
     def grouped(self, x, ids):
-        return moe_int4_gemm(x, ids, self.packed, self.scale, self.zero, self.group)
+        return moe_int4_gemm(x, ids, self.packed, self.scale, self.zero, self.group,
+                             self.gated)
 
     def dequantized(self):
         return dequantize_int4(self.packed, self.scale, self.zero, self.group, self.in_features)

@@ -42,9 +42,10 @@ class QuantLinear(nn.Module):
         raise NotImplementedError
 
     def stacks_with(self, other: QuantLinear) -> bool:
-        """Whether this weight and `other`, stacked row-wise, form one weight of this layout
-        (the same family, shape and format parameters; no scale block across the seam)."""
-        return (type(other) is type(self) and not (self.expert_count or other.expert_count)
+        """Whether this weight and `other`, stacked row-wise (per expert, for two stacks of
+        as many experts), form one weight of this layout (the same family, shape and format
+        parameters; no scale block across the seam)."""
+        return (type(other) is type(self) and other.expert_count == self.expert_count
                 and not (self.gated or other.gated)
                 and (other.in_features, other.out_features)
                 == (self.in_features, self.out_features))

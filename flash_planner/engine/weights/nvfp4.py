@@ -46,7 +46,9 @@ class Nvfp4Linear(QuantLinear):
         return nvfp4_gate_up(x, *self.operands())
 
     def grouped(self, x, ids):
-        return moe_nvfp4_gemm(x, ids, self.packed, self.scale, self.global_scale.view(-1))
+        gs = self.global_scale.view(self.expert_count, 2) if self.gated else \
+            self.global_scale.view(-1)
+        return moe_nvfp4_gemm(x, ids, self.packed, self.scale, gs, self.gated)
 
     def dequantized(self):
         if not self.gated:
