@@ -8,13 +8,14 @@ launch: each program stores its fp32 partial tile, counts itself in at its tile'
 (one atomic, acquire-release), and the program that arrives last adds the SPLIT partials in
 split order (so the result does not depend on which one arrives last: the same bits every
 run, eager or in a CUDA graph), runs the epilogue, stores y and puts the counter back to 0.
-Counters therefore rest at zero between launches, which is what lets the kernels run inside
-CUDA graphs with no memset node. They are one buffer per device: launches on one stream (the
-engine's) never overlap; two streams running split GEMMs at once would share counters.
+Counters therefore rest at zero between launches: eager launches share one buffer per device
+and need no memset (launches on one stream, the engine's, never overlap; two streams running
+split GEMMs at once would share counters). Inside a torch.compile trace each launch gets a
+zeroed buffer of its own instead (`counters`), a small memset in the compiled graph.
 
 The inner product is `dot_rows`: tensor cores (tl.dot, 16 rows at least) for 8-16 rows, fp32
-FMAs on CUDA cores for 1-4 rows, where a 16-row tensor-core tile would be mostly padding and
-the dot's operand shuffles through shared memory cost more than the multiplies.
+FMAs on CUDA cores for 1-4 rows, where a 16-row tensor-core tile would be mostly padding
+(which of the two is faster at each bucket is for the measured table to say).
 """
 
 from __future__ import annotations
