@@ -18,7 +18,9 @@ Parts (each one table, all of them in one JSON file):
             bf16) x forward (eager, compiled: CUDA graphs) x method (auto, dflash, mtp,
             none) on 12 held-out tasks: TTFT and decode tok/s (medians), tokens per cycle,
             plans equal to fp32 eager's, and the engine's first request's TTFT against the
-            median of the next ones (load and warm-up times beside). Needs our planning
+            median of the next ones (load and warm-up times beside; for the compiled engines
+            also a second start's load, in a new process reading the on-disk caches). Needs
+            our planning
             dependencies too (docs/thor.md lists the wheels).
   slices    engine slices at the 27B's width (4 layers: 3 GDN + 1 attention, its vocabulary)
             and the 35B-A3B's, bf16 and NVFP4 (quantized at load, experts included; gate and
@@ -409,7 +411,25 @@ def demo_rows(device: str, small: bool) -> list[dict]:
             del service, engine
             if device == "cuda":
                 torch.cuda.empty_cache()
+            if compile_ == "on":   # a second start: a new process, the compiled graphs on disk
+                second = second_start_s(device, dtype)
+                for row in rows[-len(methods):]:
+                    row["second_load_s"] = second
     return rows
+
+
+def second_start_s(device: str, dtype: str) -> float:
+    """Seconds a new process takes to load the demo engine compiled (imports excluded), with
+    what the first start left in the on-disk caches."""
+    import subprocess
+
+    script = ("import json, time; from flash_planner.engine.engine import Engine; "
+              "from flash_planner.planning.presets import ModelPreset; t0 = time.perf_counter(); "
+              f"Engine.load(ModelPreset.load('demo').engine_config(device={device!r}, "
+              f"dtype={dtype!r}, compile='on')); print(json.dumps(time.perf_counter() - t0))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, timeout=900).stdout
+    return float(out.strip().splitlines()[-1])
 
 
 def profile_rows(device: str, small: bool) -> list[dict]:
@@ -554,13 +574,15 @@ def print_tables(report: dict) -> None:
     if report.get("demo"):
         print(f"demo through the planner service (greedy; medians; plans equal to fp32 "
               f"eager's):\n{'dtype':<6}{'forward':<10}{'method':<8}{'TTFT ms':>9}{'tok/s':>8}"
-              f"{'tok/cyc':>9}{'equal':>7}{'first TTFT':>12}{'next':>8}{'load s':>8}")
+              f"{'tok/cyc':>9}{'equal':>7}{'first TTFT':>12}{'next':>8}{'load s':>8}"
+              f"{'2nd start s':>13}")
         for r in report["demo"]:
             first = ("" if r["first_ttft_ms"] is None else
                      f"{r['first_ttft_ms']:>12.1f}{r['next_ttft_ms']:>8.1f}")
             print(f"{r['dtype']:<6}{r['forward']:<10}{r['method']:<8}{r['ttft_ms']:>9.1f}"
                   f"{r['tok_s']:>8.0f}{r['tokens_per_cycle']:>9.2f}"
-                  f"{r['plans_equal']:>4}/{r['tasks']:<2}{first:>20}{r['load_s']:>8.1f}")
+                  f"{r['plans_equal']:>4}/{r['tasks']:<2}{first:>20}{r['load_s']:>8.1f}"
+                  f"{r.get('second_load_s', float('nan')):>13.1f}")
     if report.get("profile"):
         for r in report["profile"]:
             print(f"profile, {r['dtype']} eager auto: {r['plan_ms']:.1f} ms a plan over "

@@ -149,7 +149,7 @@ class Engine:
         engine = cls(config, checkpoint, state, device, dtype, proposers, extra)
         engine.threads = threads
         if tuning.wanted(device):     # before the graphs: they capture the chosen launches
-            tuning.tune_linears([checkpoint.model], dtype, progress)
+            tuning.tune_linears([checkpoint.model, *proposers.values()], dtype, progress)
         if config.resolve_compile(device):
             engine.compile_report = compile_forwards(engine, progress)
         log.info("loaded %s on %s (%s, weights %s, dense segments: %s, proposers: %s): %s",

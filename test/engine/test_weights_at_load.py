@@ -135,6 +135,24 @@ def test_demo_drafter_quantized_at_load_is_lossless():
     assert spec.stats.accepted > 0
 
 
+def test_tuning_covers_the_target_and_its_proposers_quantized_linears():
+    """What FLASH_PLANNER_TUNE_GEMMS measures at load (on CUDA): every distinct quantized
+    shape of the target and of the drafter and MTP head, fused gate/up ones by their output."""
+    from flash_planner.engine.weights.tuning import distinct_linears
+
+    engine = Engine.load(ModelPreset.load("demo").engine_config(
+        device="cpu", dtype="fp32", method="auto", weights="int4"))
+    target = distinct_linears([engine.model])
+    every = distinct_linears([engine.model, *engine.proposers.values()])
+    drafter = distinct_linears([engine.proposers["dflash"].drafter])
+    assert target and drafter and set(every) == set(target) | set(drafter) | set(
+        distinct_linears([engine.proposers["mtp"].head]))
+    assert any(gated for _, _, _, gated, _ in every)
+    for (family, n, k, gated, params), linear in every.items():
+        assert family == "int4" and params == (linear.group,)
+        assert (n * (2 if gated else 1), k) == (linear.out_features, linear.in_features)
+
+
 # ---- errors -----------------------------------------------------------------------------
 
 def _with_config(src, dst, edit):
