@@ -26,8 +26,8 @@ def stack_gate_up(gate: nn.Module, up: nn.Module) -> nn.Module:
     (the caller checked that they stack: `stackable`)."""
     dim = 1 if gate.expert_count else 0                 # an expert stack's N is its dim 1
     if isinstance(gate, ExpertLinear):
-        gate.weight = nn.Parameter(torch.cat((gate.weight, up.weight), dim),
-                                   requires_grad=False)
+        gate.weight = nn.Parameter(torch.cat((gate.weight, up.weight), dim).detach(),
+                                   requires_grad=gate.weight.requires_grad)
     else:
         for name in gate.packed_specs():
             gate.register_buffer(name, torch.cat((getattr(gate, name), getattr(up, name)),
@@ -38,6 +38,7 @@ def stack_gate_up(gate: nn.Module, up: nn.Module) -> nn.Module:
 
 
 def stackable(gate: nn.Module | None, up: nn.Module | None) -> bool:
+    """Whether gate and up stack into one weight (one format and its parameters)."""
     if isinstance(gate, QuantLinear) and isinstance(up, QuantLinear):
         return gate.stacks_with(up)
     return (isinstance(gate, ExpertLinear) and isinstance(up, ExpertLinear)
