@@ -187,6 +187,7 @@ def test_down_projection_splits_on_an_h100_and_not_on_thor():
 def test_the_measured_table_is_read_back(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASH_PLANNER_CACHE", str(tmp_path))
     monkeypatch.setattr(gemm_configs, "_table", None)
+    monkeypatch.setattr(gemm_configs, "_chosen", {})     # the choices made here end with it
     cpu = torch.device("cpu")
     key = gemm_configs.shape_key(cpu, "nvfp4", 77, 512, 16, 3, False, True)
     measured = RowsConfig(4, 16, 128, 2, num_warps=8)
@@ -211,6 +212,7 @@ def test_the_measured_table_is_read_back(tmp_path, monkeypatch):
 def test_an_unreadable_table_falls_back_to_counting(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("FLASH_PLANNER_CACHE", str(tmp_path))
     monkeypatch.setattr(gemm_configs, "_table", None)
+    monkeypatch.setattr(gemm_configs, "_chosen", {})
     gemm_configs.table_path().write_text("{not json")
     cpu = torch.device("cpu")
     with caplog.at_level("WARNING"):
