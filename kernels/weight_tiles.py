@@ -1,4 +1,5 @@
-"""What the weight-only GEMMs share: the tile decoders, the exact dot, the launchers' checks.
+"""What the weight-only GEMMs share: the tile decoders, the exact dot, the launchers' checks
+and their route between the skinny and the tiled kernel.
 
 Used by the tiled kernels (fp8_gemm, nvfp4_gemm, int4_gemm: any M), the skinny ones beside
 them (M <= 16, split along K) and the mixture-of-experts kernels (moe_gemm), so one decode of
@@ -8,10 +9,14 @@ each format serves every kernel that reads it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
+
+from .gate_up import swiglu_halves
+from .gemm_configs import skinny
 
 ACTIVATIONS = (torch.float32, torch.bfloat16, torch.float16)
 # The CPU interpreter stores bf16 as raw uint16 and multiplies those integers in tl.dot: under
@@ -144,3 +149,19 @@ def int4_tile(packed, p_off, scale, zero, g_rows, mn, even, k0, group, BLOCK_K: 
     s = tl.load(scale + g_rows + g, mask=mn, other=0.0)               # [BN]
     z = tl.load(zero + g_rows + g, mask=mn, other=0).to(tl.float32)
     return (byte & 0xF).to(tl.float32) - z[:, None], (byte >> 4).to(tl.float32) - z[:, None], s
+
+
+def by_rows(x: torch.Tensor, rows: torch.Tensor, width: int, skinny_fn: Callable,
+            tiled_fn: Callable, gated: bool) -> torch.Tensor:
+    """The launchers' one route: y [..., width] for x [..., K] (rows: its [M, K]) from the
+    skinny kernel up to 16 rows (`skinny_fn()`: y [M, width]), else the tiled kernel
+    (`tiled_fn()`: y [M, width], or for a gated weight its float32 sums [M, 2 width], to
+    which SwiGLU is applied here)."""
+    m = rows.shape[0]
+    if m * width == 0:
+        y = torch.empty(m, width, dtype=x.dtype, device=x.device)
+    elif skinny(m):
+        y = skinny_fn()
+    else:
+        y = swiglu_halves(tiled_fn()).to(x.dtype) if gated else tiled_fn()
+    return y.reshape(*x.shape[:-1], width)

@@ -22,9 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..gemm_configs import skinny
 from ..specs import Spec, aligned, launch
-from ..weight_tiles import check_operand, dot_xwt, flatten_rows, fp8_tile, int32_sizes
+from ..weight_tiles import by_rows, check_operand, dot_xwt, flatten_rows, fp8_tile, int32_sizes
 from .skinny import fp8_rows
 
 # Tiles and warps, from kernels/report.py: 64 x 64 weight tiles with 4 warps took 212-255
@@ -99,29 +98,19 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n
              block_k: int) -> torch.Tensor:
     """Same contract as the reference: x [..., K] -> [..., N]."""
     rows = _operands("fp8_gemm", x, weight, scale, block_n, block_k, 1)
-    m, n = rows.shape[0], weight.shape[0]
-    if m * n == 0:
-        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    elif skinny(m):
-        y = fp8_rows(rows, weight, scale, block_n, block_k)
-    else:
-        y = tiled_gemm(rows, weight, scale, block_n, block_k)
-    return y.reshape(*x.shape[:-1], n)
+    return by_rows(x, rows, weight.shape[0],
+                   lambda: fp8_rows(rows, weight, scale, block_n, block_k),
+                   lambda: tiled_gemm(rows, weight, scale, block_n, block_k), False)
 
 
 def fp8_gate_up(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block_n: int,
                 block_k: int) -> torch.Tensor:
     """Same contract as the reference: x [..., K] -> silu(x @ gate.T) * (x @ up.T) [..., I]."""
     rows = _operands("fp8_gate_up", x, weight, scale, block_n, block_k, 2)
-    m, i = rows.shape[0], weight.shape[0] // 2
-    if m * i == 0:
-        y = torch.empty(m, i, dtype=x.dtype, device=x.device)
-    elif skinny(m):
-        y = fp8_rows(rows, weight, scale, block_n, block_k, gated=True)
-    else:  # prefill: the tiled kernel over both halves, then the activation
-        both = tiled_gemm(rows, weight, scale, block_n, block_k, fp32_out=True)
-        y = (torch.nn.functional.silu(both[:, :i]) * both[:, i:]).to(x.dtype)
-    return y.reshape(*x.shape[:-1], i)
+    return by_rows(x, rows, weight.shape[0] // 2,
+                   lambda: fp8_rows(rows, weight, scale, block_n, block_k, gated=True),
+                   lambda: tiled_gemm(rows, weight, scale, block_n, block_k, fp32_out=True),
+                   True)
 
 
 def gemm_meta(m: int, block_k: int) -> dict:

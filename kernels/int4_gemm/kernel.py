@@ -20,9 +20,8 @@ import triton
 import triton.language as tl
 
 from ..fp8_gemm.kernel import BLOCK_N, gemm_meta
-from ..gemm_configs import skinny
 from ..specs import Spec, aligned, launch
-from ..weight_tiles import check_operand, dot_xwt, flatten_rows, int4_tile, int32_sizes
+from ..weight_tiles import by_rows, check_operand, dot_xwt, flatten_rows, int4_tile, int32_sizes
 from .skinny import int4_rows
 
 BLOCK_K = 32      # K elements per step: 16 bytes of each packed row; groups of 32 and up
@@ -99,29 +98,18 @@ def int4_gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: 
               group: int) -> torch.Tensor:
     """Same contract as the reference: x [..., K] -> [..., N]."""
     rows = _operands("int4_gemm", x, packed, scale, zero, group, 1)
-    m, n = rows.shape[0], packed.shape[0]
-    if m * n == 0:
-        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    elif skinny(m):
-        y = int4_rows(rows, packed, scale, zero, group)
-    else:
-        y = tiled_gemm(rows, packed, scale, zero, group)
-    return y.reshape(*x.shape[:-1], n)
+    return by_rows(x, rows, packed.shape[0],
+                   lambda: int4_rows(rows, packed, scale, zero, group),
+                   lambda: tiled_gemm(rows, packed, scale, zero, group), False)
 
 
 def int4_gate_up(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
                  zero: torch.Tensor, group: int) -> torch.Tensor:
     """Same contract as the reference: x [..., K] -> silu(x @ gate.T) * (x @ up.T) [..., I]."""
     rows = _operands("int4_gate_up", x, packed, scale, zero, group, 2)
-    m, i = rows.shape[0], packed.shape[0] // 2
-    if m * i == 0:
-        y = torch.empty(m, i, dtype=x.dtype, device=x.device)
-    elif skinny(m):
-        y = int4_rows(rows, packed, scale, zero, group, gated=True)
-    else:  # prefill: the tiled kernel over both halves, then the activation
-        both = tiled_gemm(rows, packed, scale, zero, group, fp32_out=True)
-        y = (torch.nn.functional.silu(both[:, :i]) * both[:, i:]).to(x.dtype)
-    return y.reshape(*x.shape[:-1], i)
+    return by_rows(x, rows, packed.shape[0] // 2,
+                   lambda: int4_rows(rows, packed, scale, zero, group, gated=True),
+                   lambda: tiled_gemm(rows, packed, scale, zero, group, fp32_out=True), True)
 
 
 def meta(m: int) -> dict:

@@ -30,6 +30,7 @@ from collections.abc import Callable
 import torch
 
 from ..fp8_gemm.reference import dequantize_fp8
+from ..gate_up import swiglu_halves
 from ..int4_gemm.reference import dequantize_int4
 from ..nvfp4_gemm.reference import GROUP as NVFP4_GROUP
 from ..nvfp4_gemm.reference import dequantize_nvfp4
@@ -160,9 +161,7 @@ def grouped_gemm(x: torch.Tensor, topk_ids: torch.Tensor, n: int, num_experts: i
             pairs = torch.nonzero(ids == e).squeeze(1)
             y[pairs] = rows[pairs] @ expert_weight(e).T
     y = y.reshape(m, topk, n)
-    if gated:
-        y = torch.nn.functional.silu(y[..., :n // 2]) * y[..., n // 2:]
-    return y.to(x.dtype)
+    return (swiglu_halves(y) if gated else y).to(x.dtype)
 
 
 def moe_gemm(x: torch.Tensor, topk_ids: torch.Tensor, weight: torch.Tensor,

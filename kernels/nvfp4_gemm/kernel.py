@@ -21,9 +21,8 @@ import triton
 import triton.language as tl
 
 from ..fp8_gemm.kernel import BLOCK_N, gemm_meta
-from ..gemm_configs import skinny
 from ..specs import Spec, aligned, launch
-from ..weight_tiles import check_operand, dot_xwt, flatten_rows, int32_sizes, nvfp4_tile
+from ..weight_tiles import by_rows, check_operand, dot_xwt, flatten_rows, int32_sizes, nvfp4_tile
 from .reference import GROUP
 from .skinny import nvfp4_rows
 
@@ -97,31 +96,23 @@ def nvfp4_gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
                global_scale: torch.Tensor) -> torch.Tensor:
     """Same contract as the reference: x [..., K] -> [..., N]."""
     rows = _operands("nvfp4_gemm", x, packed, scale, global_scale, 1)
-    m, n = rows.shape[0], packed.shape[0]
-    if m * n == 0:
-        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    elif skinny(m):
-        y = nvfp4_rows(rows, packed, scale, global_scale.reshape(-1))
-    else:
-        y = tiled_gemm(rows, packed, scale, global_scale)
-    return y.reshape(*x.shape[:-1], n)
+    return by_rows(x, rows, packed.shape[0],
+                   lambda: nvfp4_rows(rows, packed, scale, global_scale.reshape(-1)),
+                   lambda: tiled_gemm(rows, packed, scale, global_scale), False)
 
 
 def nvfp4_gate_up(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
                   global_scale: torch.Tensor) -> torch.Tensor:
     """Same contract as the reference: x [..., K] -> silu(x @ gate.T) * (x @ up.T) [..., I]."""
     rows = _operands("nvfp4_gate_up", x, packed, scale, global_scale, 2)
-    m, i = rows.shape[0], packed.shape[0] // 2
-    if m * i == 0:
-        y = torch.empty(m, i, dtype=x.dtype, device=x.device)
-    elif skinny(m):
-        y = nvfp4_rows(rows, packed, scale, global_scale.reshape(-1), gated=True)
-    else:  # prefill: the tiled kernel per half (a launch each is nothing against M rows)
-        gs = global_scale.reshape(-1)
-        gate = tiled_gemm(rows, packed[:i], scale[:i], gs[:1], fp32_out=True)
-        up = tiled_gemm(rows, packed[i:], scale[i:], gs[1:], fp32_out=True)
-        y = (torch.nn.functional.silu(gate) * up).to(x.dtype)
-    return y.reshape(*x.shape[:-1], i)
+    i, gs = packed.shape[0] // 2, global_scale.reshape(-1)
+
+    def tiled() -> torch.Tensor:  # per half, a global scale each (a launch is nothing to M rows)
+        return torch.cat([tiled_gemm(rows, packed[h], scale[h], gs[g:g + 1], fp32_out=True)
+                          for g, h in enumerate((slice(0, i), slice(i, None)))], 1)
+
+    return by_rows(x, rows, i, lambda: nvfp4_rows(rows, packed, scale, gs, gated=True), tiled,
+                   True)
 
 
 def meta(m: int) -> dict:
