@@ -38,6 +38,7 @@ import triton.language as tl
 
 from ..fp8_gemm.kernel import BLOCK_K as FP8_BLOCK_K
 from ..fp8_gemm.kernel import BLOCK_N, gemm_meta
+from ..gate_up import swiglu_halves
 from ..gemm_configs import skinny
 from ..int4_gemm.kernel import BLOCK_K as INT4_BLOCK_K
 from ..specs import Spec, aligned, launch
@@ -109,8 +110,8 @@ def _moe_fp8_kernel(x, topk_ids, weight, scale, out, M, N, K, topk, stride_xm, s
 
 @triton.jit
 def _moe_nvfp4_kernel(x, topk_ids, packed, scale, global_scale, out, M, N, K, topk,
-                      stride_xm, stride_xs, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, TOPK: tl.constexpr):
+                      stride_xm, stride_xs, gs_cols, half, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TOPK: tl.constexpr):
     HALF: tl.constexpr = BLOCK_K // 2
     expert = tl.program_id(2)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -134,7 +135,11 @@ def _moe_nvfp4_kernel(x, topk_ids, packed, scale, global_scale, out, M, N, K, to
         xm = chosen[:, None] & (rj < (K - k0) // 2)[None, :]
         acc += dot_xwt(tl.load(xk, mask=xm, other=0.0), w_even)
         acc += dot_xwt(tl.load(xk + 1, mask=xm, other=0.0), w_odd)
-    acc = acc * tl.load(global_scale + expert)
+    # an expert's global scale per row: gs_cols of them, the second from row `half` on (a
+    # gated stack's up rows; half = N when the expert has one)
+    gs = tl.load(global_scale + expert * gs_cols + (rn >= half).to(tl.int32), mask=mn,
+                 other=0.0)
+    acc = acc * gs[None, :]
     store_chosen(out, acc, y_row, rn, N)
 
 
@@ -197,23 +202,14 @@ def _run(op: str, kernel, x: torch.Tensor, topk_ids: torch.Tensor, experts: int,
         fmt, ints, k_align = rows_kernel
         return moe_rows(fmt, x, ids, experts, width, weights, ints, k_align, gated=gated)
     # a prefill chunk: the tiled kernel over every row; a gated stack's sums stay float32 for
-    # the activation, NVFP4's two global scales applied after (the kernel takes one)
-    tiled = dict(weights)
-    if gated and "global_scale" in weights:
-        tiled["global_scale"] = torch.ones(experts, dtype=torch.float32, device=x.device)
+    # the activation
     out = torch.empty(m, topk, n, dtype=torch.float32 if gated else x.dtype, device=x.device)
     options = meta(m, topk, block_k)
-    args = dict(x=x, topk_ids=ids, **tiled, out=out, M=m, N=n, K=k, topk=topk,
+    args = dict(x=x, topk_ids=ids, **weights, out=out, M=m, N=n, K=k, topk=topk,
                 stride_xm=x.stride(0), stride_xs=x.stride(1) if s > 1 else 0, **scalars)
     grid = (triton.cdiv(m, options["BLOCK_M"]), triton.cdiv(n, BLOCK_N), experts)
     launch(kernel, grid, args, options)
-    if not gated:
-        return out
-    gate, up = out[..., :width], out[..., width:]
-    if "global_scale" in weights:
-        per_pair = weights["global_scale"][ids.long()]                   # [M, k, 2]
-        gate, up = gate * per_pair[..., :1], up * per_pair[..., 1:]
-    return (torch.nn.functional.silu(gate) * up).to(x.dtype)
+    return swiglu_halves(out).to(x.dtype) if gated else out
 
 
 def moe_gemm(x: torch.Tensor, topk_ids: torch.Tensor, weight: torch.Tensor,
@@ -248,7 +244,8 @@ def moe_nvfp4_gemm(x: torch.Tensor, topk_ids: torch.Tensor, packed: torch.Tensor
                           gated=gated)
     weights = {"packed": packed, "scale": scale, "global_scale": global_scale}
     ints = {"stride_p": packed.shape[2], "stride_s": scale.shape[2]}
-    return _run(op, _moe_nvfp4_kernel, x, topk_ids, e, n, weights, {}, NVFP4_BLOCK_K,
+    scales = {"gs_cols": 2 if gated else 1, "half": n // 2 if gated else n}
+    return _run(op, _moe_nvfp4_kernel, x, topk_ids, e, n, weights, scales, NVFP4_BLOCK_K,
                 ("nvfp4", ints, 16), gated)
 
 
@@ -280,7 +277,7 @@ FORMATS = {
     "fp8": (_moe_fp8_kernel, {"weight": "*u8", "scale": "*fp32"},
             ("block_n", "block_k", "scale_cols"), FP8_BLOCK_K),
     "nvfp4": (_moe_nvfp4_kernel, {"packed": "*u8", "scale": "*u8", "global_scale": "*fp32"},
-              (), NVFP4_BLOCK_K),
+              ("gs_cols", "half"), NVFP4_BLOCK_K),
     "int4": (_moe_int4_kernel, {"packed": "*u8", "scale": "*fp32", "zero": "*u8"},
              ("packed_cols", "group", "groups"), INT4_BLOCK_K),
 }
