@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import torch
 
@@ -32,32 +30,12 @@ from flash_planner.kernels.gdn_steps import kernel as gdn_k  # noqa: E402
 from flash_planner.kernels.gdn_steps import reference as gdn_r  # noqa: E402
 from flash_planner.kernels.kv_append import kernel as kv_k  # noqa: E402
 from flash_planner.kernels.kv_append import reference as kv_r  # noqa: E402
+from flash_planner.kernels.tune import time_ms as timed_ms  # noqa: E402
 
 BIG = dict(layers=48, hv=48, hk=16, d=128, steps=16, conv=10240, kv_heads=4, kv_dim=256,
            prefill=4096, vocab=248320, repeats=50)
 TINY = dict(layers=2, hv=4, hk=2, d=16, steps=16, conv=64, kv_heads=2, kv_dim=32,
             prefill=64, vocab=500, repeats=2)
-
-
-def timed_ms(fn, repeats: int) -> float:
-    fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
 
 
 def copy_bandwidth(device) -> float:

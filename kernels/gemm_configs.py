@@ -191,12 +191,21 @@ def table_path() -> Path:
     return root / "gemm_configs.json"
 
 
+_sms: dict[torch.device, int] = {}
+
+
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device; 4 elsewhere (the interpreter: small, so
-    tests at tiny shapes split K as an H100 does at the 27B's)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
+    """Streaming multiprocessors of a CUDA device (asked once per device, outside a compile
+    trace); 4 elsewhere (the interpreter: small, so tests at tiny shapes split K as an H100
+    does at the 27B's)."""
+    if device.type != "cuda":
+        return 4
+    sms = _sms.get(device)
+    if sms is None:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        if not torch.compiler.is_compiling():
+            _sms[device] = sms
+    return sms
 
 
 def device_key(device: torch.device) -> str:

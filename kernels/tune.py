@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -37,18 +38,25 @@ def k_align(family: str, operands: Sequence) -> int:
 
 
 def time_ms(fn: Callable[[], object], repeats: int) -> float:
-    """Median CUDA-event time of `fn` (one warm-up call first: the compile)."""
+    """Median time of `fn` in ms after one warm-up call (the compile): CUDA events on a GPU,
+    the wall clock otherwise (bench/kernels.py times with it too)."""
     fn()
-    torch.cuda.synchronize()
     times = []
-    for _ in range(repeats):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        for _ in range(repeats):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1000)
     return statistics.median(times)
 
 
