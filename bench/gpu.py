@@ -356,36 +356,46 @@ def _time_slice(cfg, model, dtype: torch.dtype, device: str, repeats: int, compi
     return times
 
 
+def demo_service(device: str, dtype: str, compile_: str, small: bool):
+    """(the demo's planner service over a freshly loaded engine, its load seconds); --small
+    keeps the torch references (interpreted kernels would take minutes a plan)."""
+    from flash_planner.engine.engine import Engine
+    from flash_planner.kernels import dispatch
+    from flash_planner.planning.presets import ModelPreset, default_skills_path
+    from flash_planner.planning.service import PlannerConfig, PlannerService
+    from flash_planner.planning.skills import SkillCatalog
+
+    if small:
+        dispatch.set_backend("auto")
+    preset = ModelPreset.load("demo")
+    t0 = time.perf_counter()
+    engine = Engine.load(preset.engine_config(device=device, dtype=dtype, compile=compile_))
+    load_s = time.perf_counter() - t0
+    return PlannerService(engine, SkillCatalog.from_yaml(default_skills_path()), PlannerConfig(
+        refusal_hint=preset.refusal_hint, sampling="greedy")), load_s
+
+
+def held_out(n: int) -> list:
+    from flash_planner.train.corpus import heldout_sets
+
+    return heldout_sets(0, 40)["world"][:n]
+
+
 def demo_rows(device: str, small: bool) -> list[dict]:
     """The demo through the planner service per (dtype, forward, method); see the module's
     docstring. --small: fp32 and bf16 eager, auto and none, 2 tasks, on the torch references
     (interpreted kernels would take minutes a plan)."""
     import statistics
 
-    from flash_planner.engine.engine import Engine
-    from flash_planner.kernels import dispatch
-    from flash_planner.planning.presets import ModelPreset, default_skills_path
     from flash_planner.planning.request import PlanRequest
-    from flash_planner.planning.service import PlannerConfig, PlannerService
-    from flash_planner.planning.skills import SkillCatalog
-    from flash_planner.train.corpus import heldout_sets
 
-    preset = ModelPreset.load("demo")
-    catalog = SkillCatalog.from_yaml(default_skills_path())
-    tasks = heldout_sets(0, 40)["world"][:2 if small else 12]
-    if small:
-        dispatch.set_backend("auto")
+    tasks = held_out(2 if small else 12)
     forwards = ("off",) if small else ("off", "on")
     methods = ("auto", "none") if small else ("auto", "dflash", "mtp", "none")
     rows, reference = [], {}
     for dtype in ("fp32", "bf16"):
         for compile_ in forwards:
-            t0 = time.perf_counter()
-            engine = Engine.load(preset.engine_config(device=device, dtype=dtype,
-                                                      compile=compile_))
-            load_s = time.perf_counter() - t0
-            service = PlannerService(engine, catalog, PlannerConfig(
-                refusal_hint=preset.refusal_hint, sampling="greedy"))
+            service, load_s = demo_service(device, dtype, compile_, small)
             service.start()
             warm_ms = service.warm_up()
             first = True
@@ -408,7 +418,7 @@ def demo_rows(device: str, small: bool) -> list[dict]:
                     "next_ttft_ms": statistics.median(ttft[1:]) if first else None})
                 first = False
             service.stop()
-            del service, engine
+            del service
             if device == "cuda":
                 torch.cuda.empty_cache()
             if compile_ == "on":   # a second start: a new process, the compiled graphs on disk
@@ -439,25 +449,14 @@ def profile_rows(device: str, small: bool) -> list[dict]:
     bf16 5x slower than fp32 when eager and in TTFT: this names the ops that differ."""
     from torch.profiler import ProfilerActivity, profile
 
-    from flash_planner.engine.engine import Engine
-    from flash_planner.kernels import dispatch
-    from flash_planner.planning.presets import ModelPreset, default_skills_path
     from flash_planner.planning.request import PlanRequest
-    from flash_planner.planning.service import PlannerConfig, PlannerService, PlanTicket
-    from flash_planner.planning.skills import SkillCatalog
-    from flash_planner.train.corpus import heldout_sets
+    from flash_planner.planning.service import PlanTicket
 
-    preset = ModelPreset.load("demo")
-    catalog = SkillCatalog.from_yaml(default_skills_path())
-    tasks = heldout_sets(0, 40)["world"][:1 if small else 3]
-    if small:
-        dispatch.set_backend("auto")
+    tasks = held_out(1 if small else 3)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     rows = []
     for dtype in ("fp32", "bf16"):
-        engine = Engine.load(preset.engine_config(device=device, dtype=dtype, compile="off"))
-        service = PlannerService(engine, catalog, PlannerConfig(
-            refusal_hint=preset.refusal_hint, sampling="greedy"))
+        service, _ = demo_service(device, dtype, "off", small)
         service.warm_up()
         # each request runs in this thread, not the service's worker: the profiler records
         # the ops of the thread that started it
@@ -474,7 +473,7 @@ def profile_rows(device: str, small: bool) -> list[dict]:
                                      getattr(e, "self_cuda_time_total", 0)) / 1000}
                for e in events]
         rows.append({"dtype": dtype, "plan_ms": wall_ms, "plans": len(tasks), "ops": ops})
-        del service, engine
+        del service
     return rows
 
 
