@@ -189,15 +189,8 @@ def moe_nvfp4_gemm(x: torch.Tensor, topk_ids: torch.Tensor, packed: torch.Tensor
     e, n, _ = check_nvfp4("moe_nvfp4_gemm", x, topk_ids, packed, scale, global_scale,
                           not torch.compiler.is_compiling(), gated)
 
-    def expert(i: int) -> torch.Tensor:
-        if not gated:
-            return dequantize_nvfp4(packed[i], scale[i], global_scale[i:i + 1])
-        half = n // 2                          # gate's rows and up's, a global scale each
-        return torch.cat([dequantize_nvfp4(packed[i, rows], scale[i, rows],
-                                           global_scale[i, h:h + 1])
-                          for h, rows in enumerate((slice(0, half), slice(half, n)))])
-
-    return grouped_gemm(x, topk_ids, n, e, expert, gated)
+    return grouped_gemm(x, topk_ids, n, e, lambda i: dequantize_nvfp4(
+        packed[i], scale[i], global_scale[i] if gated else global_scale[i:i + 1]), gated)
 
 
 def moe_int4_gemm(x: torch.Tensor, topk_ids: torch.Tensor, packed: torch.Tensor,

@@ -25,11 +25,13 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 def dequantize_nvfp4(packed: torch.Tensor, scale: torch.Tensor,
                      global_scale: torch.Tensor) -> torch.Tensor:
-    """The float32 weight [N, K]."""
+    """The float32 weight [N, K]. `global_scale` holds one scale, or one per equal run of rows
+    (a gate and up projection stacked: [2], gate's then up's)."""
     table = torch.tensor(E2M1, dtype=torch.float32, device=packed.device)
     values = table[unpack_nibbles(packed).long()]
     s = scale.view(torch.float8_e4m3fn).float().repeat_interleave(GROUP, 1)
-    return values * s * global_scale.float().reshape(())
+    per_run = global_scale.float().reshape(-1)
+    return values * s * per_run.repeat_interleave(packed.shape[0] // per_run.numel())[:, None]
 
 
 def nvfp4_gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
@@ -43,8 +45,4 @@ def nvfp4_gate_up(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
                   global_scale: torch.Tensor) -> torch.Tensor:
     """x [..., K] -> silu(x @ gate.T) * (x @ up.T) [..., I]; packed [2I, K / 2]: gate rows,
     then up rows; global_scale [2]: gate's, then up's."""
-    i = packed.shape[0] // 2
-    gs = global_scale.reshape(-1)
-    w = torch.cat((dequantize_nvfp4(packed[:i], scale[:i], gs[0]),
-                   dequantize_nvfp4(packed[i:], scale[i:], gs[1])))
-    return swiglu(x, w)
+    return swiglu(x, dequantize_nvfp4(packed, scale, global_scale))

@@ -51,12 +51,7 @@ class Nvfp4Linear(QuantLinear):
         return moe_nvfp4_gemm(x, ids, self.packed, self.scale, gs, self.gated)
 
     def dequantized(self):
-        if not self.gated:
-            return dequantize_nvfp4(self.packed, self.scale, self.global_scale)
-        i = self.out_features // 2           # stacked gate and up: a global scale each
-        return torch.cat([dequantize_nvfp4(self.packed[rows], self.scale[rows], g)
-                          for rows, g in ((slice(0, i), self.global_scale[:1]),
-                                          (slice(i, None), self.global_scale[1:]))])
+        return dequantize_nvfp4(self.packed, self.scale, self.global_scale)
 
 
 def fits(k: int) -> bool:
