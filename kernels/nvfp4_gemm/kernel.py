@@ -30,7 +30,7 @@ BLOCK_K = 64      # K elements per step: 32 bytes of each packed row, 4 scales
 
 
 @triton.jit
-def _nvfp4_gemm_kernel(x, packed, scale, global_scale, out, M, N, K, stride_xm,
+def _nvfp4_gemm_kernel(x, packed, scale, global_scale, out, M, N, K, stride_xm, half,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     HALF: tl.constexpr = BLOCK_K // 2
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -51,7 +51,9 @@ def _nvfp4_gemm_kernel(x, packed, scale, global_scale, out, M, N, K, stride_xm,
         x_odd = tl.load(xk + 1, mask=xm, other=0.0)
         acc += dot_xwt(x_even, w_even)
         acc += dot_xwt(x_odd, w_odd)
-    acc = acc * tl.load(global_scale)
+    # the global scale of each row: the second one from row `half` on (a stacked gate and up
+    # projection's up rows; half = N for a weight with one)
+    acc = acc * tl.load(global_scale + (rn >= half).to(tl.int32), mask=mn, other=0.0)[None, :]
     dst = out + rm[:, None] * N + rn[None, :]
     tl.store(dst, acc.to(out.dtype.element_ty), mask=mm[:, None] & mn[None, :])
 
@@ -78,15 +80,17 @@ def _operands(op: str, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tenso
 
 def tiled_gemm(rows: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
                global_scale: torch.Tensor, fp32_out: bool = False) -> torch.Tensor:
-    """The tiled kernel; fp32_out: sums stored unrounded (the fused projection's prefill
-    applies its activation to them)."""
+    """The tiled kernel; global_scale [1], or [2] for a stacked gate and up projection;
+    fp32_out: sums stored unrounded (the fused projection's prefill applies its activation
+    to them)."""
     m, k = rows.shape
     n = packed.shape[0]
     out = torch.empty(m, n, dtype=torch.float32 if fp32_out else rows.dtype,
                       device=rows.device)
     options = meta(m)
     args = dict(x=rows, packed=packed, scale=scale, global_scale=global_scale, out=out,
-                M=m, N=n, K=k, stride_xm=rows.stride(0))
+                M=m, N=n, K=k, stride_xm=rows.stride(0),
+                half=n // 2 if global_scale.numel() == 2 else n)
     grid = (triton.cdiv(m, options["BLOCK_M"]), triton.cdiv(n, BLOCK_N))
     launch(_nvfp4_gemm_kernel, grid, args, options)
     return out
@@ -105,14 +109,10 @@ def nvfp4_gate_up(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
                   global_scale: torch.Tensor) -> torch.Tensor:
     """Same contract as the reference: x [..., K] -> silu(x @ gate.T) * (x @ up.T) [..., I]."""
     rows = _operands("nvfp4_gate_up", x, packed, scale, global_scale, 2)
-    i, gs = packed.shape[0] // 2, global_scale.reshape(-1)
-
-    def tiled() -> torch.Tensor:  # per half, a global scale each (a launch is nothing to M rows)
-        return torch.cat([tiled_gemm(rows, packed[h], scale[h], gs[g:g + 1], fp32_out=True)
-                          for g, h in enumerate((slice(0, i), slice(i, None)))], 1)
-
-    return by_rows(x, rows, i, lambda: nvfp4_rows(rows, packed, scale, gs, gated=True), tiled,
-                   True)
+    gs = global_scale.reshape(-1)
+    return by_rows(x, rows, packed.shape[0] // 2,
+                   lambda: nvfp4_rows(rows, packed, scale, gs, gated=True),
+                   lambda: tiled_gemm(rows, packed, scale, gs, fp32_out=True), True)
 
 
 def meta(m: int) -> dict:
@@ -121,7 +121,7 @@ def meta(m: int) -> dict:
 
 def _spec(model: str, act: str, out: str = "") -> Spec:
     types = {"x": act, "packed": "*u8", "scale": "*u8", "global_scale": "*fp32", "out": out or act,
-             **dict.fromkeys(("M", "N", "K", "stride_xm"), "i32")}
+             **dict.fromkeys(("M", "N", "K", "stride_xm", "half"), "i32")}
     label = f"nvfp4 {model} {act[1:]} M>16{' -> fp32' if out else ''}"
     return Spec.from_meta(_nvfp4_gemm_kernel, label, types, meta(64), aligned=aligned(types))
 
