@@ -49,6 +49,7 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -67,8 +68,11 @@ _spec = importlib.util.spec_from_file_location("bench_kernels", HERE / "kernels.
 _bench_kernels = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_bench_kernels)
 copy_bandwidth, timed_ms = _bench_kernels.copy_bandwidth, _bench_kernels.timed_ms
+graph_ms = _bench_kernels.graph_ms
 
 PARTS = ("ceilings", "gemm", "thor", "slices", "demo", "profile")
+SLICES = ("27B", "35B-A3B")
+DEMO_METHODS = ("auto", "dflash", "mtp", "none")
 ROWS = (1, 2, 4, 8, 16)
 THOR_GBPS = 273.0
 # (name, N, K): the Linear shapes one decode step reads most of
@@ -79,6 +83,11 @@ SHAPES = {
     "small": [("tiny up", 256, 128), ("tiny down", 128, 256)],
 }
 FORMATS = ("bf16", "fp8", "nvfp4", "int4")
+# the device-time columns rotate over copies of a weight (or routings of the experts) until
+# one pass reads this many bytes: several times an H100's or H200's 50-60 MB L2, so a launch
+# finds its weights in memory, not left in L2 by the launch before it
+ROTATE_BYTES = 256 << 20
+GRAPH_LAUNCHES = 16           # launches per captured graph at least
 
 
 def _layout(fmt: str):
@@ -124,17 +133,36 @@ def gemm_rows(device: str, small: bool, bw: float, repeats: int, tune: bool) -> 
             op, nbytes, module = weight_op(fmt, n, k, device, dtype)
             if module is not None and tune:
                 tune_shape(fmt, module.operands(), n, k, False, dtype, rows)
+            ops = [op] + [weight_op(fmt, n, k, device, dtype)[0]
+                          for _ in range(rotations(nbytes, small) - 1)]
             for m in rows:
                 x = torch.randn(m, k, device=device, dtype=dtype)
                 ms = timed_ms(lambda op=op, x=x: op(x), repeats)
+                device_ms = graph_ms(launches([lambda op=o, x=x: op(x) for o in ops], small),
+                                     2 if small else 5)
                 row = {"shape": name, "n": n, "k": k, "format": fmt, "rows": m, "ms": ms,
-                       "weight_bytes": nbytes, "of_copy_bw": nbytes / (ms / 1000) / bw}
+                       "graph_ms": device_ms, "weight_bytes": nbytes,
+                       "of_copy_bw": nbytes / (device_ms / 1000) / bw}
                 if module is None:
-                    bf16_ms[m] = ms
+                    bf16_ms[m] = device_ms
                 else:
-                    row.update(_beside(fmt, module, x, repeats), over_bf16=bf16_ms[m] / ms)
+                    row.update(_beside(fmt, module, x, repeats),
+                               over_bf16=bf16_ms[m] / device_ms)
                 out.append(row)
+            del ops, op, module
     return out
+
+
+def rotations(nbytes: int, small: bool) -> int:
+    """Copies of an operand of `nbytes` that one pass of the device-time columns rotates
+    over (ROTATE_BYTES together; one on a CPU's small run)."""
+    return 1 if small else max(1, min(256, -(-ROTATE_BYTES // nbytes)))
+
+
+def launches(calls: list, small: bool) -> list:
+    """`calls` repeated to GRAPH_LAUNCHES at least (whole passes; once on a CPU's small
+    run, where each launch is interpreted)."""
+    return calls if small else calls * max(1, -(-GRAPH_LAUNCHES // len(calls)))
 
 
 def _beside(fmt: str, module, x: torch.Tensor, repeats: int) -> dict:
@@ -195,17 +223,27 @@ def moe_rows(device: str, small: bool, bw: float, repeats: int) -> list[dict]:
                 p.nbytes for p in stack.parameters())
             per_expert //= experts
             for m in ((1, 4) if small else (1, 4, 16)):
-                ids = torch.stack([torch.randperm(experts, generator=gen)[:topk]
-                                   for _ in range(m)]).to(device=device, dtype=torch.int32)
+                def routing(m=m):
+                    return torch.stack([torch.randperm(experts, generator=gen)[:topk]
+                                        for _ in range(m)]).to(device=device, dtype=torch.int32)
+
+                ids = routing()
                 x = torch.randn(m, slots, k, device=device, dtype=dtype)
                 ms = timed_ms(lambda x=x, ids=ids, g=stack.grouped: g(x, ids), repeats)
                 with gemm_configs.tiled_only():
                     tiled_ms = timed_ms(lambda x=x, ids=ids, g=stack.grouped: g(x, ids),
                                         repeats)
                 nbytes = per_expert * len(set(ids.flatten().tolist()))
+                # device time over other routings in turn: their experts are not in L2
+                routings = [ids] + [routing() for _ in range(rotations(nbytes, small) - 1)]
+                device_ms = graph_ms(launches([lambda x=x, r=r, g=stack.grouped: g(x, r)
+                                               for r in routings], small), 2 if small else 5)
+                mean_bytes = per_expert * statistics.mean(
+                    len(set(r.flatten().tolist())) for r in routings)
                 out.append({"shape": name, "format": fmt, "rows": m, "ms": ms,
-                            "tiled_ms": tiled_ms, "weight_bytes": nbytes,
-                            "of_copy_bw": nbytes / (ms / 1000) / bw})
+                            "graph_ms": device_ms, "tiled_ms": tiled_ms,
+                            "weight_bytes": mean_bytes,
+                            "of_copy_bw": mean_bytes / (device_ms / 1000) / bw})
     return out
 
 
@@ -292,7 +330,8 @@ def slice_model(raw: dict, weights: str, dtype: torch.dtype, device: str):
     return cfg, model.eval()
 
 
-def slice_rows(device: str, small: bool, bw: float, repeats: int) -> list[dict]:
+def slice_rows(device: str, small: bool, bw: float, repeats: int,
+               names: tuple[str, ...] = SLICES) -> list[dict]:
     from weight_bytes import QWEN3_6_27B, QWEN3_6_35B_A3B
 
     from flash_planner.engine.weights.bytes import bytes_per_forward
@@ -303,8 +342,9 @@ def slice_rows(device: str, small: bool, bw: float, repeats: int) -> list[dict]:
 
     dtype = torch.float32 if small else torch.bfloat16
     four = {"num_hidden_layers": 4, **(TINY if small else {})}
-    slices = [("27B", dict(QWEN3_6_27B, **four), ("bf16", "nvfp4")),
-              ("35B-A3B", dict(QWEN3_6_35B_A3B, **four), ("bf16", "nvfp4"))]
+    slices = [(name, dict(raw, **four), ("bf16", "nvfp4"))
+              for name, raw in (("27B", QWEN3_6_27B), ("35B-A3B", QWEN3_6_35B_A3B))
+              if name in names]
     out = []
     for name, raw, formats in slices:
         for weights in formats:
@@ -381,17 +421,19 @@ def held_out(n: int) -> list:
     return heldout_sets(0, 40)["world"][:n]
 
 
-def demo_rows(device: str, small: bool) -> list[dict]:
+def demo_rows(device: str, small: bool, methods: tuple[str, ...] = DEMO_METHODS,
+              forwards: tuple[str, ...] = ("eager", "compiled"), tasks: int = 12
+              ) -> list[dict]:
     """The demo through the planner service per (dtype, forward, method); see the module's
     docstring. --small: fp32 and bf16 eager, auto and none, 2 tasks, on the torch references
     (interpreted kernels would take minutes a plan)."""
-    import statistics
 
     from flash_planner.planning.request import PlanRequest
 
-    tasks = held_out(2 if small else 12)
-    forwards = ("off",) if small else ("off", "on")
-    methods = ("auto", "none") if small else ("auto", "dflash", "mtp", "none")
+    tasks = held_out(2 if small else tasks)
+    forwards = ("off",) if small else tuple({"eager": "off", "compiled": "on"}[f]
+                                            for f in forwards)
+    methods = ("auto", "none") if small else methods
     rows, reference = [], {}
     for dtype in ("fp32", "bf16"):
         for compile_ in forwards:
@@ -535,16 +577,19 @@ def print_tables(report: dict) -> None:
         print(f"ceilings: copy {c['copy_gbps']:.0f} GB/s (read + write), {c['matmul_dtype']} "
               f"matmul {c['matmul_n']}^3 {c['matmul_tflops']:.1f} TFLOP/s")
     if report.get("gemm"):
-        print(f"weight-only GEMMs (ms: the engine's launch; tiled: the M > 16 kernel; counted: "
-              f"the skinny kernel's counted configuration; x bf16: bf16 ms / ms)\n"
-              f"{'shape':<20}{'format':<8}{'rows':>5}{'ms':>10}{'tiled':>9}{'counted':>9}"
-              f"{'weight MB':>11}{'of copy bw':>12}{'x bf16':>8}")
+        print(f"weight-only GEMMs (graph ms: device time of the engine's launch, CUDA-graph "
+              f"replays over weights beyond L2, and of copy bw from it; eager ms: one launch "
+              f"with its host cost; tiled: the M > 16 kernel, counted: the skinny kernel's "
+              f"counted configuration, both eager; x bf16: bf16 graph ms / graph ms)\n"
+              f"{'shape':<20}{'format':<8}{'rows':>5}{'graph ms':>10}{'eager ms':>10}"
+              f"{'tiled':>9}{'counted':>9}{'weight MB':>11}{'of copy bw':>12}{'x bf16':>8}")
         for r in report["gemm"]:
             extra = ("" if "tiled_ms" not in r else
                      f"{r['tiled_ms']:>9.4f}{r['counted_ms']:>9.4f}")
             ratio = f"{r['over_bf16']:>8.2f}" if "over_bf16" in r else ""
-            print(f"{r['shape']:<20}{r['format']:<8}{r['rows']:>5}{r['ms']:>10.4f}{extra:>18}"
-                  f"{r['weight_bytes'] / 1e6:>11.2f}{100 * r['of_copy_bw']:>11.1f}%{ratio}")
+            print(f"{r['shape']:<20}{r['format']:<8}{r['rows']:>5}{r['graph_ms']:>10.4f}"
+                  f"{r['ms']:>10.4f}{extra:>18}{r['weight_bytes'] / 1e6:>11.2f}"
+                  f"{100 * r['of_copy_bw']:>11.1f}%{ratio}")
     if report.get("gate_up"):
         print(f"MLP gate + up, {report['gate_up'][0]['i']} x {report['gate_up'][0]['k']} each:"
               f" fused (one GEMM, SwiGLU in its epilogue) against apart (two GEMMs, silu, "
@@ -555,11 +600,12 @@ def print_tables(report: dict) -> None:
                   f"{r['apart_ms'] / r['fused_ms']:>13.2f}")
     if report.get("moe"):
         print(f"MoE grouped GEMMs (random routing; weight MB: the distinct experts chosen; "
-              f"tiled: the M > 16 kernel)\n{'shape':<16}{'format':<8}{'rows':>5}{'ms':>10}"
-              f"{'tiled':>9}{'weight MB':>11}{'of copy bw':>12}")
+              f"graph ms: device time over other routings in turn; eager ms and tiled, the "
+              f"M > 16 kernel: one launch)\n{'shape':<16}{'format':<8}{'rows':>5}"
+              f"{'graph ms':>10}{'eager ms':>10}{'tiled':>9}{'weight MB':>11}{'of copy bw':>12}")
         for r in report["moe"]:
-            print(f"{r['shape']:<16}{r['format']:<8}{r['rows']:>5}{r['ms']:>10.4f}"
-                  f"{r['tiled_ms']:>9.4f}{r['weight_bytes'] / 1e6:>11.2f}"
+            print(f"{r['shape']:<16}{r['format']:<8}{r['rows']:>5}{r['graph_ms']:>10.4f}"
+                  f"{r['ms']:>10.4f}{r['tiled_ms']:>9.4f}{r['weight_bytes'] / 1e6:>11.2f}"
                   f"{100 * r['of_copy_bw']:>11.1f}%")
     if report.get("slices"):
         print(f"engine slices, 4 layers ({'fp32' if report['small'] else 'bf16'} compute; "
@@ -615,8 +661,22 @@ def main(argv=None) -> int:
                         help="measure the skinny GEMMs' configurations for the gemm part's "
                              "shapes first and use them (cached; CUDA only; default: off)")
     parser.add_argument("--json-out", type=Path, default=None,
-                        help="write the report there as JSON (default: print only)")
+                        help="write the report there as JSON, again after every part, so a "
+                             "run stopped by a time limit keeps the parts it finished "
+                             "(default: print only)")
+    parser.add_argument("--slices", nargs="+", choices=SLICES, default=list(SLICES),
+                        help="which engine slices the slices part times (default: all)")
+    parser.add_argument("--demo-methods", nargs="+", choices=DEMO_METHODS,
+                        default=list(DEMO_METHODS),
+                        help="the demo part's decoding methods (default: all)")
+    parser.add_argument("--demo-forwards", nargs="+", choices=("eager", "compiled"),
+                        default=["eager", "compiled"],
+                        help="the demo part's forwards (default: both)")
+    parser.add_argument("--demo-tasks", type=int, default=12,
+                        help="held-out tasks per demo row (default: 12)")
     args = parser.parse_args(argv)
+    if args.demo_tasks < 2:
+        parser.error("--demo-tasks must be at least 2 (the first request against the next)")
     if args.tune and args.small:
         parser.error("--tune measures on a CUDA GPU; --small runs interpreted on a CPU")
     if not args.small and not torch.cuda.is_available():
@@ -631,31 +691,38 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     report: dict = {"device": torch.cuda.get_device_name() if device == "cuda"
                     else "CPU (Triton interpreter)", "small": args.small}
+    repeats = 2 if args.small else 50
+
+    def part(key: str, rows) -> None:
+        report[key] = rows
+        report["wall_s"] = time.perf_counter() - t0
+        if args.json_out is not None:
+            args.json_out.write_text(json.dumps(report, indent=1))
+
     ceil = ceilings(device, args.small)
     if "ceilings" in args.parts:
-        report["ceilings"] = ceil
+        part("ceilings", ceil)
     bw = ceil["copy_gbps"] * 1e9
     if "gemm" in args.parts or "thor" in args.parts:
-        report["gemm"] = gemm_rows(device, args.small, bw, 2 if args.small else 50, args.tune)
+        part("gemm", gemm_rows(device, args.small, bw, repeats, args.tune))
     if "gemm" in args.parts:
-        report["gate_up"] = gate_up_rows(device, args.small, 2 if args.small else 50)
-        report["moe"] = moe_rows(device, args.small, bw, 2 if args.small else 50)
+        part("gate_up", gate_up_rows(device, args.small, repeats))
+        part("moe", moe_rows(device, args.small, bw, repeats))
     if "thor" in args.parts:
         one = [r["of_copy_bw"] for r in report["gemm"] if r["format"] == "nvfp4"
                and r["rows"] == 1]
-        report["thor"] = thor_rows(max(one) if one else 0.0)
+        part("thor", thor_rows(max(one) if one else 0.0))
     if "slices" in args.parts:
-        report["slices"] = slice_rows(device, args.small, bw, 3 if args.small else 20)
+        part("slices", slice_rows(device, args.small, bw, 3 if args.small else 20,
+                                  tuple(args.slices)))
     if "demo" in args.parts:
-        report["demo"] = demo_rows(device, args.small)
+        part("demo", demo_rows(device, args.small, tuple(args.demo_methods),
+                               tuple(args.demo_forwards), args.demo_tasks))
     if "profile" in args.parts:
-        report["profile"] = profile_rows(device, args.small)
-        report["sdpa"] = sdpa_rows(device)
-    report["wall_s"] = time.perf_counter() - t0
-    print(f"{report['device']}; wall {report['wall_s']:.0f} s")
+        part("profile", profile_rows(device, args.small))
+        part("sdpa", sdpa_rows(device))
+    print(f"{report['device']}; wall {time.perf_counter() - t0:.0f} s")
     print_tables(report)
-    if args.json_out is not None:
-        args.json_out.write_text(json.dumps(report, indent=1))
     return 0
 
 

@@ -38,6 +38,29 @@ TINY = dict(layers=2, hv=4, hk=2, d=16, steps=16, conv=64, kv_heads=2, kv_dim=32
             prefill=64, vocab=500, repeats=2)
 
 
+def graph_ms(calls: list, replays: int = 5) -> float:
+    """Device ms of one of `calls` (no-argument callables, each launching work on the current
+    stream), the host's launch cost left out: on CUDA the whole list captured once in a CUDA
+    graph (as the engine's compiled forwards run), replayed `replays` times, the median replay
+    over len(calls); elsewhere the wall clock over the list. Callers rotate over copies of
+    their operands so that the list reads more than the L2 holds."""
+    for call in calls[:8]:
+        call()                                         # compiles and first allocations
+    if not torch.cuda.is_available():
+        return timed_ms(lambda: [call() for call in calls], replays) / len(calls)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                      # warmed on a side stream, as capture asks
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    return timed_ms(graph.replay, replays) / len(calls)
+
+
 def copy_bandwidth(device) -> float:
     """Bytes/s of a large device-to-device copy (read + write)."""
     n = (1 << 28) if device == "cuda" else (1 << 20)

@@ -4,7 +4,11 @@ A configuration is chosen per (format, N, K, row bucket, SM count; fused or not,
 or not). The choice comes from a table measured once per GPU and cached on disk
 (kernels/tune.py: run by the engine at load with FLASH_PLANNER_TUNE_GEMMS=1 on CUDA, and by
 `bench/gpu.py --tune`), else from `heuristic`, which counts instead of measuring:
-  - rows: 1, 2, 4 use FMAs (BLOCK_M the bucket); 8 and 16 a 16-row tensor-core tile;
+  - rows: every bucket on a 16-row tensor-core tile. The FMA path (BLOCK_M the bucket, 1-4
+    rows) is a candidate for the measured table only: on an H200 (bench/gpu.py, counted
+    configurations, CUDA events) it took 1.77 ms for one row of the 27B's FP8 lm_head, 3.10
+    for two and 5.81 for four, where the 16-row tile took 0.65 for eight: its per-step sum
+    across K costs more than the padding rows;
   - a K step reads 64 bytes of every weight row (fp8 64 values, nvfp4 and int4 128; fp8 and
     int4 held inside one scale block or group): 64 rows x 64 B = 4 KiB a step, 32 bytes (two
     16-byte vectors) per thread of a 4-warp program, at about 100 registers (kernels/report),
@@ -115,12 +119,15 @@ def step_k(family: str, k_align: int) -> int:
 
 
 def heuristic(family: str, n: int, k: int, rows: int, sms: int, k_align: int,
-              gated: bool = False, fp32: bool = False) -> RowsConfig:
+              gated: bool = False, fp32: bool = False, fma: bool = False) -> RowsConfig:
     """The counted configuration (the module docstring); n is the output width (I when
-    gated), fp32 whether the rows are float32."""
+    gated), fp32 whether the rows are float32; fma: the FMA path's configuration instead
+    (up to FMA_ROWS rows)."""
     m = bucket(rows)
+    if fma and m > FMA_ROWS:
+        raise ValueError(f"the FMA path takes up to {FMA_ROWS} rows, got {rows}")
     block_k = step_k(family, k_align)
-    block_m = m if m <= FMA_ROWS else 16
+    block_m = m if fma else 16
     # the FMA product tile spans BK / 2 per even/odd half for the 4-bit formats
     width = block_k if BITS[family] == 8 else block_k // 2
     block_n = 64 if block_m >= 16 else max(16, min(64, PRODUCT_ELEMENTS // (block_m * width)))
@@ -170,9 +177,9 @@ def declared(family: str, k_align: int) -> list[tuple[str, str, RowsConfig, bool
     specialization of a family's skinny kernel."""
     out: dict[tuple, tuple] = {}
     for model, act, proj, n, k, sms in DECLARED:
-        for rows in (1, MAX_ROWS):
+        for rows, fma in ((1, True), (1, False), (MAX_ROWS, False)):
             config = heuristic(family, n, k, rows, sms, k_align, proj == "gate_up",
-                               act == "*fp32")
+                               act == "*fp32", fma)
             key = (act, config, proj == "gate_up", k % config.block_k == 0)
             label = f"{family} rows {model} {act[1:]} {proj} M{rows} {sms} SMs"
             out.setdefault(key, (label, act, config, proj == "gate_up", n, k))
@@ -280,9 +287,11 @@ def _lookup(table: dict[str, RowsConfig], family: str, n: int, k: int, rows: int
 def candidates(family: str, n: int, k: int, rows: int, sms: int, k_align: int,
                gated: bool, fp32: bool) -> list[RowsConfig]:
     """What `tune` times: the counted configuration and its neighbours (half and double the
-    split, other tile widths, the other warp count)."""
+    split, other tile widths, the other warp count), and for 1-4 rows the FMA path's."""
     base = heuristic(family, n, k, rows, sms, k_align, gated, fp32)
     out = [base]
+    if bucket(rows) <= FMA_ROWS:
+        out.append(heuristic(family, n, k, rows, sms, k_align, gated, fp32, fma=True))
     for split in (base.split // 2, base.split * 2):
         if 1 <= split <= MAX_SPLIT and k >= 2 * base.block_k * split:
             out.append(RowsConfig(base.block_m, base.block_n, base.block_k, split,

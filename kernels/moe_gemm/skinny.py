@@ -4,12 +4,13 @@ Same contract, layouts and arithmetic as kernel.py; the grid and the K loop are 
 2-D GEMMs' (kernels/split_k.py). Grid (N tiles, splits, E): program (n, s, e) loads the ids
 of all M rows and exits at once when none chose expert e; otherwise it reads the x rows that
 chose e (x[m, j or 0]) and walks its share of K over expert e's weight tile, 64 bytes of
-every weight row a step (16-byte loads where the step lies inside K), the FMA path for 1-4
-rows and tensor cores for 8-16. A decode step's 8 chosen experts of 256 leave few working
-programs (8 experts x N / 64 tiles), so K is split until N tiles x splits x the experts
-chosen reach 4 programs per SM: the partial sums of (m, j) land where y[m, j] will (each
-(m, j) belongs to one expert, so a split's partials never collide) and the last program of
-(e, n) to arrive adds them in split order and stores y. Counters: one per (e, n) tile.
+every weight row a step (16-byte loads where the step lies inside K), on tensor cores (the
+FMA path for 1-4 rows where a configuration asks for it). A decode step's 8 chosen experts
+of 256 leave few working programs (8 experts x N / 64 tiles), so K is split until N tiles x
+splits x the experts chosen reach 4 programs per SM: the partial sums of (m, j) land where
+y[m, j] will (each (m, j) belongs to one expert, so a split's partials never collide) and
+the last program of (e, n) to arrive adds them in split order and stores y. Counters: one
+per (e, n) tile.
 
 The configuration is counted (gemm_configs.heuristic over the N of every chosen expert
 together), not measured: the experts a step reads change every step.
@@ -214,11 +215,13 @@ KERNELS = {"float": (_moe_float_rows_kernel, "float", ()),
 
 
 def moe_config(fmt: str, n: int, k: int, rows: int, experts: int, topk: int, sms: int,
-               k_align: int, fp32: bool, gated: bool = False) -> RowsConfig:
+               k_align: int, fp32: bool, gated: bool = False, fma: bool = False
+               ) -> RowsConfig:
     """The counted configuration: the 2-D one over the N of every expert a block can choose
-    (at most rows x k of them), so the split fills the GPU with the programs that work."""
+    (at most rows x k of them), so the split fills the GPU with the programs that work; fma:
+    the FMA path's (gemm_configs.heuristic)."""
     active = min(experts, rows * topk)
-    return heuristic(KERNELS[fmt][1], n * active, k, rows, sms, k_align, gated, fp32)
+    return heuristic(KERNELS[fmt][1], n * active, k, rows, sms, k_align, gated, fp32, fma)
 
 
 def moe_rows(fmt: str, x: torch.Tensor, ids: torch.Tensor, experts: int, n: int,
@@ -252,7 +255,8 @@ def moe_rows(fmt: str, x: torch.Tensor, ids: torch.Tensor, experts: int, n: int,
 
 def _specs() -> tuple[Spec, ...]:
     """Qwen3.6-35B-A3B's experts (gemm_configs.DECLARED_MOE) in each format, bf16 rows, one
-    row and 16, on Thor and an H100; the demo-sized fp32 variant the CPU tests launch."""
+    row (FMA path and tensor cores) and 16, on Thor and an H100; the demo-sized fp32 variant
+    the CPU tests launch."""
     weight_types = {"float": lambda act: {"weight": act},
                     "fp8": lambda act: {"weight": "*u8", "scale": "*fp32"},
                     "nvfp4": lambda act: {"packed": "*u8", "scale": "*u8",
@@ -269,9 +273,9 @@ def _specs() -> tuple[Spec, ...]:
     for fmt, (kernel, _, ints) in KERNELS.items():
         for model, act, proj, n, k, experts, topk, sms in DECLARED_MOE:
             gated = proj == "up"                  # gate and up stacked, as the loader fuses
-            for rows in (1, 16):
+            for rows, fma in ((1, True), (1, False), (16, False)):
                 config = moe_config(fmt, n, k, rows, experts, topk, sms, align[fmt],
-                                    act == "*fp32", gated)
+                                    act == "*fp32", gated, fma)
                 types = {"x": act, "topk_ids": "*i32", **weight_types[fmt](act), "out": act,
                          "part": "*fp32", "counts": "*i32",
                          **dict.fromkeys(("M", "N", "K", "topk", "stride_xm", "stride_xs",
