@@ -66,6 +66,13 @@ def _triton_ops() -> tuple[dict[str, object], str]:
 
 
 TRITON_OPS, TRITON_MISSING = _triton_ops()
+# The launchers themselves, never replaced: what a torch.compile trace calls. The trace must
+# not read TRITON_OPS, whose entries change when a kernel first succeeds: dynamo guards on
+# what it read, so the swap made by the first run of a compiled forward failed the guards of
+# its second run, which recompiled inside the CUDA-graph capture and broke it (seen on an
+# H200: every compiled engine on CUDA failed to load). A toolchain failure while compiling
+# is made clear by the engine's warm-up instead (engine.compile_forwards).
+LAUNCHERS = {name: fn.__wrapped__ for name, fn in TRITON_OPS.items()}
 
 
 def set_backend(name: str) -> None:
@@ -85,7 +92,7 @@ def _pick(op: str, reference, tensor: torch.Tensor):
     choice = backend()
     if choice == "torch" or (choice == "auto" and not tensor.is_cuda):
         return reference
-    impl = TRITON_OPS.get(op)
+    impl = (LAUNCHERS if torch.compiler.is_compiling() else TRITON_OPS).get(op)
     if impl is None:
         if op not in _warned:
             _warned.add(op)

@@ -207,11 +207,11 @@ def sm_count(device: torch.device) -> int:
     does at the 27B's)."""
     if device.type != "cuda":
         return 4
+    if torch.compiler.is_compiling():   # no read of _sms: dynamo would guard on its contents
+        return torch.cuda.get_device_properties(device).multi_processor_count
     sms = _sms.get(device)
     if sms is None:
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        if not torch.compiler.is_compiling():
-            _sms[device] = sms
+        sms = _sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
     return sms
 
 

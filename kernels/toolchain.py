@@ -3,8 +3,10 @@
 Thor's compute capability is 11.0 under CUDA 13. A Triton whose bundled ptxas predates it
 (Triton 3.6's ptxas-blackwell, for one) fails the first kernel launch with
 `ptxas fatal: Value 'sm_110a' is not defined for option 'gpu-name'`, deep in a traceback.
-Both ways out are named here: a newer Triton, or TRITON_PTXAS_PATH pointing at the CUDA
-toolkit's own ptxas.
+Both ways out are named here: a newer Triton, or the CUDA toolkit's own ptxas named by the
+variable the failing tool reads. Triton 3.5 and later build sm_90 and newer with their
+`ptxas-blackwell`, which reads TRITON_PTXAS_BLACKWELL_PATH; TRITON_PTXAS_PATH names only the
+older `ptxas` (seen on an H200 with Triton 3.6: TRITON_PTXAS_PATH set, the same failure).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-OLD_PTXAS = re.compile(r"Value '(sm_\w+)' is not defined for option 'gpu-name'")
+OLD_PTXAS = re.compile(r"(?:(ptxas[\w-]*)[^\n]*)?Value '(sm_\w+)' is not defined for option "
+                       r"'gpu-name'")
 
 
 class ToolchainError(RuntimeError):
@@ -31,11 +34,17 @@ def toolchain_error(exc: BaseException) -> ToolchainError | None:
         version = f"Triton {triton.__version__}"
     except ImportError:
         version = "Triton"
+    tool, target = found.groups()
+    if tool is None:            # the tool unnamed: both variables (Triton 3.5+ and older)
+        tool, variable = "ptxas", "TRITON_PTXAS_BLACKWELL_PATH (TRITON_PTXAS_PATH before 3.5)"
+    else:
+        variable = "TRITON_" + tool.upper().replace("-", "_") + "_PATH"
+    example = variable.split()[0]
     return ToolchainError(
-        f"{version}'s ptxas cannot build kernels for {found.group(1)} (this GPU; Thor is "
-        "sm_110 under CUDA 13). Install a Triton whose bundled ptxas knows it, or point "
-        "TRITON_PTXAS_PATH at the CUDA toolkit's ptxas (e.g. "
-        "TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas), then start again.")
+        f"{version}'s {tool} cannot build kernels for {target} (this GPU; Thor is sm_110 "
+        f"under CUDA 13). Install a Triton whose bundled ptxas knows it, or point {variable} "
+        f"at the CUDA toolkit's ptxas (e.g. {example}=/usr/local/cuda/bin/ptxas), then "
+        "start again.")
 
 
 def guarded(fn: Callable[..., Any], proven: Callable[[], None] | None = None

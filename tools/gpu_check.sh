@@ -23,12 +23,16 @@ if [[ -n "${WHEELS:-}" ]]; then
 else
     export PYTHONPATH=$PWD
 fi
-# Triton's bundled ptxas may not know sm_110a; CUDA's own ptxas does (FACTS.md section 18).
-if [[ -z "${TRITON_PTXAS_PATH:-}" ]]; then
-    for ptxas in "$(command -v ptxas)" /usr/local/cuda/bin/ptxas; do
-        [[ -x "$ptxas" ]] && { export TRITON_PTXAS_PATH=$ptxas; break; }
-    done
-fi
+# Triton's bundled ptxas may not know sm_110a (the kernels report compiles for Thor); CUDA's
+# own does. Triton 3.5+ builds sm_90 and newer with ptxas-blackwell, which reads
+# TRITON_PTXAS_BLACKWELL_PATH; older ones read TRITON_PTXAS_PATH (kernels/toolchain.py).
+for ptxas in "$(command -v ptxas)" /usr/local/cuda/bin/ptxas; do
+    if [[ -x "$ptxas" ]]; then
+        export TRITON_PTXAS_BLACKWELL_PATH=${TRITON_PTXAS_BLACKWELL_PATH:-$ptxas}
+        export TRITON_PTXAS_PATH=${TRITON_PTXAS_PATH:-$ptxas}
+        break
+    fi
+done
 workers=${WORKERS:-8}
 # every failure's report lands in $out/failures.log as it happens (tools/pytest_live_failures.py)
 export LIVE_FAILURES=$out/failures.log PYTHONPATH=$PYTHONPATH:$PWD/tools
@@ -52,7 +56,7 @@ for name in "$@"; do
     case $name in
         info) step info 30 bash -c "nvidia-smi; $py -c 'import torch, triton, transformers; \
 print(torch.__version__, triton.__version__, transformers.__version__, \
-torch.cuda.get_device_name())'; echo ptxas: \${TRITON_PTXAS_PATH:-bundled}" ;;
+torch.cuda.get_device_name())'; echo ptxas: \${TRITON_PTXAS_BLACKWELL_PATH:-bundled}" ;;
         kernels) step kernels 150 "${pytest[@]}" test/kernels ;;
         # the files that hold `cuda` tests (make test-gpu collects all of test/, which needs
         # the test extras this machine lacks)

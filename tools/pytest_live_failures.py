@@ -11,6 +11,7 @@ import os
 
 def pytest_runtest_logreport(report):
     path = os.environ.get("LIVE_FAILURES")
-    if path and report.failed:
+    # under pytest-xdist the controller sees every worker's reports: write them there once
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
         with open(path, "a", encoding="utf-8") as out:
             out.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ...kernels.toolchain import toolchain_error
 from ..cache import InferenceState
 from ..config import cache_home
 from .direct import DirectGraph, check_direct
@@ -448,7 +449,13 @@ def warm_up_report(run: Callable[[], None], part: str, cuda_graphs: bool,
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     counters = torch._dynamo.utils.counters["stats"]
     before, t0 = counters["unique_graphs"], time.perf_counter()
-    run()
+    try:
+        run()
+    except Exception as exc:    # a compiled graph calls the kernels unguarded (dispatch.py)
+        clear = toolchain_error(exc)
+        if clear is None:
+            raise
+        raise clear from exc
     report = CompileReport("inductor + CUDA graphs" if cuda_graphs else "inductor", buckets,
                            (part,), spans, counters["unique_graphs"] - before,
                            time.perf_counter() - t0, str(cache_dir))
