@@ -173,10 +173,11 @@ class RequestWords:
 
     @cached_property
     def pattern(self) -> str | None:
-        """A regular expression (xgrammar's JSON-Schema `pattern`) of the values a grounded
-        argument may take: runs of up to MAX_WORDS words, within one stretch between
-        punctuation and function words, that start at a word not in NOT_NAME and end where a
-        name may end. None when the request has no such run."""
+        """A regular expression (the JSON-Schema `pattern` of a grounded argument) of the
+        values a grounded argument may take, anchored `^(...)$`: runs of up to MAX_WORDS
+        words, within one stretch between punctuation and function words, that start at a
+        word not in NOT_NAME and end where a name may end. None when the request has no
+        such run."""
         runs = set()
         for part, (starts, ends, stops) in zip((self.task, self.context, self.listed),
                                                self.marks):
@@ -193,4 +194,9 @@ class RequestWords:
                     tail = f" {regex}"
                     regex = _regex_word(part[i]) + (f"({tail})?" if ends[i] else tail)
                 runs.add(regex)
-        return "(" + "|".join(sorted(runs)) + ")" if runs else None
+        # Anchored here, the one place the regex is made: a JSON-Schema pattern matches
+        # anywhere in the string (ECMA-262 search), so unanchored it would let "xx cup yy"
+        # through a server that follows the spec (llama.cpp's llama-server even gives up on
+        # it and accepts any string). xgrammar reads a pattern whole either way and takes
+        # `^`/`$` at its ends, so the grammar admits the same names.
+        return "^(" + "|".join(sorted(runs)) + ")$" if runs else None

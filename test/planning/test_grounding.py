@@ -53,6 +53,21 @@ def test_the_pattern_admits_the_phrases_of_the_request_and_nothing_the_check_ref
         assert not pattern.fullmatch(name), name
 
 
+def test_the_pattern_holds_whole_names_as_the_json_schema_spec_reads_it():
+    # by the spec a `pattern` may match anywhere in the string (jsonschema searches for it;
+    # llama.cpp's llama-server gives up on an unanchored one): only its anchors hold names
+    from jsonschema import Draft202012Validator
+
+    words = RequestWords.of(TASK, SCENE)
+    check = Draft202012Validator({"type": "string", "pattern": words.pattern})
+    for name in ("red Cup", "red cup", "kitchen table", "shelf 2", "sink", "robot's charger"):
+        assert check.is_valid(name), name
+        for around in (f"xx {name} yy", f"the {name}", f"{name} then go", f"{name}!",
+                       f"{name}|spoon", f"{name}\n{name}"):
+            assert not check.is_valid(around), around
+    assert re.fullmatch(r"\^\(.*\)\$", words.pattern) and words.pattern[1] != "^"
+
+
 @pytest.mark.parametrize("task, context, names, not_names", [
     ("can you fetch the hard kettle and put it on the rear cart?", "",
      ["hard kettle", "kettle", "rear cart", "cart"], ["hard", "rear", "the hard kettle", "it"]),

@@ -14,6 +14,7 @@ import json
 
 import pytest
 import xgrammar as xgr
+from jsonschema import Draft202012Validator
 from qwen3_tokenizer import DEMO, qwen3_shaped_tokenizer
 
 from flash_planner.engine.acceptance import think_token_ids
@@ -23,7 +24,7 @@ from flash_planner.engine.generate import GenerationSettings, generate
 from flash_planner.engine.grammar import JsonGrammarCompiler
 from flash_planner.planning.grounding import RequestWords
 from flash_planner.planning.parse import PlanRefused, parse_plan, split_answer
-from flash_planner.planning.plan_grammar import PlanGrammar
+from flash_planner.planning.plan_grammar import PlanGrammar, answer_schema
 from flash_planner.planning.presets import ModelPreset, default_skills_path
 from flash_planner.planning.prompt import build_messages
 from flash_planner.planning.request import PlanRequest
@@ -128,6 +129,14 @@ def test_grounded_arguments_take_only_what_the_request_says(grammar, catalog):
         want = invented in ("say hi",)
         assert accepts(grammar, step.format("pick", "object", invented),
                        words=words) is want, invented
+    # the request's schema read by the spec (what a remote server decodes by) and its grammar
+    # admit the same names: xgrammar takes the pattern's anchors as the string's ends
+    spec = Draft202012Validator(answer_schema(catalog, words))
+    for name in ("copper camera", "Copper camera", "inner foyer", "camera", "silver spoon",
+                 "copper", "xx copper camera yy", "the copper camera", "camera from the inner",
+                 "foyer then say", "copper camera|silver spoon", "^camera$", "camera\ncamera"):
+        answer = step.format("pick", "object", name).replace("\n", "\\n")
+        assert accepts(grammar, answer, words=words) is spec.is_valid(json.loads(answer)), name
     # a say's text is not grounded, and every request may be refused
     assert accepts(grammar, step.format("say", "text", "good morning"), words=words)
     assert accepts(grammar, '{"refusal": "no skill to fly"}', words=words)

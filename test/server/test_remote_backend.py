@@ -175,3 +175,43 @@ def test_a_reasoning_effort_goes_to_the_remote_template(planner):
         assert refused.rejected and "does not take reasoning_effort" in refused.error
     finally:
         stub.close()
+
+
+def _patterns(schema):
+    if isinstance(schema, dict):
+        return ([schema["pattern"]] if "pattern" in schema else []) + [
+            p for v in schema.values() for p in _patterns(v)]
+    return [p for v in schema for p in _patterns(v)] if isinstance(schema, list) else []
+
+
+def test_the_schema_sent_holds_the_grounded_names_as_the_spec_reads_it(planner):
+    """A server that follows JSON Schema (llama.cpp's llama-server) decodes by the schema it
+    is sent, where a `pattern` matches anywhere in the string unless anchored: read that way,
+    the request's schema must still admit the task's names and nothing around them."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.validators import validator_for
+
+    stub = StubRemote("valid")
+    try:
+        assert _plan(planner(stub.url))[0].success
+    finally:
+        stub.close()
+    schema = stub.requests[0]["response_format"]["json_schema"]["schema"]
+    validator = validator_for(schema, default=Draft202012Validator)
+    validator.check_schema(schema)
+    check = validator(schema)
+
+    def plan(target):
+        return {"plan": [{"skill": "navigate_to", "args": {"target": target}},
+                         {"skill": "say", "args": {"text": f"at the {target}"}}]}
+
+    assert check.is_valid(VALID_PLAN)
+    for name in ("red cup", "cup", "kitchen table", "table", "sink", "bring the red cup"):
+        assert check.is_valid(plan(name)), name
+    for name in ("xx red cup yy", "the sink", "sink please", "red cup and the sink", "moon",
+                 "kitchen", "", "cup|moon", "^cup$"):
+        assert not check.is_valid(plan(name)), name
+    # anchored once (xgrammar warns of, and ignores, an anchor inside a pattern)
+    patterns = _patterns(schema)
+    assert patterns and all(p.startswith("^(") and p.endswith(")$") and p[1] != "^"
+                            and p[-2] != "$" for p in patterns), patterns
