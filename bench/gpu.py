@@ -139,7 +139,7 @@ def gemm_rows(device: str, small: bool, bw: float, repeats: int, tune: bool) -> 
                 x = torch.randn(m, k, device=device, dtype=dtype)
                 ms = timed_ms(lambda op=op, x=x: op(x), repeats)
                 device_ms = graph_ms(launches([lambda op=o, x=x: op(x) for o in ops], small),
-                                     2 if small else 5)
+                                     1 if small else 5)
                 row = {"shape": name, "n": n, "k": k, "format": fmt, "rows": m, "ms": ms,
                        "graph_ms": device_ms, "weight_bytes": nbytes,
                        "of_copy_bw": nbytes / (device_ms / 1000) / bw}
@@ -237,7 +237,7 @@ def moe_rows(device: str, small: bool, bw: float, repeats: int) -> list[dict]:
                 # device time over other routings in turn: their experts are not in L2
                 routings = [ids] + [routing() for _ in range(rotations(nbytes, small) - 1)]
                 device_ms = graph_ms(launches([lambda x=x, r=r, g=stack.grouped: g(x, r)
-                                               for r in routings], small), 2 if small else 5)
+                                               for r in routings], small), 1 if small else 5)
                 mean_bytes = per_expert * statistics.mean(
                     len(set(r.flatten().tolist())) for r in routings)
                 out.append({"shape": name, "format": fmt, "rows": m, "ms": ms,

@@ -44,10 +44,10 @@ def graph_ms(calls: list, replays: int = 5) -> float:
     graph (as the engine's compiled forwards run), replayed `replays` times, the median replay
     over len(calls); elsewhere the wall clock over the list. Callers rotate over copies of
     their operands so that the list reads more than the L2 holds."""
+    if not torch.cuda.is_available():           # timed_ms warms up with one call itself
+        return timed_ms(lambda: [call() for call in calls], replays) / len(calls)
     for call in calls[:8]:
         call()                                         # compiles and first allocations
-    if not torch.cuda.is_available():
-        return timed_ms(lambda: [call() for call in calls], replays) / len(calls)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):                      # warmed on a side stream, as capture asks

@@ -15,6 +15,12 @@ NVFP4): `modelopt-mixed` as older ModelOpt exports wrote it (hf_quant_config.jso
 modelopt is not installed here, so that config is written from the format description),
 `ct-mixed` as compressed-tensors writes two groups in different formats (top-level `format`
 mixed-precision, each group its own: FP8 per channel and NVFP4).
+
+Static per-tensor FP8 activations (llm-compressor's W8A8-FP8 `FP8` preset): `ct-fp8-static`
+on every Linear, and `ct-mixed-static`, the mixed recipe with that FP8 group, its scales
+registered as compressed-tensors registers them for a bf16 model (bf16, shape [1]). Both
+carry a [1] `input_scale` per Linear. No calibration runs here, so the input scale holds the
+library's qparams for an assumed activation range (`_static_input_scale`).
 """
 
 from __future__ import annotations
@@ -31,14 +37,16 @@ AWQ_POSITION = [0, 4, 1, 5, 2, 6, 3, 7]
 # the unquantized projections of the published recipes (and transformers' lm_head rule)
 KEEP = ("in_proj_a", "in_proj_b", "lm_head", "mtp.fc")
 FORMATS = ("qwen-fp8", "modelopt-nvfp4", "modelopt-mixed", "modelopt-mixed-groups",
-           "ct-fp8-block", "ct-fp8-channel", "ct-nvfp4", "ct-mixed", "ct-w4a16", "ct-w4a16-asym",
-           "awq", "gptq")
+           "ct-fp8-block", "ct-fp8-channel", "ct-fp8-static", "ct-nvfp4", "ct-mixed",
+           "ct-mixed-static", "ct-w4a16", "ct-w4a16-asym", "awq", "gptq")
 MIXED = ("modelopt-mixed", "modelopt-mixed-groups")
 # ct-mixed: NVIDIA's Qwen3.6 recipe spelled as compressed-tensors targets: attention and the
 # big GDN projections FP8 per channel, the MLP NVFP4
 CT_MIXED_FP8 = [r"re:.*self_attn\.[qkvo]_proj$",
                 r"re:.*linear_attn\.(in_proj_qkv|in_proj_z|out_proj)$"]
 CT_MIXED_NVFP4 = [r"re:.*mlp.*proj$"]
+# written as from a bf16 model: every scale compressed-tensors registers is bf16
+BF16_SCALES = ("ct-mixed-static",)
 
 
 def _projections(tensors: dict[str, torch.Tensor]) -> list[str]:
@@ -216,8 +224,9 @@ def _gptq_qweight(q: torch.Tensor) -> torch.Tensor:
 
 def _ct_groups(fmt: str) -> dict:
     """The config groups of the format: llm-compressor's preset schemes."""
-    if fmt == "ct-mixed":
-        return {"group_0": _ct_scheme("ct-fp8-channel", CT_MIXED_FP8),
+    if fmt in ("ct-mixed", "ct-mixed-static"):
+        fp8 = "ct-fp8-static" if fmt == "ct-mixed-static" else "ct-fp8-channel"
+        return {"group_0": _ct_scheme(fp8, CT_MIXED_FP8),
                 "group_1": _ct_scheme("ct-nvfp4", CT_MIXED_NVFP4)}
     return {"group_0": _ct_scheme(fmt)}
 
@@ -230,6 +239,7 @@ def _ct_scheme(fmt: str, targets: list[str] | None = None):
     preset, override = {
         "ct-fp8-block": ("FP8_BLOCK", {"block_structure": [32, 32]}),
         "ct-fp8-channel": ("FP8_DYNAMIC", {}),
+        "ct-fp8-static": ("FP8", {}),
         "ct-nvfp4": ("NVFP4A16", {}),
         "ct-w4a16": ("W4A16", {"group_size": 32}),
         "ct-w4a16-asym": ("W4A16_ASYM", {"group_size": 32}),
@@ -243,6 +253,8 @@ def _observe(w: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor]:
     """min/max over each scale's elements (what llm-compressor's min-max observer does)."""
     n, k = w.shape
     strategy = str(getattr(args.strategy, "value", args.strategy))
+    if strategy == "tensor":
+        return w.amin().reshape(1), w.amax().reshape(1)
     if strategy == "channel":
         return w.amin(1, keepdim=True), w.amax(1, keepdim=True)
     if strategy in ("group", "tensor_group"):
@@ -251,6 +263,32 @@ def _observe(w: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor]:
     bn, bk = args.block_structure
     b = w.reshape(n // bn, bn, k // bk, bk)
     return b.amin((1, 3)), b.amax((1, 3))
+
+
+def _rescale_dtype(module, scheme, dtype: torch.dtype) -> None:
+    """Register the module's qparams as compressed-tensors does for a model in `dtype` (its
+    scales take the weight's dtype: a bf16 model's are bf16)."""
+    from compressed_tensors.quantization.lifecycle.initialize import initialize_qparams
+
+    shape = module.weight.shape
+    for base, args, observed in (("input", scheme.input_activations, shape[-1:]),
+                                 ("weight", scheme.weights, shape)):
+        if args is not None:
+            initialize_qparams(module, base, args, observed_shape=observed,
+                               observed_dtype=dtype)
+
+
+def _static_input_scale(module, args) -> None:
+    """A static per-tensor activation scale as llm-compressor's calibration leaves it: no
+    calibration runs here, so the scale is the library's own qparams for an assumed
+    activation range of +-4 (the engine reads and does not use it)."""
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams
+
+    lo, hi = torch.full((1,), -4.0), torch.full((1,), 4.0)
+    scale, zp = calculate_qparams(lo, hi, args)
+    module.input_scale.copy_(scale.reshape(module.input_scale.shape))
+    if hasattr(module, "input_zero_point"):
+        module.input_zero_point.copy_(zp.reshape(module.input_zero_point.shape))
 
 
 def _write_ct(fmt: str, src: Path, dst: Path, ignore: list[str], kind: str) -> None:
@@ -271,6 +309,10 @@ def _write_ct(fmt: str, src: Path, dst: Path, ignore: list[str], kind: str) -> N
             if scheme is None or scheme.weights is None:
                 continue
             args, w = scheme.weights, module.weight
+            if fmt in BF16_SCALES:
+                _rescale_dtype(module, scheme, torch.bfloat16)
+            if hasattr(module, "input_scale"):
+                _static_input_scale(module, scheme.input_activations)
             gs = None
             if hasattr(module, "weight_global_scale"):
                 gs = generate_gparam(w.amin().reshape(1), w.amax().reshape(1))
@@ -279,9 +321,11 @@ def _write_ct(fmt: str, src: Path, dst: Path, ignore: list[str], kind: str) -> N
             module.weight_scale.copy_(scale.reshape(module.weight_scale.shape))
             if hasattr(module, "weight_zero_point"):
                 module.weight_zero_point.copy_(zp.reshape(module.weight_zero_point.shape))
+            # fake_quantize returns the scale's dtype: a bf16 scale would round the fp32
+            # twin to bf16, while e4m3 values times that scale are exact in fp32
             reference[f"{name}.weight"] = fake_quantize(
-                w, module.weight_scale, getattr(module, "weight_zero_point", None), args,
-                global_scale=gs).float()
+                w, module.weight_scale.float(), getattr(module, "weight_zero_point", None),
+                args, global_scale=gs).float()
     compressor = ModelCompressor.from_pretrained_model(model)
     compressor.compress_model(model)
     model.save_pretrained(str(dst / "quantized"))

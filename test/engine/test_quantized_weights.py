@@ -9,6 +9,7 @@ head and the DFlash drafter through the same path, quantize-at-load, and the cle
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -21,8 +22,9 @@ from flash_planner.engine.weights.linear import QuantLinear
 from flash_planner.engine.weights.scheme import WeightFormatError, read_scheme
 
 FAMILY = {"qwen-fp8": {"fp8"}, "ct-fp8-block": {"fp8"}, "ct-fp8-channel": {"fp8"},
-          "modelopt-nvfp4": {"nvfp4"}, "ct-nvfp4": {"nvfp4"}, "modelopt-mixed": {"fp8", "nvfp4"},
-          "modelopt-mixed-groups": {"fp8", "nvfp4"}, "ct-mixed": {"fp8", "nvfp4"},
+          "ct-fp8-static": {"fp8"}, "modelopt-nvfp4": {"nvfp4"}, "ct-nvfp4": {"nvfp4"},
+          "modelopt-mixed": {"fp8", "nvfp4"}, "modelopt-mixed-groups": {"fp8", "nvfp4"},
+          "ct-mixed": {"fp8", "nvfp4"}, "ct-mixed-static": {"fp8", "nvfp4"},
           "ct-w4a16": {"int4"}, "ct-w4a16-asym": {"int4"}, "awq": {"int4"}, "gptq": {"int4"}}
 # the mixed recipes: attention and the big GDN projections fp8, the MLP nvfp4
 MIXED_GROUPS = ("modelopt-mixed-groups", "ct-mixed")
@@ -242,3 +244,105 @@ def test_a_mixed_precision_group_without_its_format_is_an_error(quantized, tmp_p
     with pytest.raises(WeightFormatError, match=r"config_groups\.group_1: the top-level format "
                        "is mixed-precision"):
         read_scheme(path, json.loads((path / "config.json").read_text()))
+
+
+# ---- one-value scales: 0-dim or [1], in any float dtype (issue 63) ----------------------
+
+def _header(path, name) -> tuple[list[int], str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+        sl = f.get_slice(name)
+        return sl.get_shape(), sl.get_dtype()
+
+
+@pytest.mark.parametrize("fmt,dtype", [("ct-fp8-static", "F32"), ("ct-mixed-static", "BF16")])
+def test_static_formats_carry_the_scales_compressed_tensors_writes(quantized, fmt, dtype):
+    """What the refused checkpoint of issue 63 carried, so the decode tests above cover it:
+    static per-tensor input scales [1] in the model's dtype beside a [1] weight scale."""
+    quant_dir, _ = quantized(fmt, "dense")
+    for suffix in ("input_scale", "weight_scale"):
+        assert _header(quant_dir, f"model.layers.0.self_attn.q_proj.{suffix}") == ([1], dtype)
+
+
+def _rewrite(path, edit) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(path / "model.safetensors"))
+
+
+def _one_value_scales(tensors) -> list[str]:
+    return [n for n, t in tensors.items() if t.numel() == 1 and t.is_floating_point()
+            and n.endswith(("scale", "scale_2"))]
+
+
+def _flip_scales(tensors) -> None:
+    """0-dim <-> [1] for every one-value scale; activation scales (read, unused) to fp16."""
+    for name in _one_value_scales(tensors):
+        t = tensors[name]
+        t = t.reshape(1) if t.dim() == 0 else t.reshape(())
+        tensors[name] = t.half() if name.endswith(("input_scale", "input_global_scale")) else t
+
+
+def _decode(engine, new_tokens=16):
+    prompt = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
+    tokens = generate(engine, prompt, GenerationSettings(max_new_tokens=new_tokens)).token_ids
+    from flash_planner.engine.cache import InferenceState
+
+    ckpt = engine.checkpoint
+    state = InferenceState(ckpt.config, 64, 1, torch.float32, torch.float32,
+                           torch.device("cpu"))
+    with torch.no_grad():
+        return tokens, ckpt.model(torch.tensor([prompt]), state).logits[0, -1]
+
+
+@pytest.mark.parametrize("fmt", ["modelopt-mixed", "ct-mixed-static", "ct-nvfp4"])
+def test_one_value_scales_load_in_either_shape(quantized, make_engine, tmp_path, fmt):
+    """ModelOpt writes one-value scales 0-dim, compressed-tensors [1]: each loads the other
+    way round too, the used ones (fp8 per-tensor weight_scale, nvfp4 weight_scale_2 /
+    weight_global_scale) to the same values, so the decode is unchanged."""
+    quant_dir, _ = quantized(fmt, "hybrid")
+    path = _copy(quant_dir, tmp_path)
+    flipped = []
+    _rewrite(path, lambda tensors: (flipped.extend(_one_value_scales(tensors)),
+                                    _flip_scales(tensors)))
+    assert any(n.endswith(("weight_scale", "weight_scale_2", "weight_global_scale"))
+               for n in flipped), "no used one-value scale was rewritten: a weak test"
+    tokens, logits = _decode(make_engine(path, method="none"))
+    ref_tokens, ref_logits = _decode(make_engine(quant_dir, method="none"))
+    assert tokens == ref_tokens
+    assert torch.equal(logits, ref_logits)
+
+
+@pytest.mark.parametrize("fmt,suffix,value,error", [
+    pytest.param("ct-fp8-static", "input_scale", torch.ones(2),
+                 r"input_scale has shape \[2\], expected \[\] or \[1\] \(fp8 per-tensor "
+                 r"\(compressed-tensors\)\)", id="ct-input_scale-[2]"),
+    pytest.param("ct-fp8-static", "weight_scale", torch.ones(1, 1),
+                 r"weight_scale has shape \[1, 1\], expected \[\] or \[1\] \(fp8 per-tensor",
+                 id="ct-weight_scale-[1,1]"),
+    pytest.param("ct-fp8-static", "input_scale", torch.ones(1, dtype=torch.int32),
+                 r"input_scale has dtype I32, expected F32/BF16/F16/F64 \(fp8 per-tensor",
+                 id="ct-input_scale-int32"),
+    pytest.param("modelopt-nvfp4", "weight_scale_2", torch.ones(2),
+                 r"weight_scale_2 has shape \[2\], expected \[\] or \[1\] \(nvfp4 "
+                 r"\(ModelOpt\)\)", id="modelopt-weight_scale_2-[2]"),
+    pytest.param("ct-mixed-static", "weight_scale", torch.ones(3, 1),
+                 r"weight_scale has shape \[3, 1\], expected \[\] or \[1\]",
+                 id="ct-mixed-weight_scale-[3,1]"),
+])
+def test_a_scale_that_is_not_one_value_is_a_clear_error(quantized, tmp_path, fmt, suffix,
+                                                         value, error):
+    quant_dir, _ = quantized(fmt, "dense")
+    path = _copy(quant_dir, tmp_path)
+    proj = "mlp.down_proj" if fmt == "modelopt-nvfp4" else "self_attn.q_proj"
+    name = f"model.layers.1.{proj}.{suffix}"
+
+    def edit(tensors):
+        assert name in tensors, name
+        tensors[name] = value
+    _rewrite(path, edit)
+    with pytest.raises(CheckpointError, match=re.escape(name.removesuffix(suffix)) + error):
+        load_checkpoint(path)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ...kernels.dispatch import dequantize_fp8, fp8_gate_up, fp8_gemm, moe_fp8_gemm
-from .layout import FLOAT_DTYPES, Layout, Quantize, TensorSpec
+from .layout import FLOAT_DTYPES, Layout, Quantize, TensorSpec, scalar
 from .linear import QuantLinear
 from .packing import cdiv as _cdiv
 
@@ -87,10 +87,14 @@ class Fp8Blocks(Layout):
     def scale_shape(self, n: int, k: int) -> tuple[int, ...]:
         return (_cdiv(n, self.block_n), _cdiv(k, self.block_k))
 
+    def scale_spec(self, n: int, k: int) -> TensorSpec:
+        return TensorSpec(self.scale_shape(n, k), self.scale_dtypes)
+
     def tensors(self, n, k):
-        specs = {"weight": TensorSpec((n, k), FP8),
-                 self.scale_name: TensorSpec(self.scale_shape(n, k), self.scale_dtypes)}
-        specs.update({name: TensorSpec((), ("F32",), required=False) for name in self.optional})
+        specs = {"weight": TensorSpec((n, k), FP8), self.scale_name: self.scale_spec(n, k)}
+        # activation scales (static W8A8 recipes) are unused by weight-only compute: one
+        # value, stored however the writing library stores it, passes
+        specs.update({name: scalar(required=False) for name in self.optional})
         return specs
 
     def module(self, n, k):
@@ -104,15 +108,14 @@ class Fp8Blocks(Layout):
 
 
 class PerTensor(Fp8Blocks):
-    """One scalar scale (0-dim or [1] on disk) for the whole weight."""
+    """One scale for the whole weight: 0-dim (ModelOpt) or [1] (compressed-tensors), in
+    float32 or the model's dtype."""
 
-    def __init__(self, label: str, scale_name: str, scalar_shape: tuple[int, ...],
-                 optional: tuple[str, ...] = ()):
-        super().__init__(label, scale_name, 1 << 30, 1 << 30, ("F32", "BF16", "F16"), optional)
-        self.scalar_shape = scalar_shape
+    def __init__(self, label: str, scale_name: str, optional: tuple[str, ...] = ()):
+        super().__init__(label, scale_name, 1 << 30, 1 << 30, optional=optional)
 
-    def scale_shape(self, n, k):
-        return self.scalar_shape
+    def scale_spec(self, n, k):
+        return scalar()
 
     def module(self, n, k):
         return Fp8Linear(k, n, BLOCK, BLOCK)
@@ -137,12 +140,12 @@ def ct_fp8(strategy: str, block: tuple[int, int] | None) -> Layout:
         # [N, 1] on disk: one block per row spanning all of K
         return Fp8Blocks("fp8 per-channel (compressed-tensors)", "weight_scale", 1, 1 << 30,
                          optional=("input_scale",))
-    return PerTensor("fp8 per-tensor (compressed-tensors)", "weight_scale", (1,),
+    return PerTensor("fp8 per-tensor (compressed-tensors)", "weight_scale",
                      optional=("input_scale",))
 
 
 def modelopt_fp8() -> Layout:
-    return PerTensor("fp8 per-tensor (ModelOpt)", "weight_scale", (), optional=("input_scale",))
+    return PerTensor("fp8 per-tensor (ModelOpt)", "weight_scale", optional=("input_scale",))
 
 
 def quantize_at_load() -> Layout:

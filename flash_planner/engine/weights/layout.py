@@ -18,6 +18,10 @@ from torch import nn
 from .linear import QuantLinear
 
 FLOAT_DTYPES = ("F32", "BF16", "F16")
+# A one-value scale is written 0-dim by ModelOpt and [1] by compressed-tensors, in float32 or
+# in the model's own dtype (compressed-tensors gives a bf16 model bf16 scales): any of these
+SCALAR_SHAPES = ((), (1,))
+SCALAR_DTYPES = (*FLOAT_DTYPES, "F64")
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,20 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtypes: tuple[str, ...]
     required: bool = True
+    scalar: bool = False     # one value, either of SCALAR_SHAPES (`shape` is then unused)
+
+    def fits(self, shape: tuple[int, ...]) -> bool:
+        return shape in SCALAR_SHAPES if self.scalar else tuple(shape) == self.shape
+
+    def expected_shape(self) -> str:
+        if self.scalar:
+            return " or ".join(str(list(shape)) for shape in SCALAR_SHAPES)
+        return str(list(self.shape))
+
+
+def scalar(required: bool = True) -> TensorSpec:
+    """A per-tensor scale: one value of any float dtype, 0-dim or [1]."""
+    return TensorSpec((), SCALAR_DTYPES, required, scalar=True)
 
 
 class Layout:

@@ -127,9 +127,9 @@ def validate(module: nn.Module, plain: dict[str, str], planned: dict[str, Planne
         if name not in headers:
             continue    # an optional tensor the checkpoint does not have
         shard, shape, dtype = headers[name]
-        if shape != spec.shape:
+        if not spec.fits(shape):
             raise error(f"{shard.name}: tensor {name} has shape {list(shape)}, expected "
-                        f"{list(spec.shape)} ({what})")
+                        f"{spec.expected_shape()} ({what})")
         if dtype not in spec.dtypes:
             raise error(f"{shard.name}: tensor {name} has dtype {dtype}, expected "
                         f"{'/'.join(spec.dtypes)} ({what})")

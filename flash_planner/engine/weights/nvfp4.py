@@ -14,7 +14,7 @@ import torch
 
 from ...kernels.dispatch import dequantize_nvfp4, moe_nvfp4_gemm, nvfp4_gate_up, nvfp4_gemm
 from .fp8 import FP8, FP8_MAX, e4m3_bits
-from .layout import Layout, Quantize, TensorSpec
+from .layout import Layout, Quantize, TensorSpec, scalar
 from .linear import QuantLinear
 from .packing import pack_nibbles
 
@@ -79,18 +79,19 @@ def quantize_nvfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
 class Nvfp4Packed(Layout):
     family = "nvfp4"
 
-    def __init__(self, label: str, packed_name: str, global_name: str, global_shape,
-                 divisor: bool, optional: tuple[str, ...]):
+    def __init__(self, label: str, packed_name: str, global_name: str, divisor: bool,
+                 optional: tuple[str, ...]):
         self.label, self.packed_name = label, packed_name
-        self.global_name, self.global_shape, self.divisor = global_name, global_shape, divisor
+        self.global_name, self.divisor = global_name, divisor
         self.optional = optional
 
     def tensors(self, n, k):
+        # the global scale is one value however it is stored (0-dim for ModelOpt, [1] for
+        # compressed-tensors); activation scales are unused by weight-only compute
         specs = {self.packed_name: TensorSpec((n, k // 2), ("U8",)),
                  "weight_scale": TensorSpec((n, k // GROUP), FP8),
-                 self.global_name: TensorSpec(self.global_shape, ("F32",))}
-        specs.update({name: TensorSpec(self.global_shape, ("F32",), required=False)
-                      for name in self.optional})
+                 self.global_name: scalar()}
+        specs.update({name: scalar(required=False) for name in self.optional})
         return specs
 
     def module(self, n, k):
@@ -103,13 +104,12 @@ class Nvfp4Packed(Layout):
 
 
 def modelopt_nvfp4() -> Layout:
-    return Nvfp4Packed("nvfp4 (ModelOpt)", "weight", "weight_scale_2", (), False,
-                       ("input_scale",))
+    return Nvfp4Packed("nvfp4 (ModelOpt)", "weight", "weight_scale_2", False, ("input_scale",))
 
 
 def ct_nvfp4() -> Layout:
-    return Nvfp4Packed("nvfp4 (compressed-tensors)", "weight_packed", "weight_global_scale",
-                       (1,), True, ("input_global_scale",))
+    return Nvfp4Packed("nvfp4 (compressed-tensors)", "weight_packed", "weight_global_scale", True,
+                       ("input_global_scale",))
 
 
 def quantize_at_load() -> Layout:
