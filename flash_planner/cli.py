@@ -10,8 +10,9 @@
 REPO is a Hugging Face repo id (org/name, optionally @revision); `plan` and `generate` read
 it from the local cache and download only with --allow-download.
 
-Exit codes: 0 success, 1 no valid plan / the run failed, 2 bad input or usage. Expected
-failures print one line on stderr, never a traceback.
+Exit codes: 0 success, 1 no valid plan / the run failed, 2 bad input or usage (a model
+that produces NaN or Inf logits included). Expected failures print one line on stderr, never
+a traceback.
 """
 
 from __future__ import annotations
@@ -337,6 +338,7 @@ def _summary(stats) -> str:
 def _generate(args: argparse.Namespace, model: str, show_text: bool = True) -> int:
     """Generate and print the text (unless `show_text` is off), then the run's summary."""
     from .engine.generate import GenerationSettings, generate
+    from .engine.speculative import NonFiniteLogits
 
     engine, preset = _load_engine(args, model)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens,
@@ -348,7 +350,11 @@ def _generate(args: argparse.Namespace, model: str, show_text: bool = True) -> i
         prompt = [{"role": "user", "content": args.prompt}]
     stream = (lambda ids, delta: print(delta, end="", flush=True)) \
         if show_text and not args.json else None
-    result = generate(engine, prompt, settings, on_token=stream)
+    try:
+        result = generate(engine, prompt, settings, on_token=stream)
+    except NonFiniteLogits as exc:   # the model's fault, as `plan` finds it at warm-up
+        print(f"flash-planner: error: {engine.config.model_path}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if args.json:
         print(json.dumps({"token_ids": result.token_ids, "text": result.text,
                           "finish_reason": result.finish_reason,
@@ -371,7 +377,7 @@ def _plan(args: argparse.Namespace) -> int:
                           reasoning_effort=args.reasoning_effort
                           ).checked(MAX_TASK_CHARS, MAX_CONTEXT_CHARS)
     from .planning.presets import default_skills_path
-    from .planning.service import PlannerConfig, PlannerService
+    from .planning.service import PlannerConfig, PlannerService, WarmUpError
     from .planning.skills import SkillCatalog
 
     catalog = SkillCatalog.from_yaml(args.skills or default_skills_path())
@@ -381,16 +387,20 @@ def _plan(args: argparse.Namespace) -> int:
         constrain=not args.no_constrain, refusal_hint=preset.refusal_hint,
         reasoning_effort=preset.reasoning_effort,
         **_backend(args, preset), **_spec_settings(args, preset)))
-    service.start()
-    # as the node and `serve` do: the request then pays neither the prefix nor first calls
-    service.warm_up()
 
     def print_steps(feedback) -> None:
         for index, step in feedback.steps:
             print(json.dumps({"index": index, **step}, ensure_ascii=False), flush=True)
 
+    service.start()
     try:
+        # as the node and `serve` do: the request then pays neither the prefix nor first
+        # calls, and a model that cannot decode is refused before it
+        service.warm_up()
         result = service.plan(request, on_feedback=print_steps if args.stream else None)
+    except WarmUpError as exc:  # the model's fault (exit 2, as a bad checkpoint) or the run's
+        print(f"flash-planner: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE if exc.broken_weights else EXIT_FAILED
     finally:
         service.stop()
     if args.json:
@@ -455,7 +465,11 @@ def _serve(args: argparse.Namespace) -> int:
             sampling=preset.sampling, reasoning_effort=preset.reasoning_effort,
             **_spec_settings(args, preset)))
         service.start()
-        service.warm_up()
+        try:
+            service.warm_up()
+        except Exception:   # /health and every request say why; no idle worker is left
+            service.stop(reason="the model failed its warm-up")
+            raise
         _progress_to_stderr(f"serving {state.model_name} on http://{args.host}:{args.port}")
         return service
 

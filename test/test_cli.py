@@ -289,3 +289,43 @@ def test_serve_without_its_extra_names_the_install_line(monkeypatch, capsys, mis
     err = capsys.readouterr().err.strip()
     assert missing in err and "pip install 'flash_planner[serve]'" in err
     assert "\n" not in err and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def nan_demo(tmp_path_factory):
+    from nan_model import write_nan_demo
+
+    return write_nan_demo(tmp_path_factory.mktemp("nan") / "nan-demo")
+
+
+@pytest.mark.parametrize("command", [["plan", "bring the red cup to the sink"],
+                                     ["generate", "--prompt", "bring the red cup"]])
+def test_a_model_with_nan_weights_is_one_line_naming_it_with_exit_2(nan_demo, command):
+    """It loads (its files are sound) but cannot decode: `plan` refuses it at its warm-up,
+    `generate` while it decodes, each in one line that names the model and the cause."""
+    proc = subprocess.run([sys.executable, "-m", "flash_planner.cli", *command, "--model",
+                           str(nan_demo), "--device", "cpu"], capture_output=True, text=True)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, proc.stderr
+    assert "\n" not in err and "Traceback" not in err, err
+    assert err.startswith("flash-planner: error: ") and str(nan_demo) in err, err
+    assert "non-finite logits (NaN or Inf)" in err, err
+    if command[0] == "plan":
+        assert f"warm-up of {nan_demo} failed" in err and proc.stdout == ""
+
+
+def test_a_warm_up_that_fails_in_the_engine_is_one_line_with_exit_1(monkeypatch, capsys):
+    """Not the weights but the run (a kernel, memory): the run failed, exit 1, and the
+    line keeps the error's type and first line (a kernel's compile error spans many)."""
+    from flash_planner.planning import service
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("triton: failed to compile verify_block\n  more detail\n")
+
+    monkeypatch.setattr(service, "generate", broken)
+    assert main(["plan", "open the fridge", "--device", "cpu", "--threads", "1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert err.startswith("flash-planner: error: warm-up of ") and "demo" in err, err
+    assert "failed: RuntimeError: triton: failed to compile verify_block (decoding with " \
+        "method " in err, err

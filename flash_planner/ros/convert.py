@@ -9,6 +9,7 @@ int32, float for float32/float64, str for string) because generated setters chec
 from __future__ import annotations
 
 import json
+import sys
 from typing import TYPE_CHECKING, Any
 
 from ..planning.request import PlanRequest, PlanResult
@@ -145,9 +146,14 @@ def terminal_state(success: bool, cancel_requested: bool) -> str:
 
 
 def error_line(exc: BaseException) -> str:
-    """One line for a log: the message of a ValueError/OSError, else `Type: message`."""
+    """One line for a log: the message of a ValueError/OSError or a failed warm-up (which
+    names the model and the cause itself), else `Type: message`."""
     lines = str(exc).strip().splitlines()
     text = lines[0] if lines else ""
-    if isinstance(exc, (ValueError, OSError)) and text:
+    # a WarmUpError exists only once the service module (torch) is imported: a log line
+    # never imports it
+    service = sys.modules.get("flash_planner.planning.service")
+    names_itself = service is not None and isinstance(exc, service.WarmUpError)
+    if (isinstance(exc, (ValueError, OSError)) or names_itself) and text:
         return text
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -98,7 +98,7 @@ def planner_node_class():
             self._phase = "configuring"
             try:
                 self._load()
-            except Exception as exc:  # bad parameter, missing model, out of memory, ...
+            except Exception as exc:  # bad parameter, missing model, failed warm-up, ...
                 self._release()
                 self._load_error = convert.error_line(exc)
                 self.get_logger().error(f"configure failed: {self._load_error}")

@@ -5,7 +5,9 @@ end, as `~/plan` answers it; `stream` sends each step as it closes), GET /v1/mod
 GET /health, GET /metrics (Prometheus text). Every request runs through the same
 PlannerService queue the ROS node uses, so its policy and depth hold here: a full queue (or
 'reject' while busy) answers 429 at once. The model loads in the background after the
-socket opens; until it has, /health says `loading` and requests get 503.
+socket opens; until it has, /health says `loading` and requests get 503. A model that fails
+to load or to warm up leaves /health at 503 `error` with the reason, which every request's
+503 repeats.
 
 Safe by default: it binds loopback unless told otherwise, `/v1/*` needs the bearer key when
 one is set (--api-key or $FLASH_PLANNER_API_KEY), bodies over `max_body_bytes` get 413 and
@@ -35,7 +37,7 @@ from ..engine.chat import TemplateError, check_template_vars
 from ..engine.generate import GenerationSettings
 from ..engine.grammar import GrammarError, JsonGrammarCompiler
 from ..planning.request import PlanRequest, PlanResult, RequestError
-from ..planning.service import Completion, PlannerService
+from ..planning.service import Completion, PlannerService, WarmUpError
 from .metrics import Metrics
 from .openai_api import (
     ApiError,
@@ -139,6 +141,9 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
             service = load()
             service.on_result = metrics.finished
             state.service = service
+        except WarmUpError as exc:    # names the model and the cause: one line is the story
+            log.error("loading the model failed: %s", exc)
+            state.error = str(exc)
         except Exception as exc:      # reported by /health and every request's 503
             log.exception("loading the model failed")
             state.error = f"{type(exc).__name__}: {exc}"

@@ -118,6 +118,27 @@ def test_failed_configure_reports_error_and_the_node_keeps_answering(harness, tm
     assert h.node.trigger_configure() == TransitionCallbackReturn.FAILURE  # again: same
 
 
+def test_a_model_that_fails_its_warm_up_fails_configure_naming_it(harness, tmp_path):
+    """NaN weights load but cannot decode: configure fails at the warm-up, /diagnostics say
+    ERROR naming the model and the cause in one line, and the node keeps answering."""
+    from nan_model import write_nan_demo
+    from rclpy.lifecycle import TransitionCallbackReturn
+
+    path = write_nan_demo(tmp_path / "nan-demo")
+    h = harness(**{"model.path": str(path), "model.drafter_path": ""})
+    assert h.node.trigger_configure() == TransitionCallbackReturn.FAILURE
+    assert h.node.phase == "unconfigured"
+    expected = (f"model failed to load: warm-up of {path} failed: the model produced "
+                "non-finite logits (NaN or Inf) at position ")
+    assert wait_for(lambda: any(s.level == DiagnosticStatus.ERROR
+                                and s.message.startswith(expected) for s in h.statuses()))
+    message = next(s.message for s in h.statuses() if s.message.startswith(expected))
+    assert "\n" not in message and "its weights hold NaN or Inf" in message, message
+    status, result = h.plan()
+    assert status == GoalStatus.STATUS_ABORTED and "is unconfigured" in result.error
+    assert h.node.trigger_configure() == TransitionCallbackReturn.FAILURE  # again: same
+
+
 @pytest.mark.parametrize("name, value, why", [
     ("planner.queue_depth", "four", "type"),
     ("planner.queue_depth", 0, "range"),
