@@ -137,3 +137,34 @@ def test_the_demos_stated_sizes_are_its_shipped_sizes():
         found = re.findall(r"~\d+(?:\.\d+)?M-parameter", text)
         assert found[:3] == stated, (page.name, found, stated)
 
+
+
+def _map_block() -> str:
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    return page.split("## Where things are", 1)[1].split("```")[1]
+
+
+def _unnamed(block: str) -> list[str]:
+    """Modules, presets, catalogs, benchmarks and tools the architecture map does not name
+    (a kernel op's kernel.py, reference.py and skinny.py are named by pattern)."""
+    files = [p for p in (ROOT / "flash_planner").rglob("*.py")
+             if "assets" not in p.parts and p.parts[len(ROOT.parts) + 1] != "kernels"]
+    files += [p for p in (ROOT / "kernels").rglob("*.py")
+              if not (p.parent != ROOT / "kernels"
+                      and p.name in ("kernel.py", "reference.py", "skinny.py"))]
+    files += [*(ROOT / "config" / "catalogs").glob("*.yaml"), *(ROOT / "bench").glob("gpu.py"),
+              *(ROOT / "tools").iterdir()]
+    names = [p.name for p in files if p.name != "__init__.py"]
+    names += [p.stem for p in (ROOT / "config" / "models").glob("*.yaml")
+              if not p.stem.endswith(("_fp8", "_nvfp4"))]
+    # a name counts where it stands as a word of its own ("tiles.py", not "weight_tiles.py")
+    return sorted({n for n in names if not re.search(rf"(?<![\w]){re.escape(n)}\b", block)})
+
+
+def test_the_architecture_map_names_every_module():
+    assert _unnamed(_map_block()) == []
+
+
+def test_the_map_check_catches_a_module_left_out():
+    block = _map_block().replace("toolchain.py", "").replace("inference.py", "")
+    assert _unnamed(block) == ["inference.py", "toolchain.py"]
