@@ -26,6 +26,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 from skip_policy import pytest_runtest_makereport  # noqa: E402,F401 (CI skip policy hook)
+from suite_order import slow_rank  # noqa: E402
 
 from flash_planner.engine.engine import Engine, EngineConfig  # noqa: E402
 from flash_planner.train.tiny import write_tiny_checkpoint  # noqa: E402
@@ -52,27 +53,10 @@ def pytest_configure(config):
                             ":DeprecationWarning")
 
 
-# The files whose first run on a fresh machine is longest (a llama.cpp build, the compiled
-# forwards' cold graphs, every kernel spec compiled, the soaks), longest first. They are
-# collected first, and `make test` keeps that order (--no-loadscope-reorder: pytest-xdist
-# would otherwise hand out files by their number of tests, these few-test files last), so
-# the two workers start on them and finish on the many short files, not one worker alone
-# on a three-minute file at the end.
-SLOW_FIRST = ("engine/test_compiled.py", "test_peer.py", "ros/test_node_soak.py",
-              "kernels/test_compile.py", "test_bench_gpu.py",
-              "kernels/test_engine_on_kernels.py", "test_soak.py", "test_thor_deps.py",
-              "ros/test_colcon_build.py", "engine/test_prefix.py", "engine/test_segments.py")
-
-
-def _slow_rank(item) -> int:
-    path = item.nodeid.split("::", 1)[0].removeprefix("test/")
-    return SLOW_FIRST.index(path) if path in SLOW_FIRST else len(SLOW_FIRST)
-
-
 def pytest_collection_modifyitems(config, items):
-    """The slowest files first (SLOW_FIRST; a stable sort keeps every other order), and every
+    """The slowest files first (suite_order.py; a stable sort keeps every other order), and every
     test skipped for want of a CUDA GPU is a `cuda` test: `-m cuda` selects them."""
-    items.sort(key=_slow_rank)
+    items.sort(key=slow_rank)
     for item in items:
         if any("CUDA GPU" in str(mark.kwargs.get("reason", ""))
                for mark in item.iter_markers("skipif")):

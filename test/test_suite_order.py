@@ -1,11 +1,11 @@
-"""The suite's slowest files are collected first (conftest.SLOW_FIRST), so that the workers
+"""The suite's slowest files are collected first (suite_order.SLOW_FIRST), so that the workers
 start on them: every name there is a file of the suite, and the Makefile keeps the order."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import SLOW_FIRST, _slow_rank
+from suite_order import SLOW_FIRST, slow_rank
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ def test_slow_files_sort_first_and_in_their_order():
 
     items = [Item("test/test_cli.py::test_a"), Item("test/test_peer.py::test_b"),
              Item("test/engine/test_compiled.py::test_c"), Item("test/test_cli.py::test_d")]
-    items.sort(key=_slow_rank)
+    items.sort(key=slow_rank)
     assert [i.nodeid for i in items] == [
         "test/engine/test_compiled.py::test_c", "test/test_peer.py::test_b",
         "test/test_cli.py::test_a", "test/test_cli.py::test_d"]
