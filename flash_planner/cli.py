@@ -377,8 +377,9 @@ def _plan(args: argparse.Namespace) -> int:
                           reasoning_effort=args.reasoning_effort
                           ).checked(MAX_TASK_CHARS, MAX_CONTEXT_CHARS)
     from .planning.presets import default_skills_path
-    from .planning.service import PlannerConfig, PlannerService, WarmUpError
+    from .planning.service import PlannerConfig, PlannerService
     from .planning.skills import SkillCatalog
+    from .planning.warmup import WarmUpError
 
     catalog = SkillCatalog.from_yaml(args.skills or default_skills_path())
     engine, preset = _load_engine(args, args.model)

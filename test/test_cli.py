@@ -317,12 +317,12 @@ def test_a_model_with_nan_weights_is_one_line_naming_it_with_exit_2(nan_demo, co
 def test_a_warm_up_that_fails_in_the_engine_is_one_line_with_exit_1(monkeypatch, capsys):
     """Not the weights but the run (a kernel, memory): the run failed, exit 1, and the
     line keeps the error's type and first line (a kernel's compile error spans many)."""
-    from flash_planner.planning import service
+    from flash_planner.planning import warmup
 
     def broken(*args, **kwargs):
         raise RuntimeError("triton: failed to compile verify_block\n  more detail\n")
 
-    monkeypatch.setattr(service, "generate", broken)
+    monkeypatch.setattr(warmup, "generate", broken)
     assert main(["plan", "open the fridge", "--device", "cpu", "--threads", "1"]) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err, err

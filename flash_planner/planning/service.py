@@ -47,32 +47,13 @@ from .remote import RemoteError, RemotePlanner
 from .request import PlanRequest, PlanResult, RequestError
 from .skills import SkillCatalog
 from .steps import StepStream
+from .warmup import warm_up
 
 log = logging.getLogger(__name__)
+
+
 class UnknownRequestError(ValueError):
     """cancel() of an id that is neither queued nor running."""
-
-
-class WarmUpError(RuntimeError):
-    """`PlannerService.warm_up` failed: the model at `model` loaded but cannot decode.
-
-    Loading checks files, shapes and dtypes; only running the model finds NaN or Inf
-    weights, a kernel that fails on this device or memory that runs out. Every front door
-    (`plan`, `serve`, the node's configure) warms up before its first request and shows
-    this error's one line as it is. `broken_weights`: the model is at fault (non-finite
-    logits), not the run (a kernel, memory); the CLI exits 2 for it, as for a checkpoint it
-    cannot load, else 1. The engine's exception is the `__cause__`.
-    """
-
-    def __init__(self, model: str, reason: str, broken_weights: bool = False):
-        super().__init__(f"warm-up of {model} failed: {reason}")
-        self.model, self.reason, self.broken_weights = model, reason, broken_weights
-
-
-def _first_line(exc: BaseException) -> str:
-    """`Type: first line of the message`: a kernel's compile error spans many lines."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 @dataclass(frozen=True)
@@ -135,7 +116,6 @@ def _failed(request: PlanRequest, error: str, **extra) -> PlanResult:
     return PlanResult(request.id, str(request.task), success=False, error=error, **extra)
 
 
-WARM_UP_TASK = "say OK"
 # What a request too long for the context can change (the error names it)
 ROOM_FIX = ("raise the engine's max_context (--max-context, engine.max_context), lower "
             "max_new_tokens, or shorten the prompt (a shorter scene list or context; a "
@@ -185,44 +165,9 @@ class PlannerService:
         pays any first call (a verify block's kernels and shapes, each proposer's own);
         then the proposers forget what they measured here (`auto`: cold calls, a plan cut
         short) and measure afresh on real requests. Returns ms; a remote-only planner, whose
-        engine never decodes a request, skips it. A model that cannot decode (non-finite
-        logits, a kernel error, any engine exception) raises `WarmUpError` naming it and
-        the cause."""
-        t0 = time.perf_counter()
-        if self.config.backend == "remote":
-            return 0.0
-        # the requests' own effort, so that the cached prefix is theirs
-        ids, prefix = self.prompt(WARM_UP_TASK, "", self.config.enable_thinking,
-                                  reasoning_effort=self.config.reasoning_effort)
-        # within the context: a prompt that does not fit is every request's error to report
-        cfg = self.engine.config
-        tokens = min(2 * cfg.max_block, cfg.max_context - len(ids) - 1)
-        if tokens < 1:
-            return (time.perf_counter() - t0) * 1000.0
-        for method in [*(m for m in self.engine.proposers if m != "auto"), "none"]:
-            try:
-                generate(self.engine, ids, GenerationSettings(max_new_tokens=tokens,
-                                                              ignore_eos=True, method=method),
-                         prefix=prefix)
-            except Exception as exc:   # the model cannot serve: each front door says why
-                raise self._warm_up_error(exc, method) from exc
-        for proposer in self.engine.proposers.values():
-            proposer.forget()
-        return (time.perf_counter() - t0) * 1000.0
-
-    def _warm_up_error(self, exc: Exception, method: str) -> WarmUpError:
-        engine = self.engine
-        model = engine.config.model_path
-        if isinstance(exc, NonFiniteLogits):
-            dtype = str(engine.dtype).removeprefix("torch.")
-            return WarmUpError(model, f"the model produced non-finite logits (NaN or Inf) at "
-                               f"position {exc.position} ({dtype} on {engine.device}): its "
-                               f"weights hold NaN or Inf, or its activations overflow {dtype}",
-                               broken_weights=True)
-        # the front doors print one line; the traceback of an unexpected failure (a kernel,
-        # memory) stays within reach of whoever turns the log level up
-        log.debug("warm-up of %s (method %s) failed", model, method, exc_info=True)
-        return WarmUpError(model, f"{_first_line(exc)} (decoding with method {method})")
+        engine never decodes a request, skips it. A model that cannot decode raises
+        `WarmUpError` (warmup.py)."""
+        return warm_up(self)
 
     def prompt(self, task: str, context: str, thinking: bool, scene=(),
                reasoning_effort: str | None = None) -> tuple[list[int], list[int]]:

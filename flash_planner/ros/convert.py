@@ -9,7 +9,6 @@ int32, float for float32/float64, str for string) because generated setters chec
 from __future__ import annotations
 
 import json
-import sys
 from typing import TYPE_CHECKING, Any
 
 from ..planning.request import PlanRequest, PlanResult
@@ -150,10 +149,7 @@ def error_line(exc: BaseException) -> str:
     names the model and the cause itself), else `Type: message`."""
     lines = str(exc).strip().splitlines()
     text = lines[0] if lines else ""
-    # a WarmUpError exists only once the service module (torch) is imported: a log line
-    # never imports it
-    service = sys.modules.get("flash_planner.planning.service")
-    names_itself = service is not None and isinstance(exc, service.WarmUpError)
+    names_itself = getattr(exc, "names_itself", False)      # planning.warmup.WarmUpError
     if (isinstance(exc, (ValueError, OSError)) or names_itself) and text:
         return text
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -37,7 +37,8 @@ from ..engine.chat import TemplateError, check_template_vars
 from ..engine.generate import GenerationSettings
 from ..engine.grammar import GrammarError, JsonGrammarCompiler
 from ..planning.request import PlanRequest, PlanResult, RequestError
-from ..planning.service import Completion, PlannerService, WarmUpError
+from ..planning.service import Completion, PlannerService
+from ..planning.warmup import WarmUpError
 from .metrics import Metrics
 from .openai_api import (
     ApiError,
