@@ -63,18 +63,21 @@ class KVCache:
 
     FP8 scales are per (layer, kv head), calibrated on the first write after `reset()` (the
     prompt's first prefill chunk) as amax * headroom / 448; later values beyond the range
-    saturate at +-448 * scale.
+    saturate at +-448 * scale. With `scale_per_row` each batch row (a slot of batched
+    requests, `slots.py`) has its own: [layers, B, Hkv], calibrated on its own prompt.
     """
 
     def __init__(self, cfg: ModelConfig, batch: int, capacity: int, dtype: torch.dtype,
-                 compute_dtype: torch.dtype, device: torch.device, fp8_headroom: float = 2.0):
+                 compute_dtype: torch.dtype, device: torch.device, fp8_headroom: float = 2.0,
+                 scale_per_row: bool = False):
         n = len(cfg.full_attention_layers)
         shape = (n, batch, capacity, cfg.num_kv_heads, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.is_fp8 = dtype == torch.uint8
-        self.k_scale = torch.ones(n, cfg.num_kv_heads, dtype=torch.float32, device=device)
-        self.v_scale = torch.ones(n, cfg.num_kv_heads, dtype=torch.float32, device=device)
+        scales = (n, batch, cfg.num_kv_heads) if scale_per_row else (n, cfg.num_kv_heads)
+        self.k_scale = torch.ones(scales, dtype=torch.float32, device=device)
+        self.v_scale = torch.ones(scales, dtype=torch.float32, device=device)
         self.calibrated = [False] * n
         self.compute_dtype = compute_dtype
         self.capacity = capacity
@@ -86,24 +89,40 @@ class KVCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes + self.k_scale.nbytes + self.v_scale.nbytes
 
+    def rows(self, lo: int, hi: int, calibrated: list[bool]) -> KVCache:
+        """Batch rows lo..hi-1 as a cache of their own, sharing this one's storage. A cache
+        with a scale per row hands a single row its scales as [layers, Hkv], so a slot is
+        an ordinary one-sequence cache."""
+        view = object.__new__(KVCache)
+        view.__dict__.update(self.__dict__)
+        view.k, view.v = self.k[:, lo:hi], self.v[:, lo:hi]
+        if self.k_scale.dim() == 3:
+            pick = lo if hi - lo == 1 else slice(lo, hi)
+            view.k_scale, view.v_scale = self.k_scale[:, pick], self.v_scale[:, pick]
+        view.calibrated = calibrated
+        return view
+
     def reset(self) -> None:
         self.calibrated = [False] * len(self.calibrated)
 
     def _calibrate(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self.k_scale.dim() == 3:
+            raise RuntimeError("a batch of slots is calibrated slot by slot, on each prompt")
         for scale, rows in ((self.k_scale, k), (self.v_scale, v)):
             amax = rows.float().abs().amax(dim=(0, 1, 3))             # [Hkv]
             scale[slot] = (amax * self.fp8_headroom / FP8_MAX).clamp_min(1e-8)
         self.calibrated[slot] = True
 
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
-        """Write k, v [B, T, Hkv, D] at positions start .. start+T-1."""
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+               positions: torch.Tensor) -> None:
+        """Write k, v [B, T, Hkv, D] at positions [B, T]."""
         slot = self.slot[layer]
         if self.is_fp8 and not self.calibrated[slot]:
             self._calibrate(slot, k, v)
-        b, t = k.shape[:2]
-        pos = torch.arange(start, start + t, device=k.device).expand(b, t)
-        dispatch.kv_append(self.k[slot], k, pos, self.k_scale[slot] if self.is_fp8 else None)
-        dispatch.kv_append(self.v[slot], v, pos, self.v_scale[slot] if self.is_fp8 else None)
+        dispatch.kv_append(self.k[slot], k, positions,
+                           self.k_scale[slot] if self.is_fp8 else None)
+        dispatch.kv_append(self.v[slot], v, positions,
+                           self.v_scale[slot] if self.is_fp8 else None)
 
     def read(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of positions 0 .. length-1, [B, length, Hkv, D], compute dtype."""
@@ -139,24 +158,56 @@ class GDNState:
     def nbytes_checkpoints(self) -> int:
         return self.step_states.nbytes + self.conv_rows.nbytes
 
+    def rows(self, lo: int, hi: int) -> GDNState:
+        """Batch rows lo..hi-1 as a state of their own, sharing this one's storage."""
+        view = object.__new__(GDNState)
+        view.__dict__.update(self.__dict__)
+        for name in ("state", "conv", "step_states", "conv_rows"):
+            setattr(view, name, getattr(self, name)[:, lo:hi])
+        return view
+
     def reset(self) -> None:
         self.state.zero_()
         self.conv.zero_()
+
+    def select(self, step: torch.Tensor, num_steps: int) -> None:
+        """Roll every row back to step[row] of the last `num_steps`-row block. The kernel
+        takes contiguous tensors: a slot's rows of a batched state (a strided view) go
+        layer by layer, where each layer's rows are contiguous."""
+        tensors = (self.state, self.step_states, self.conv, self.conv_rows)
+        if all(t.is_contiguous() for t in tensors):
+            dispatch.checkpoint_select(*tensors, step, num_steps)
+            return
+        for layer in range(self.state.shape[0]):
+            dispatch.checkpoint_select(*(t[layer:layer + 1] for t in tensors), step,
+                                       num_steps)
 
 
 class InferenceState:
     """All per-sequence state of one target model; `length` tokens are committed."""
 
     def __init__(self, cfg: ModelConfig, capacity: int, max_steps: int, kv_dtype: torch.dtype,
-                 compute_dtype: torch.dtype, device: torch.device, batch: int = 1):
+                 compute_dtype: torch.dtype, device: torch.device, batch: int = 1,
+                 scale_per_row: bool = False):
         self.capacity = capacity
         self.max_steps = max_steps
         self.device = device
-        self.kv = KVCache(cfg, batch, capacity, kv_dtype, compute_dtype, device)
+        self.kv = KVCache(cfg, batch, capacity, kv_dtype, compute_dtype, device,
+                          scale_per_row=scale_per_row)
         self.gdn = GDNState(cfg, batch, max_steps, device)
         self.length = 0
         self.pending = 0          # rows run by the last forward, not yet committed
         self.recorded = False     # whether that forward recorded per-step checkpoints
+
+    def row(self, index: int) -> InferenceState:
+        """Batch row `index` as a one-sequence state of its own (a slot of batched
+        requests): its own length and pending rows, this state's storage."""
+        view = object.__new__(InferenceState)
+        view.__dict__.update(self.__dict__)
+        view.kv = self.kv.rows(index, index + 1, [False] * len(self.kv.calibrated))
+        view.gdn = self.gdn.rows(index, index + 1)
+        view.length, view.pending, view.recorded = 0, 0, False
+        return view
 
     @property
     def nbytes(self) -> StateBytes:
@@ -228,9 +279,7 @@ class InferenceState:
             if self.gdn.state.shape[0]:
                 step = torch.full((self.gdn.state.shape[1],), n - 1, dtype=torch.long,
                                   device=self.gdn.state.device)
-                dispatch.checkpoint_select(self.gdn.state, self.gdn.step_states,
-                                           self.gdn.conv, self.gdn.conv_rows, step,
-                                           self.pending)
+                self.gdn.select(step, self.pending)
         self.length += n
         self.pending = 0
         self.recorded = False

@@ -46,8 +46,8 @@ def _e4m3_bits(x):
 
 
 @triton.jit
-def _append_kernel(cache, rows, positions, scale, rows_per_seq, capacity, heads, dim,
-                   QUANT: tl.constexpr, BLOCK_D: tl.constexpr):
+def _append_kernel(cache, rows, positions, scale, scale_seq_stride, rows_per_seq, capacity,
+                   heads, dim, QUANT: tl.constexpr, BLOCK_D: tl.constexpr):
     r = tl.program_id(0)            # b * T + t
     h = tl.program_id(1)
     pos = tl.load(positions + r)
@@ -58,7 +58,7 @@ def _append_kernel(cache, rows, positions, scale, rows_per_seq, capacity, heads,
         x = tl.load(rows + (r * heads + h) * dim + d, mask=keep, other=0.0)
         dst = cache + ((b.to(tl.int64) * capacity + pos) * heads + h) * dim + d
         if QUANT:
-            x = x.to(tl.float32) / tl.load(scale + h)
+            x = x.to(tl.float32) / tl.load(scale + b * scale_seq_stride + h)
             tl.store(dst, _e4m3_bits(x).to(tl.uint8), mask=keep)
         else:  # a copy; a no-op cast when rows already have the cache's dtype
             tl.store(dst, x.to(cache.dtype.element_ty), mask=keep)
@@ -71,7 +71,8 @@ def kv_append(
     scale: torch.Tensor | None = None,
 ) -> None:
     """Same contract as the reference: rows [B, T, H, D] into cache [B, C, H, D] at
-    positions [B, T] (negative: skip); a uint8 cache stores e4m3 with per-head `scale` [H]."""
+    positions [B, T] (negative: skip); a uint8 cache stores e4m3 with per-head `scale` [H]
+    or one per sequence [B, H]."""
     b, t, h, d = rows.shape
     if cache.shape[0] != b or tuple(cache.shape[2:]) != (h, d):
         raise ValueError(f"kv_append: rows {tuple(rows.shape)} do not fit cache "
@@ -81,12 +82,17 @@ def kv_append(
     quant = cache.dtype == torch.uint8
     if quant and scale is None:
         raise ValueError("an FP8 (uint8) cache needs per-head scales")
+    if quant and tuple(scale.shape) not in ((h,), (b, h)):
+        raise ValueError(f"kv_append: scale {tuple(scale.shape)} is neither [{h}] nor "
+                         f"[{b}, {h}]")
     if b * t == 0:
         return
     rows = rows.contiguous()
+    per_seq = quant and scale.dim() == 2
     args = dict(cache=cache, rows=rows, positions=positions.to(torch.int64).contiguous(),
                 scale=scale.float().contiguous() if quant else rows,  # unused unless quant
-                rows_per_seq=t, capacity=cache.shape[1], heads=h, dim=d)
+                scale_seq_stride=h if per_seq else 0, rows_per_seq=t, capacity=cache.shape[1],
+                heads=h, dim=d)
     launch(_append_kernel, (b * t, h), args, meta(d, quant))
 
 
@@ -99,7 +105,8 @@ def meta(head_dim: int, quant: bool) -> dict:
 def _spec(model: str, head_dim: int, rows: str, cache: str) -> Spec:
     quant = cache == "*u8"
     types = {"cache": cache, "rows": rows, "positions": "*i64",
-             "scale": "*fp32" if quant else rows, "rows_per_seq": "i32", "capacity": "i32",
+             "scale": "*fp32" if quant else rows, "scale_seq_stride": "i32",
+             "rows_per_seq": "i32", "capacity": "i32",
              "heads": "i32", "dim": "i32"}
     label = f"{model} {rows[1:]} rows -> {'fp8' if quant else cache[1:]} cache"
     return Spec.from_meta(_append_kernel, label, types, meta(head_dim, quant),

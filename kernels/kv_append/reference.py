@@ -12,15 +12,22 @@ import torch
 FP8_MAX = 448.0
 
 
+def _per_head(scale: torch.Tensor) -> torch.Tensor:
+    """A scale [H] or, one per sequence, [B, H] -> broadcastable over [B, T, H, D]."""
+    return scale[:, None] if scale.dim() == 1 else scale[:, None, :, None]
+
+
 def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x [..., H, D] -> uint8 e4m3 bit patterns, scale [H] float32."""
-    scaled = (x.float() / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX)
+    """x [..., H, D] (or [B, T, H, D] with scale [B, H]) -> uint8 e4m3 bit patterns, scale
+    [H] float32."""
+    scaled = (x.float() / _per_head(scale)).clamp_(-FP8_MAX, FP8_MAX)
     return scaled.to(torch.float8_e4m3fn).view(torch.uint8)
 
 
 def dequantize_fp8(bits: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """uint8 e4m3 bit patterns [..., H, D] -> dtype, multiplied back by scale [H]."""
-    return (bits.view(torch.float8_e4m3fn).float() * scale[:, None]).to(dtype)
+    """uint8 e4m3 bit patterns [..., H, D] (or [B, L, H, D] with scale [B, H]) -> dtype,
+    multiplied back by scale [H]."""
+    return (bits.view(torch.float8_e4m3fn).float() * _per_head(scale)).to(dtype)
 
 
 def kv_append(
@@ -32,7 +39,8 @@ def kv_append(
     """Write rows [B, T, H, D] into cache [B, C, H, D] at positions [B, T] (negative: skip;
     under torch.compile every position must be a real one).
 
-    With a uint8 cache, rows are quantized to FP8 e4m3 with per-head `scale` [H].
+    With a uint8 cache, rows are quantized to FP8 e4m3 with per-head `scale` [H], or [B, H]
+    where each sequence has its own (batched requests: each calibrated on its own prompt).
     """
     if cache.dtype == torch.uint8:
         if scale is None:

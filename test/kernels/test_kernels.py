@@ -90,6 +90,29 @@ def test_fp8_append_is_bit_identical_to_torch(h, d):
     assert not ours[0, 2].any()                                         # row 1 skipped
 
 
+def test_fp8_append_with_a_scale_per_sequence():
+    """Batched requests each keep the scales calibrated on their own prompt: scale [B, H]
+    quantizes sequence b's rows with row b of it, as a one-sequence append with that row."""
+    gen = torch.Generator().manual_seed(1)
+    rows = torch.randn(3, 4, 2, 16, generator=gen).to(DEVICE)
+    scale = torch.tensor([[0.01, 0.02], [0.5, 1.0], [0.003, 0.2]], device=DEVICE)
+    positions = torch.tensor([[0, 1, 2, 3], [5, 6, 7, -1], [2, 3, 4, 5]], device=DEVICE)
+    ours = torch.zeros(3, 8, 2, 16, dtype=torch.uint8, device=DEVICE)
+    ref = ours.clone()
+    kv_k.kv_append(ours, rows, positions, scale)
+    kv_r.kv_append(ref, rows, positions, scale)
+    assert torch.equal(ours, ref)
+    for b in range(3):
+        alone = torch.zeros(1, 8, 2, 16, dtype=torch.uint8, device=DEVICE)
+        kv_r.kv_append(alone, rows[b:b + 1], positions[b:b + 1], scale[b])
+        assert torch.equal(ref[b:b + 1], alone)
+    read = kv_r.kv_read(ref, 8, scale, torch.float32)
+    for b in range(3):
+        assert torch.equal(read[b:b + 1], kv_r.kv_read(ref[b:b + 1], 8, scale[b], torch.float32))
+    with pytest.raises(ValueError, match="scale"):
+        kv_k.kv_append(ours, rows, positions, scale[:2])
+
+
 def test_full_precision_append_and_batches():
     gen = torch.Generator().manual_seed(0)
     rows = torch.randn(3, 5, 2, 12, generator=gen).to(DEVICE)

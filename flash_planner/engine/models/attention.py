@@ -51,8 +51,8 @@ class Attention(nn.Module):
         q, k, v = inputs
         q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
         kv = ctx.state.kv
-        kv.append(self.layer_idx, k, v, ctx.start)
-        keys, values = kv.read(self.layer_idx, ctx.start + q.shape[1])  # [B, L, Hkv, D]
+        kv.append(self.layer_idx, k, v, ctx.positions)
+        keys, values = kv.read(self.layer_idx, ctx.key_length)          # [B, L, Hkv, D]
         return self.attend(q, keys, values, ctx.causal_mask)
 
     def mix_static(self, inputs: tuple[torch.Tensor, ...], cos: torch.Tensor,
@@ -91,7 +91,8 @@ class Attention(nn.Module):
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                mask: torch.Tensor) -> torch.Tensor:
-        """q [B, T, H, D] over keys, values [B, L, Hkv, D] where mask [T, L] -> [B, T, H*D]."""
+        """q [B, T, H, D] over keys, values [B, L, Hkv, D] where mask [T, L] (or per row
+        [B, 1, T, L]) -> [B, T, H*D]."""
         b, t = q.shape[:2]
         out = attention(q, keys, values, mask, self.head_dim ** -0.5)   # [B, T, H, D]
         return out.reshape(b, t, self.num_heads * self.head_dim)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -14,21 +15,31 @@ from .layers import rope_cos_sin
 @dataclass(frozen=True)
 class ForwardContext:
     state: InferenceState
-    start: int                 # absolute position of the block's first row
     positions: torch.Tensor    # [B, T] absolute positions
     cos: torch.Tensor          # [B, T, rotary_dim]
     sin: torch.Tensor
     record_steps: bool         # keep per-step GDN checkpoints for a later partial commit
-    causal_mask: torch.Tensor  # [T, start+T]: key position <= query position (all layers)
+    # key position <= query position: [T, L] when every row starts at one position, else
+    # [B, 1, T, L] (a batch of requests, each at its own length)
+    causal_mask: torch.Tensor
+    key_length: int            # L: the cache rows attention reads (the furthest row's end)
 
     @classmethod
     def open(cls, state: InferenceState, batch: int, rows: int, rope: RopeConfig,
              dtype: torch.dtype, device: torch.device, record_steps: bool = False
              ) -> ForwardContext:
-        """Open a forward over `rows` rows at the state's next positions (`state.begin`)."""
-        start = state.begin(rows, record_steps)
-        positions = torch.arange(start, start + rows, device=device).expand(batch, rows)
+        """Open a forward over `rows` rows at the state's next positions (`state.begin`:
+        one start for every row, or, for a batch of slots, one start per row)."""
+        start: int | Sequence[int] = state.begin(rows, record_steps)
+        block = torch.arange(rows, device=device)
+        if isinstance(start, int):
+            positions = (block + start).expand(batch, rows)
+            length = start + rows
+            mask = torch.arange(length, device=device)[None, :] <= positions[0, :, None]
+        else:
+            positions = torch.tensor(start, device=device)[:, None] + block
+            length = max(start) + rows
+            key_pos = torch.arange(length, device=device)
+            mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]
         cos, sin = rope_cos_sin(positions, rope.rotary_dim, rope.theta, dtype)
-        key_pos = torch.arange(start + rows, device=device)
-        mask = key_pos[None, :] <= positions[0, :, None]
-        return cls(state, start, positions, cos, sin, record_steps, mask)
+        return cls(state, positions, cos, sin, record_steps, mask, length)
