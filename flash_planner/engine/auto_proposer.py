@@ -114,6 +114,18 @@ class AutoProposer(Proposer):
     def last_method(self) -> str:
         return self._method
 
+    def fork(self) -> AutoProposer:
+        """Routing of its own among forks of the same proposers (its estimates start
+        empty: each slot measures its own cycles)."""
+        forks = {name: p.fork() for name, p in self.proposers.items()
+                 if name != PlainDecoding.name}
+        think = None if self.phase is None else (self.phase.open, self.phase.close)
+        lengths = {}
+        for owner, k in self.candidates.values():
+            lengths.setdefault(owner, []).append(k)
+        return AutoProposer(forks, think, self.probe_every, self.smoothing, self.clock,
+                            lengths)
+
     def forget(self) -> None:
         """Drop every estimate (after a warm-up, whose cycles paid first calls and were cut
         short): the next requests measure each candidate afresh."""

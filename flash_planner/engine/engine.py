@@ -110,8 +110,13 @@ class Engine:
             return None
         return self.proposers[self.config.method]
 
-    def proposer_for(self, method: str | None) -> Proposer | None:
-        """The proposer a request asks for: None = the default; 'none' = plain decoding."""
+    def proposer_for(self, method: str | None,
+                     proposers: dict[str, Proposer] | None = None) -> Proposer | None:
+        """The proposer a request asks for: None = the default; 'none' = plain decoding.
+        `proposers`: the set to take it from (a batch slot's forks of the engine's)."""
+        if proposers is not None and method != "none":
+            chosen = self.proposer_for(method)
+            return None if chosen is None else proposers[chosen.name]
         if method is None:
             return self.proposer
         if method == "none":

@@ -18,6 +18,7 @@ with them restored and catches up only from there.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -62,6 +63,17 @@ class MTPProposer(Proposer):
         self.pending_hidden: list[torch.Tensor] = []
         self.pending_tokens: list[int] = []
         self._prefix: HeadPrefix | None = None     # set by use_prefix_state for one begin
+
+    def fork(self) -> MTPProposer:
+        """The same head with a cache of its own (a compiled head is bound to the first)."""
+        s = self.state
+        state = InferenceState(self.head.cfg, capacity=s.capacity, max_steps=s.max_steps,
+                               kv_dtype=s.kv.k.dtype, compute_dtype=s.kv.compute_dtype,
+                               device=s.device)
+        clone = copy.copy(self)
+        clone.state, clone.pending_hidden, clone.pending_tokens = state, [], []
+        clone._prefix = None
+        return clone
 
     @inference
     def prefix_state(self, prefix_ids: Sequence[int], taps: dict[int, torch.Tensor]

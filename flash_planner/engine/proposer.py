@@ -60,6 +60,11 @@ class Proposer:
     def forget(self) -> None:
         """Drop what was measured so far (after a warm-up); `auto`'s routing estimates."""
 
+    def fork(self) -> Proposer:
+        """A proposer for another request running at the same time (a slot of a batch):
+        the same weights, its own per-request state."""
+        raise NotImplementedError(f"{type(self).__name__} cannot draft for batched requests")
+
     def prefix_state(self, prefix_ids: Sequence[int], taps: dict[int, torch.Tensor]
                      ) -> dict[str, object]:
         """State worth keeping in a prefix snapshot, by method, from the prefix's ids and its
@@ -98,6 +103,10 @@ class DFlashProposer(Proposer):
         self.block_size = block_size or drafter.cfg.block_size
         if self.block_size < 2:
             raise ValueError(f"block size must be >= 2, got {self.block_size}")
+
+    def fork(self) -> DFlashProposer:
+        return DFlashProposer(self.drafter, self.embed, self.lm_head_weight,
+                              self._window.capacity, self.seed_rows > 0, self.block_size)
 
     @property
     def window(self) -> ContextWindow:
@@ -187,6 +196,10 @@ class ReplayProposer(Proposer):
 
     def begin(self, prompt_ids: Sequence[int], taps: torch.Tensor | None) -> None:
         self.prompt_len = len(prompt_ids)
+
+    def fork(self) -> ReplayProposer:
+        return ReplayProposer(self.continuation, self.vocab_size, self.block_size,
+                              self.error_at)
 
     def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
         first = start + 1 - self.prompt_len    # continuation index of the first draft

@@ -66,41 +66,62 @@ def _no_drafts(device: torch.device) -> torch.Tensor:
     return empty
 
 
-def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
-              proposer: Proposer | None, policy, num_drafts: int, timer: PhaseTimer,
-              constraint: Constraint | None = None, room: int = 0) -> Cycle:
-    """Steps 1-3; the state is left with k+1 pending rows for `commit_cycle`. Under a
-    constraint the block holds at most `room` drafts, forced tokens included."""
-    device = state.device
+@dataclass
+class Block:
+    """A cycle's rows to verify: the anchor, then the drafts (grammar-cut and forced tokens
+    appended under a constraint)."""
+    start: int                     # position of the anchor
+    anchor: int
+    rows: torch.Tensor             # [k+1] long: the anchor then d_1..d_k
+    drafts: torch.Tensor           # [k]
+    listed: list[int] | None       # the drafts on the host (under a constraint)
+    proposed: int                  # drafts the proposer made (before the grammar)
+
+    @property
+    def k(self) -> int:
+        return int(self.drafts.shape[0])
+
+
+def draft_block(device: torch.device, start: int, anchor: int, proposer: Proposer | None,
+                num_drafts: int, timer: PhaseTimer, constraint: Constraint | None = None,
+                room: int = 0) -> Block:
+    """Step 1. Under a constraint the block holds at most `room` drafts, forced tokens
+    included."""
     anchor_t = torch.tensor([anchor], dtype=torch.long, device=device)
-    start = state.length
     with timer.phase("draft"):
         if proposer is not None and num_drafts > 0:
             drafts = proposer.propose(anchor_t, start, num_drafts)
         else:
             drafts = _no_drafts(device)
     proposed = int(drafts.shape[0])
+    listed = None
     if constraint is not None:
         with timer.phase("grammar"):
-            block = constraint.block(drafts.tolist(), max(room, proposed))
-            drafts = torch.tensor(block, dtype=torch.long, device=device)
-    k = int(drafts.shape[0])
-    tap_ids = proposer.tap_ids if proposer is not None else ()
-    routing = RoutingRecord() if model.moe_blocks else None
-    rows = torch.cat((anchor_t, drafts)) if k else anchor_t
-    with timer.phase("verify"):
-        out = model(rows[None], state, record_steps=k > 0, taps=tap_ids, all_logits=True,
-                    routing=routing)
+            listed = constraint.block(drafts.tolist(), max(room, proposed))
+            drafts = torch.tensor(listed, dtype=torch.long, device=device)
+    rows = torch.cat((anchor_t, drafts)) if drafts.shape[0] else anchor_t
+    return Block(start, anchor, rows, drafts, listed, proposed)
+
+
+def decide(block: Block, raw: torch.Tensor, finite: torch.Tensor | None,
+           taps: torch.Tensor | None, proposer: Proposer | None, policy, timer: PhaseTimer,
+           constraint: Constraint | None = None, experts: torch.Tensor | None = None
+           ) -> Cycle:
+    """Step 3 over the verify's logits raw [k+1, V] (finite [k+1]: each row's logits are
+    finite, or None to compute here), taps [1, k+1, n_taps*hidden] (or None) and, on an MoE
+    target, the distinct experts the verify touched (a device scalar)."""
+    k, start = block.k, block.start
+    drafts = block.drafts
     bitmask = None
     if constraint is not None:
         with timer.phase("grammar"):   # host work while an asynchronous forward runs
-            bitmask = constraint.masks(block)
+            bitmask = constraint.masks(block.listed)
     with timer.phase("accept"):
-        raw = out.logits[0]                                             # [k+1, V]
         # finiteness of the raw logits (masking puts -inf where the grammar forbids): the
         # compiled forward's, or else whether a row's sum is finite (it is NaN or Inf iff a
         # logit is, or the row reaches ~1e34: broken all the same)
-        finite = out.finite[0] if out.finite is not None else raw.sum(dim=-1).isfinite()
+        if finite is None:
+            finite = raw.sum(dim=-1).isfinite()
         logits = masked(raw, bitmask)
         n, picks = policy.decide(drafts, logits, start + 1)
         # The one host sync of the cycle: the count, all candidate tokens, whether each
@@ -108,10 +129,9 @@ def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
         # (without drafts nothing is accepted: n is 0, known here, not copied). A CPU decode
         # step reads its two scalars directly, cheaper than a concatenation; on a GPU each
         # read would be a sync of its own, so they come back together there too.
-        if k or routing is not None or picks.is_cuda:
+        if k or experts is not None or picks.is_cuda:
             parts = [n.view(1), drafts, picks, finite.long()] if k else [picks, finite.long()]
-            if routing is not None:
-                experts = routing.distinct_per_layer(model.moe_blocks[0].num_experts).sum()
+            if experts is not None:
                 parts.append(experts.view(1).to(picks.device, torch.long))
             host = torch.cat(parts).tolist()
         else:
@@ -121,10 +141,29 @@ def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
     n, d, a, ok = host[0], host[1:1 + k], host[1 + k:2 + 2 * k], host[2 + 2 * k:3 + 3 * k]
     if not all(ok[:n + 1]):  # a row that decides a published token
         raise NonFiniteLogits(start + ok.index(0))
+    method = proposer.last_method if block.proposed else "none"
+    return Cycle(start, block.anchor, d[:n] + [a[n]], n, k, taps, method,
+                 host[-1] if experts is not None else 0)
+
+
+def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
+              proposer: Proposer | None, policy, num_drafts: int, timer: PhaseTimer,
+              constraint: Constraint | None = None, room: int = 0) -> Cycle:
+    """Steps 1-3 on one sequence; the state is left with k+1 pending rows for
+    `commit_cycle`."""
+    block = draft_block(state.device, state.length, anchor, proposer, num_drafts, timer,
+                        constraint, room)
+    tap_ids = proposer.tap_ids if proposer is not None else ()
+    routing = RoutingRecord() if model.moe_blocks else None
+    with timer.phase("verify"):
+        out = model(block.rows[None], state, record_steps=block.k > 0, taps=tap_ids,
+                    all_logits=True, routing=routing)
+    experts = None
+    if routing is not None:
+        experts = routing.distinct_per_layer(model.moe_blocks[0].num_experts).sum()
     taps = torch.cat(out.taps, dim=-1) if tap_ids else None
-    method = proposer.last_method if proposed else "none"
-    experts = host[-1] if routing is not None else 0
-    return Cycle(start, anchor, d[:n] + [a[n]], n, k, taps, method, experts)
+    return decide(block, out.logits[0], None if out.finite is None else out.finite[0], taps,
+                  proposer, policy, timer, constraint, experts)
 
 
 def commit_cycle(state: InferenceState, cycle: Cycle, keep: int, proposer: Proposer | None,

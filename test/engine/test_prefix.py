@@ -86,7 +86,7 @@ def test_a_prompt_that_does_not_start_with_the_prefix_is_prefilled_whole(
         checkpoints, make_engine, caplog):
     engine = make_engine(checkpoints("hybrid"))
     ids = engine.tokenizer.encode("open the door", add_special_tokens=False)
-    with caplog.at_level(logging.INFO, logger="flash_planner.engine.generate"):
+    with caplog.at_level(logging.INFO, logger="flash_planner.engine.prefill"):
         out = generate(engine, ids, GenerationSettings(4, speculative=False),
                        prefix=[ids[0] + 1, ids[1]])
     assert out.stats.prefix_hit is None and out.stats.prefix_tokens == 0
