@@ -114,11 +114,12 @@ class AutoProposer(Proposer):
     def last_method(self) -> str:
         return self._method
 
-    def fork(self) -> AutoProposer:
-        """Routing of its own among forks of the same proposers (its estimates start
-        empty: each slot measures its own cycles)."""
-        forks = {name: p.fork() for name, p in self.proposers.items()
-                 if name != PlainDecoding.name}
+    def fork(self, forks: dict[str, Proposer] | None = None) -> AutoProposer:
+        """Routing of its own among forks of the same proposers (given, or made here); its
+        estimates start empty: each fork measures its own cycles."""
+        if forks is None:
+            forks = {name: p.fork() for name, p in self.proposers.items()
+                     if name != PlainDecoding.name}
         think = None if self.phase is None else (self.phase.open, self.phase.close)
         lengths = {}
         for owner, k in self.candidates.values():

@@ -311,6 +311,11 @@ def _layer_types(cfg: dict[str, Any], family: str, n: int, where: str) -> tuple[
     return tuple(types)
 
 
+# max_batch auto, (CPU, GPU): a GPU verifies 8 requests' blocks for about the weight reads of
+# one; on a CPU the choice is bench/batch.py's (docs/performance.md, "Batched requests").
+AUTO_MAX_BATCH = (8, 8)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: str
@@ -335,6 +340,8 @@ class EngineConfig:
                                       # graphs (CUDA graphs on a GPU); auto = on on CUDA
     compile_cache: str | None = None  # compiled graphs on disk; None = ~/.cache/flash_planner
     threads: int = 0                  # torch intra-op threads; 0 = auto (threads.py)
+    max_batch: int = 0                # requests decoded at once (batch.py); 0 = auto:
+                                      # AUTO_MAX_BATCH for the device
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -367,6 +374,10 @@ class EngineConfig:
         if isinstance(self.mtp_steps, int) and not 1 <= self.mtp_steps < self.max_block:
             raise ConfigError(f"mtp_steps must be within 1..max_block-1 ({self.max_block - 1}), "
                               f"got {self.mtp_steps!r}")
+        if not isinstance(self.max_batch, int) or isinstance(self.max_batch, bool) \
+                or self.max_batch < 0:
+            raise ConfigError(f"max_batch must be a non-negative integer (0 = auto), "
+                              f"got {self.max_batch!r}")
         for name in ("max_context", "prefill_chunk", "max_block", "window", "mtp_steps",
                      "prefix_cache_entries"):
             value = getattr(self, name)
@@ -398,6 +409,10 @@ class EngineConfig:
         """Whether decode and verify run compiled: on, or auto on a CUDA device."""
         return self.compile == "on" or (self.compile == "auto" and device.type == "cuda"
                                         and self.dense_backend == "torch")
+
+    def resolve_max_batch(self, device: torch.device) -> int:
+        """Requests decoded at once: max_batch, or auto's measured choice for the device."""
+        return self.max_batch or AUTO_MAX_BATCH[device.type == "cuda"]
 
     def resolve_kv_dtype(self, compute: torch.dtype) -> torch.dtype:
         return compute if self.kv_dtype == "auto" else KV_DTYPES[self.kv_dtype]

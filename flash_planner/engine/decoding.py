@@ -230,11 +230,14 @@ class Decoding:
         self.t_first = now_ms()
         self._absorb(new)
 
-    def _budget(self) -> tuple[int, int]:
-        """(drafts to ask the proposer for, room for drafts and forced tokens)."""
+    def _budget(self, cap: int | None = None) -> tuple[int, int]:
+        """(drafts to ask the proposer for, at most `cap`; room for drafts and forced
+        tokens)."""
         remaining = self.settings.max_new_tokens - len(self.published)
         drafts = 0 if self.proposer is None else min(self.proposer.block_size - 1,
                                                      remaining - 1)
+        if cap is not None:
+            drafts = min(drafts, cap)
         return drafts, min(self.engine.config.max_block - 1, remaining - 1)
 
     def step(self) -> None:
@@ -244,10 +247,10 @@ class Decoding:
                               self.proposer, self.policy, drafts, self.timer,
                               self.constraint, room))
 
-    def draft(self) -> Block:
+    def draft(self, cap: int | None = None) -> Block:
         """Step 1 of a cycle whose verify the caller runs (this request's rows of it go to
-        `finish`)."""
-        drafts, room = self._budget()
+        `finish`), with at most `cap` drafts."""
+        drafts, room = self._budget(cap)
         self.block = draft_block(self.state.device, self.state.length, self.published[-1],
                                  self.proposer, drafts, self.timer, self.constraint, room)
         return self.block

@@ -84,3 +84,13 @@ def build_proposers(config: EngineConfig, checkpoint: Checkpoint, state: Inferen
         log.info("method auto: no drafter directory and no MTP head in %s; plain decoding",
                  checkpoint.path)
     return proposers, ProposerBytes(weights, kv)
+
+
+def fork_proposers(proposers: dict[str, Proposer]) -> dict[str, Proposer]:
+    """An engine's proposers for another request decoding at the same time: each forked
+    (same weights, its own state), auto routing among the forks."""
+    forks = {name: p.fork() for name, p in proposers.items() if name != "auto"}
+    auto = proposers.get("auto")
+    if isinstance(auto, AutoProposer):
+        forks["auto"] = auto.fork(dict(forks))
+    return forks

@@ -1,0 +1,284 @@
+"""In-flight batched speculative decoding: up to `max_batch` requests decode together, one
+target verify per cycle for all of them, each accepting, stopping and rolling back on its own.
+
+A cycle (`Batch.step`):
+1. waiting requests take free slots (`slots.py`) and prefill, one chunk after another,
+   within a budget of `prefill_budget` tokens per cycle while others are running (so a long
+   prompt never stalls them for its whole prefill; with none running, without a limit);
+2. every running request drafts its block with its own proposers (forks of the engine's:
+   `Proposer.fork`), and its grammar cuts it;
+3. one target forward verifies every block, padded to the longest with rows that the
+   per-step checkpoints make harmless: a request commits at most its own rows, and the
+   rollback to its accepted step discards the padding's effect on the recurrent state, while
+   the KV rows past its length are overwritten before anything reads them;
+4. each request accepts, applies its stop rules, publishes and commits on its own slot
+   (`Decoding.finish`), exactly as it does alone.
+
+A request whose step raises (its grammar, its callback, non-finite logits) ends alone with
+that error; the others go on. A failed verify forward fails every request in it (their
+state is no longer reliable). A request that ends frees its slot: the last running slot is
+moved into it, so running slots stay rows 0..m-1.
+
+The batch is driven by one thread (`step`, `run`); `submit` and cancellation may come from
+any thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from .constraint import Constraint
+from .decoding import CancelToken, Decoding, GenerationResult, GenerationSettings, TokenCallback
+from .draft_cap import DraftCap
+from .engine import Engine
+from .generate import start
+from .proposer import Proposer
+from .proposers import fork_proposers
+from .slots import SlotStates
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatchRequest:
+    """What `generate` takes, for a batch (a fresh constraint per request)."""
+    prompt: Sequence[int] | str | list[dict]
+    settings: GenerationSettings = field(default_factory=GenerationSettings)
+    on_token: TokenCallback | None = None
+    cancel: CancelToken | None = None
+    constraint: Constraint | None = None
+    prefix: Sequence[int] | None = None
+    proposer: Proposer | None = None     # tests: a replay proposer of the request's own
+    arrived: float = field(default_factory=time.monotonic)
+    future: Future = field(default_factory=Future)
+
+
+@dataclass
+class _Running:
+    request: BatchRequest
+    decoding: Decoding
+    proposers: dict[str, Proposer]       # a set of the pool, returned when it ends
+    prefill: Iterator[None] | None       # its prefill's chunks, until they are done
+
+
+@dataclass
+class CycleStats:
+    """What the last cycles did (diagnostics)."""
+    cycles: int = 0
+    verify_rows: int = 0          # rows of the batched forwards, padding included
+    tokens: int = 0               # tokens published by running requests
+    running: int = 0
+    waiting: int = 0
+
+
+class Batch:
+    def __init__(self, engine: Engine, max_batch: int | None = None,
+                 prefill_budget: int | None = None):
+        self.engine = engine
+        self.max_batch = max_batch or engine.config.resolve_max_batch(engine.device)
+        self.prefill_budget = prefill_budget or engine.config.prefill_chunk
+        st = engine.state
+        # slots 0..max_batch-1 for running requests, the last one for prefilling newcomers
+        self.slots = SlotStates(engine.model_config, self.max_batch + 1, st.capacity,
+                                st.max_steps, st.kv.k.dtype, engine.dtype, engine.device)
+        self._pool = [fork_proposers(engine.proposers) for _ in range(self.max_batch)]
+        self._active: list[_Running] = []    # running requests, by slot
+        self._staged: _Running | None = None  # the newcomer prefilling on the staging slot
+        self._waiting: collections.deque[BatchRequest] = collections.deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self.stats = CycleStats()
+        self.draft_cap = DraftCap()
+
+    # ---- any thread
+    def submit(self, request: BatchRequest) -> Future:
+        """Queue a request; its future holds the GenerationResult or the error that ended it."""
+        with self._wake:
+            self._waiting.append(request)
+            self._wake.notify()
+        return request.future
+
+    def wait_for_work(self, timeout: float | None = None) -> bool:
+        """Block until a request is waiting or running (or `timeout`); whether one is."""
+        with self._wake:
+            if not (self._waiting or self._active or self._staged):
+                self._wake.wait(timeout)
+            return bool(self._waiting or self._active or self._staged)
+
+    def wake(self) -> None:
+        """Wake a thread in `wait_for_work` (a stop)."""
+        with self._wake:
+            self._wake.notify_all()
+
+    @property
+    def running(self) -> int:
+        return len(self._active) + (self._staged is not None)
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._waiting)
+
+    # ---- the driving thread
+    def run(self, requests: Sequence[BatchRequest]) -> list[GenerationResult]:
+        """Submit `requests` and decode until all have ended (tests, benchmarks, the CLI);
+        the first error of any is raised after all have ended."""
+        futures = [self.submit(r) for r in requests]
+        while any(not f.done() for f in futures):
+            self.step()
+        return [f.result() for f in futures]
+
+    def step(self) -> None:
+        """One cycle: newcomers prefill within the budget, then one verify for every
+        running request."""
+        with torch.inference_mode():
+            self._prefill()
+            self._cycle()
+        self.stats.running = len(self._active)
+        self.stats.waiting = self.waiting + (self._staged is not None)
+
+    def _stage(self) -> _Running | None:
+        """The next waiting request, started on the staging slot (None: none waits or no
+        slot is free)."""
+        while len(self._active) < self.max_batch:
+            with self._lock:
+                if not self._waiting:
+                    return None
+                request = self._waiting.popleft()
+            if not request.future.set_running_or_notify_cancel():
+                continue                      # cancelled by its caller while it waited
+            proposers = self._pool.pop()
+            try:
+                decoding = start(self.engine, self.slots.view(self.max_batch),
+                                 request.prompt, request.settings, request.on_token,
+                                 request.cancel, request.proposer, None, request.constraint,
+                                 request.prefix, proposers, request.arrived)
+            except Exception as exc:          # a request the engine refuses: its error alone
+                self._pool.append(proposers)
+                request.future.set_exception(exc)
+                continue
+            if decoding.proposer is not None:
+                decoding.proposer.set_picker(getattr(decoding.policy, "pick", None))
+            return _Running(request, decoding, proposers, decoding.prefill())
+        return None
+
+    def _prefill(self) -> None:
+        """Newcomers prefill on the staging slot, a chunk at a time, oldest first: within
+        the budget while requests are running, every newcomer's whole prompt when none is.
+        A prefilled request moves into the next running row."""
+        budget = self.prefill_budget if self._active else None
+        spent = 0
+        while budget is None or spent < budget:
+            r = self._staged = self._staged or self._stage()
+            if r is None:
+                return
+            if r.decoding.interrupted():
+                self._end(r)
+                continue
+            before = r.decoding.state.length
+            try:
+                next(r.prefill)
+                spent += max(r.decoding.state.length - before, 1)
+                continue
+            except StopIteration:
+                r.prefill = None
+            except Exception as exc:
+                self._end(r, exc)
+                continue
+            spent += max(r.decoding.state.length - before, 1)
+            self._staged = None
+            if r.decoding.done:               # its first token ended it
+                self._end(r)
+                continue
+            slot = len(self._active)
+            self.slots.move(self.max_batch, slot)
+            r.decoding.state = self.slots.view(slot)
+            self._active.append(r)
+
+    def _cycle(self) -> None:
+        if not self._active:
+            return
+        # auto requests draft under the cap measured best for this many running requests
+        routed = any(r.decoding.proposer is not None and r.decoding.proposer.name == "auto"
+                     for r in self._active)
+        cap = self.draft_cap.choose(len(self._active)) if routed else None
+        t0 = self.draft_cap.clock()
+        blocks = {}
+        for r in list(self._active):
+            d = r.decoding
+            try:
+                blocks[id(r)] = d.draft(cap if d.proposer is not None
+                                        and d.proposer.name == "auto" else None)
+            except Exception as exc:
+                self._end(r, exc)
+        running = list(self._active)
+        if not running:
+            return
+        m = len(running)
+        rows = [blocks[id(r)].rows for r in running]
+        t = max(int(x.shape[0]) for x in rows)
+        ids = torch.stack([torch.cat((x, x[-1:].expand(t - x.shape[0]))) for x in rows])
+        tap_ids = tuple(sorted({i for r in running for i in r.decoding.tap_ids}))
+        try:
+            with running[0].decoding.timer.phase("verify"):
+                out = self.engine.model(ids, self.slots.rows(m), record_steps=t > 1,
+                                        taps=tap_ids, all_logits=True)
+        except Exception as exc:
+            for r in running:
+                self._end(r, exc)
+            return
+        self.stats.cycles += 1
+        self.stats.verify_rows += m * t
+        ended: list[tuple[_Running, BaseException | None]] = []
+        before = sum(len(r.decoding.published) for r in running)
+        for i, r in enumerate(running):
+            d = r.decoding
+            n = int(rows[i].shape[0])
+            taps = None
+            if d.tap_ids:
+                taps = torch.cat([out.taps[tap_ids.index(j)][i:i + 1, :n] for j in d.tap_ids],
+                                 dim=-1)
+            try:
+                d.finish(out.logits[i, :n], None, taps)
+            except Exception as exc:
+                ended.append((r, exc))
+                continue
+            if d.done:
+                ended.append((r, None))
+        tokens = sum(len(r.decoding.published) for r in running) - before
+        self.stats.tokens += tokens
+        if routed:
+            self.draft_cap.record(m, cap, tokens, self.draft_cap.clock() - t0)
+        for r, exc in ended:      # after every slot has committed: the moves need that
+            self._end(r, exc)
+
+    def _end(self, r: _Running, error: BaseException | None = None) -> None:
+        """A request leaves: its slot emptied (the last running slot moved into it), its
+        proposers back in the pool, its future resolved."""
+        d = r.decoding
+        d.state.reset()
+        if d.proposer is not None:
+            d.proposer.set_picker(None)
+        self._pool.append(r.proposers)
+        if r is self._staged:
+            self._staged = None
+        elif r in self._active:
+            index = self._active.index(r)
+            last = self._active.pop()
+            if last is not r:
+                self.slots.move(len(self._active), index)
+                last.decoding.state = self.slots.view(index)
+                self._active[index] = last
+        if error is not None:
+            log.info("a batched request ended with an error: %s", error)
+            r.request.future.set_exception(error)
+        else:
+            r.request.future.set_result(d.result)
