@@ -1,0 +1,205 @@
+"""In-flight batched decoding (engine/batch.py): every request's tokens equal the same
+request decoded alone, whatever else runs beside it, joins or leaves.
+
+Tiny random checkpoints written by transformers: hybrid (GDN + attention, with an MTP head
+and a DFlash drafter), dense and MoE targets, fp32 and FP8 KV. A random drafter's drafts are
+nearly always rejected, so requests also draft with replay proposers (the true continuation,
+wrong at a random offset) to commit every accepted length while other rows are padded.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flash_planner.engine.batch import Batch, BatchRequest
+from flash_planner.engine.draft_cap import DraftCap
+from flash_planner.engine.generate import CancelToken, GenerationSettings, generate
+from flash_planner.engine.proposer import ReplayProposer
+from flash_planner.engine.sampling import Sampling, SamplingParams
+from flash_planner.train.tiny import write_tiny_drafter
+
+PROMPTS = ["open the top drawer", "take the blue screwdriver from the shelf and",
+           "go", "bring the red cup to the kitchen table, then wipe the",
+           "pick up the sponge", "say hello to the operator and wait for",
+           "turn left", "move the chair next to the window"]
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoints, make_engine, tmp_path_factory):
+    """(kind, kv) -> an engine with every proposer it can load (method auto)."""
+    made = {}
+
+    def get(kind: str, kv: str):
+        if (kind, kv) not in made:
+            mtp = kind.startswith("hybrid")
+            target = checkpoints(kind, mtp=True, init=0.25) if mtp else checkpoints(kind)
+            drafter = write_tiny_drafter(tmp_path_factory.mktemp("drafter"), target)
+            made[kind, kv] = make_engine(target, drafter_path=str(drafter), kv_dtype=kv,
+                                         method="auto", mtp_steps=3, prefill_chunk=16)
+        return made[kind, kv]
+
+    return get
+
+
+def _ids(engine, text):
+    return engine.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _requests(engine, methods, replay_from=None, new_tokens=(24, 9, 31, 16, 40, 12, 20, 28)):
+    """One request per prompt, cycling through `methods` ("replay": the request's own
+    replay proposer over `replay_from[i]`'s tokens)."""
+    out = []
+    for i, text in enumerate(PROMPTS):
+        method = methods[i % len(methods)]
+        settings = GenerationSettings(new_tokens[i], ignore_eos=True,
+                                      method=None if method == "replay" else method)
+        proposer = None
+        if method == "replay":
+            proposer = ReplayProposer(replay_from[i], engine.model_config.vocab_size,
+                                      block_size=6, seed=i)
+        out.append(BatchRequest(_ids(engine, text), settings, proposer=proposer))
+    return out
+
+
+def _alone(engine, requests):
+    return [generate(engine, r.prompt, r.settings,
+                     proposer=None if r.proposer is None else r.proposer.fork())
+            for r in requests]
+
+
+@pytest.mark.parametrize("kind,kv", [("hybrid", "fp32"), ("hybrid", "fp8"),
+                                     ("dense", "fp32"), ("hybrid_moe", "fp8")])
+def test_batched_requests_equal_each_request_alone(engines, kind, kv):
+    engine = engines(kind, kv)
+    methods = ["none", "dflash", "auto"] + (["mtp"] if "mtp" in engine.proposers else [])
+    plain = _alone(engine, _requests(engine, ["none"]))
+    requests = _requests(engine, methods + ["replay"], [p.token_ids for p in plain])
+    alone = _alone(engine, requests)
+    assert [a.token_ids for a in alone] == [p.token_ids for p in plain]
+    batch = Batch(engine, max_batch=4)
+    # half arrive now, the rest while those decode: they wait for slots, join mid-decode
+    futures = [batch.submit(r) for r in requests[:4]]
+    for _ in range(3):
+        batch.step()
+    futures += [batch.submit(r) for r in requests[4:]]
+    while not all(f.done() for f in futures):
+        batch.step()
+    got = [f.result() for f in futures]
+    for a, g, r in zip(alone, got, requests):
+        assert g.token_ids == a.token_ids, (r.settings.method, r.proposer)
+        assert g.finish_reason == a.finish_reason == "length"
+    assert batch.stats.cycles < sum(len(a.token_ids) for a in alone)  # rows were batched
+    assert batch.running == 0 and batch.waiting == 0
+
+
+def test_a_cancelled_and_a_failing_request_end_alone(engines):
+    engine = engines("hybrid", "fp32")
+    requests = _requests(engine, ["auto", "mtp", "none", "dflash"])[:6]
+    alone = _alone(engine, requests)
+    cancel = CancelToken()
+    seen: list[int] = []
+
+    def cancel_after_five(ids, _text):
+        seen.extend(ids)
+        if len(seen) >= 5:
+            cancel.cancel()
+
+    def fail_after_seven(ids, _text, count=[0]):
+        count[0] += len(ids)
+        if count[0] >= 7:
+            raise RuntimeError("the listener broke")
+
+    requests[1].cancel, requests[1].on_token = cancel, cancel_after_five
+    requests[2].on_token = fail_after_seven
+    batch = Batch(engine, max_batch=4)
+    futures = [batch.submit(r) for r in requests]
+    while not all(f.done() for f in futures):
+        batch.step()
+    with pytest.raises(RuntimeError, match="the listener broke"):
+        futures[2].result()
+    stopped = futures[1].result()
+    assert stopped.finish_reason == "cancelled"
+    assert stopped.token_ids == alone[1].token_ids[:len(stopped.token_ids)]
+    assert len(stopped.token_ids) < len(alone[1].token_ids)
+    for i in (0, 3, 4, 5):
+        assert futures[i].result().token_ids == alone[i].token_ids
+    # nothing of the ended requests survives into the slots' next requests
+    again = batch.run(_requests(engine, ["dflash", "auto", "mtp", "none"])[:5])
+    expected = _alone(engine, _requests(engine, ["dflash", "auto", "mtp", "none"])[:5])
+    assert [g.token_ids for g in again] == [e.token_ids for e in expected]
+
+
+def test_a_refused_request_fails_alone(engines):
+    engine = engines("dense", "fp32")
+    good = _requests(engine, ["none"])[:2]
+    too_long = BatchRequest([5] * 600, GenerationSettings(8))
+    batch = Batch(engine, max_batch=2)
+    futures = [batch.submit(r) for r in (good[0], too_long, good[1])]
+    while not all(f.done() for f in futures):
+        batch.step()
+    with pytest.raises(ValueError, match="max_context"):
+        futures[1].result()
+    assert [futures[0].result().token_ids, futures[2].result().token_ids] == \
+        [a.token_ids for a in _alone(engine, good)]
+
+
+def test_seeded_sampled_requests_batched_equal_alone(engines):
+    """Sampling noise is keyed by (seed, position): a seeded request samples the very
+    tokens in a batch that it samples alone, whichever method drafts."""
+    engine = engines("hybrid", "fp32")
+    sampling = Sampling(SamplingParams(temperature=1.2, top_k=5),
+                        SamplingParams(temperature=1.2, top_k=5), seed=0)
+    requests = []
+    for i, r in enumerate(_requests(engine, ["none", "mtp", "dflash", "auto"])[:6]):
+        settings = GenerationSettings(20, ignore_eos=True, method=r.settings.method,
+                                      sampling=sampling.with_seed(100 + i))
+        requests.append(BatchRequest(r.prompt, settings))
+    alone = _alone(engine, requests)
+    got = Batch(engine, max_batch=3).run(requests)
+    assert [g.token_ids for g in got] == [a.token_ids for a in alone]
+    assert len({tuple(a.token_ids) for a in alone}) > 1
+
+
+def test_a_long_prompt_prefills_between_the_running_requests_cycles(engines):
+    engine = engines("hybrid", "fp32")          # prefill_chunk 16: the budget per cycle
+    events: list[str] = []
+    short = BatchRequest(_ids(engine, PROMPTS[0]), GenerationSettings(40, ignore_eos=True,
+                                                                      method="none"),
+                         on_token=lambda ids, _t: events.append("short"))
+    long_prompt = _ids(engine, " ".join(PROMPTS * 3))
+    assert len(long_prompt) > 5 * engine.config.prefill_chunk
+    late = BatchRequest(long_prompt, GenerationSettings(4, ignore_eos=True, method="none"),
+                        on_token=lambda ids, _t: events.append("long"))
+    batch = Batch(engine, max_batch=2)
+    first = batch.submit(short)
+    batch.step()
+    batch.step()
+    events.append("submitted")
+    second = batch.submit(late)
+    while not (first.done() and second.done()):
+        batch.step()
+    between = events[events.index("submitted"):events.index("long")]
+    chunks = -(-len(long_prompt) // engine.config.prefill_chunk)
+    assert between.count("short") >= chunks - 1
+    assert second.result().token_ids == generate(engine, long_prompt, late.settings).token_ids
+    assert first.result().token_ids == generate(engine, short.prompt, short.settings).token_ids
+
+
+def test_the_draft_cap_follows_the_measured_rate():
+    now = [0.0]
+    cap = DraftCap(caps=(None, 0), probe_every=4, clock=lambda: now[0])
+    # at 8 requests plain decoding publishes more per second; alone, drafting does
+    rates = {(8, None): 1.0, (8, 0): 3.0, (1, None): 2.0, (1, 0): 1.0}
+    chosen = {1: [], 8: []}
+    for _ in range(60):
+        for running in (1, 8):
+            c = cap.choose(running)
+            chosen[running].append(c)
+            cap.record(running, c, int(rates[running, c] * 10), 0.01)
+    assert chosen[8][-20:].count(0) >= 15 and chosen[1][-20:].count(None) >= 15
+    assert 0 < chosen[8][-40:].count(None)          # the other cap is still probed
+    assert DraftCap.bucket(5) == 4 and DraftCap.bucket(1) == 1 and DraftCap.bucket(0) == 1
+    with pytest.raises(ValueError):
+        DraftCap(caps=())
+    assert torch.is_inference_mode_enabled() is False
