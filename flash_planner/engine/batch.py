@@ -86,10 +86,15 @@ class Batch:
         self.max_batch = max_batch or engine.config.resolve_max_batch(engine.device)
         self.prefill_budget = prefill_budget or engine.config.prefill_chunk
         st = engine.state
-        # slots 0..max_batch-1 for running requests, the last one for prefilling newcomers
-        self.slots = SlotStates(engine.model_config, self.max_batch + 1, st.capacity,
-                                st.max_steps, st.kv.k.dtype, engine.dtype, engine.device)
-        self._pool = [fork_proposers(engine.proposers) for _ in range(self.max_batch)]
+        if self.max_batch == 1:
+            # the engine's own state and proposers: what `generate` runs, compiled included
+            self.slots = SlotStates.around(st)
+            self._pool = [engine.proposers]
+        else:
+            # slots 0..max_batch-1 for running requests, the last for prefilling newcomers
+            self.slots = SlotStates(engine.model_config, self.max_batch + 1, st.capacity,
+                                    st.max_steps, st.kv.k.dtype, engine.dtype, engine.device)
+            self._pool = [fork_proposers(engine.proposers) for _ in range(self.max_batch)]
         self._active: list[_Running] = []    # running requests, by slot
         self._staged: _Running | None = None  # the newcomer prefilling on the staging slot
         self._waiting: collections.deque[BatchRequest] = collections.deque()
@@ -156,8 +161,11 @@ class Batch:
             if not request.future.set_running_or_notify_cancel():
                 continue                      # cancelled by its caller while it waited
             proposers = self._pool.pop()
+            # with none running, straight into slot 0 (no other request can run before it
+            # has prefilled); else on the staging slot, so running rows never move under it
+            slot = self.max_batch if self._active else 0
             try:
-                decoding = start(self.engine, self.slots.view(self.max_batch),
+                decoding = start(self.engine, self.slots.view(slot),
                                  request.prompt, request.settings, request.on_token,
                                  request.cancel, request.proposer, None, request.constraint,
                                  request.prefix, proposers, request.arrived)
@@ -199,8 +207,9 @@ class Batch:
                 self._end(r)
                 continue
             slot = len(self._active)
-            self.slots.move(self.max_batch, slot)
-            r.decoding.state = self.slots.view(slot)
+            if r.decoding.state is not self.slots.view(slot):
+                self.slots.move(self.slots.views.index(r.decoding.state), slot)
+                r.decoding.state = self.slots.view(slot)
             self._active.append(r)
 
     def _cycle(self) -> None:
@@ -227,10 +236,12 @@ class Batch:
         t = max(int(x.shape[0]) for x in rows)
         ids = torch.stack([torch.cat((x, x[-1:].expand(t - x.shape[0]))) for x in rows])
         tap_ids = tuple(sorted({i for r in running for i in r.decoding.tap_ids}))
+        # one request verifies on its own state (compiled where that is the engine's)
+        state = running[0].decoding.state if m == 1 else self.slots.rows(m)
         try:
             with running[0].decoding.timer.phase("verify"):
-                out = self.engine.model(ids, self.slots.rows(m), record_steps=t > 1,
-                                        taps=tap_ids, all_logits=True)
+                out = self.engine.model(ids, state, record_steps=t > 1, taps=tap_ids,
+                                        all_logits=True)
         except Exception as exc:
             for r in running:
                 self._end(r, exc)

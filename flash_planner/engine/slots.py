@@ -57,6 +57,14 @@ class SlotStates:
                                     batch=batch, scale_per_row=True)
         self.views = [self.whole.row(i) for i in range(batch)]
 
+    @classmethod
+    def around(cls, state: InferenceState) -> SlotStates:
+        """One slot that is `state` itself (a batch of one keeps the engine's own state, and
+        with it the compiled forwards bound to that state)."""
+        slots = object.__new__(cls)
+        slots.whole, slots.views = state, [state]
+        return slots
+
     @property
     def batch(self) -> int:
         return len(self.views)

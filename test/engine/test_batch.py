@@ -203,3 +203,16 @@ def test_the_draft_cap_follows_the_measured_rate():
     with pytest.raises(ValueError):
         DraftCap(caps=())
     assert torch.is_inference_mode_enabled() is False
+
+
+def test_a_batch_of_one_decodes_on_the_engines_own_state(engines):
+    """max_batch 1 keeps the engine's state and proposers (and so its compiled forwards):
+    requests queue and run one after another, as `generate` runs them."""
+    engine = engines("hybrid", "fp8")
+    requests = _requests(engine, ["auto", "mtp", "dflash", "none"])[:4]
+    alone = _alone(engine, requests)
+    batch = Batch(engine, max_batch=1)
+    assert batch.slots.view(0) is engine.state
+    got = batch.run(requests)
+    assert [g.token_ids for g in got] == [a.token_ids for a in alone]
+    assert batch.stats.cycles == sum(g.stats.cycles for g in got)
