@@ -271,6 +271,17 @@ class Batch:
         for r, exc in ended:      # after every slot has committed: the moves need that
             self._end(r, exc)
 
+    def abort(self, error: BaseException) -> None:
+        """End every request in the batch with `error` (after a fault of the batch itself:
+        nothing of its state is trusted), and every waiting one."""
+        for r in list(self._active) + ([self._staged] if self._staged else []):
+            self._end(r, error)
+        with self._lock:
+            waiting, self._waiting = list(self._waiting), collections.deque()
+        for request in waiting:
+            if request.future.set_running_or_notify_cancel():
+                request.future.set_exception(error)
+
     def _end(self, r: _Running, error: BaseException | None = None) -> None:
         """A request leaves: its slot emptied (the last running slot moved into it), its
         proposers back in the pool, its future resolved."""

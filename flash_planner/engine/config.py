@@ -311,9 +311,11 @@ def _layer_types(cfg: dict[str, Any], family: str, n: int, where: str) -> tuple[
     return tuple(types)
 
 
-# max_batch auto, (CPU, GPU): a GPU verifies 8 requests' blocks for about the weight reads of
-# one; on a CPU the choice is bench/batch.py's (docs/performance.md, "Batched requests").
-AUTO_MAX_BATCH = (8, 8)
+# max_batch auto, (CPU, GPU). On a CPU, bench/batch.py's choice (docs/performance.md,
+# "Batched requests"). On a GPU 1 for now: batched cycles run eager, and a single request's
+# compiled forwards and CUDA graphs (bound to the engine's own state, which a batch of one
+# keeps) are faster alone than an eager batch; compiled batch buckets are not built yet.
+AUTO_MAX_BATCH = (8, 1)
 
 
 @dataclass(frozen=True)

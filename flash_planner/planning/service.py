@@ -1,11 +1,15 @@
-"""The planner service: a bounded request queue served by one worker thread.
+"""The planner service: a bounded request queue served by one scheduler thread.
 
-The engine decodes one request at a time. A request arriving while the worker is busy is
-queued, rejected, or preempts the running one (`policy`); a full queue rejects at once with
-the reason. Requests can be cancelled by id (the running one stops within one speculative
-cycle) and carry a deadline counted from submission. Every outcome is a `PlanResult`; an
-invalid request, a model answer that is not a valid plan, or an engine failure never stops
-the service from taking the next request.
+The engine decodes up to `max_batch` requests at once (`engine/batch.py`: one verify per
+cycle for all of them; max_batch 1 decodes one at a time on the engine's own state). The
+scheduler moves queued requests into flight while a slot is free, runs the batch's cycles
+and resolves each request as it ends. A request arriving while every slot is taken is
+queued, rejected, or preempts the others (`policy`); a full queue rejects at once with the
+reason. Requests can be cancelled by id (a running one stops within one speculative cycle)
+and carry a deadline counted from submission. Every outcome is a `PlanResult`; an invalid
+request, a model answer that is not a valid plan, or an engine failure ends that request
+alone and never stops the service from taking the next. A remote backend's requests wait on
+their server in threads of their own, beside the batch.
 
 With `constrain` (the default) the answer is decoded under the plan grammar compiled from the
 catalog when the service is built (`plan_grammar.py`): every finished answer parses as a plan
@@ -23,10 +27,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..engine.cache import ContextOverflowError
+from ..engine.batch import Batch
 from ..engine.chat import (
     TemplateError,
     TemplateVariableError,
@@ -34,11 +39,12 @@ from ..engine.chat import (
     encode_chat_parts,
 )
 from ..engine.engine import Engine
-from ..engine.generate import CancelToken, GenerationSettings, generate
+from ..engine.generate import CancelToken, GenerationSettings
 from ..engine.grammar import JsonGrammarCompiler
 from ..engine.sampling import Sampling, resolve_sampling
-from ..engine.speculative import NonFiniteLogits
+from .feedback import FeedbackCallback, Listener, PlanFeedback
 from .grounding import RequestWords
+from .local_job import LocalJob, completion_job, failed, plan_job
 from .parse import PlanError, PlanRefused, parse_plan
 from .plan_grammar import PlanGrammar, answer_schema
 from .planner_config import PlannerConfig
@@ -49,24 +55,14 @@ from .skills import SkillCatalog
 from .steps import StepStream
 from .warmup import warm_up
 
+__all__ = ["Completion", "PlanFeedback", "PlanTicket", "PlannerService",
+           "UnknownRequestError"]
+
 log = logging.getLogger(__name__)
 
 
 class UnknownRequestError(ValueError):
     """cancel() of an id that is neither queued nor running."""
-
-
-@dataclass(frozen=True)
-class PlanFeedback:
-    request_id: str
-    delta_text: str
-    tokens_so_far: int
-    tokens_per_s: float
-    mean_accepted: float
-    steps: tuple[tuple[int, dict], ...] = ()    # (index, step) of plan steps closed here
-
-
-FeedbackCallback = Callable[[PlanFeedback], None]
 
 
 @dataclass(frozen=True)
@@ -94,6 +90,11 @@ class PlanTicket:
         self.invalid_field: str | None = None   # the field that made submit refuse it
         self._done = threading.Event()
         self._result: PlanResult | None = None
+        # in flight: the engine's future and how to read it, or a remote attempt's
+        self.job: LocalJob | None = None
+        self.future: Future | None = None
+        self.remote_tried = False
+        self.telemetry: dict = {}
 
     @property
     def id(self) -> str:
@@ -110,16 +111,6 @@ class PlanTicket:
         if not self._done.wait(timeout):
             raise TimeoutError(f"request {self.id} not finished after {timeout} s")
         return self._result
-
-
-def _failed(request: PlanRequest, error: str, **extra) -> PlanResult:
-    return PlanResult(request.id, str(request.task), success=False, error=error, **extra)
-
-
-# What a request too long for the context can change (the error names it)
-ROOM_FIX = ("raise the engine's max_context (--max-context, engine.max_context), lower "
-            "max_new_tokens, or shorten the prompt (a shorter scene list or context; a "
-            "catalog's enum_shown bounds the enum values its signatures list)")
 
 
 class PlannerService:
@@ -144,9 +135,13 @@ class PlannerService:
         # requests that do not say sample this way ("model" read from the checkpoint)
         self._base_sampling = resolve_sampling(config.sampling, Sampling(),
                                                engine.generation_defaults, "planner.sampling")
+        # the local model's requests decode in one batch (none for a remote-only planner)
+        self.batch = Batch(engine) if config.backend != "remote" else None
+        self.max_batch = (self.batch.max_batch if self.batch is not None
+                          else engine.config.resolve_max_batch(engine.device))
         self._lock = threading.Condition()
         self._queue: collections.deque[PlanTicket] = collections.deque()
-        self._running: PlanTicket | None = None
+        self._inflight: dict[str, PlanTicket] = {}
         self._stopping = False
         self._worker: threading.Thread | None = None
         self.on_result: Callable[[PlanResult], None] | None = None   # every finished result
@@ -205,14 +200,15 @@ class PlannerService:
             self._worker.start()
 
     def stop(self, timeout: float = 10.0, reason: str = "the planner service stopped") -> None:
-        """End the running request and every queued one with `reason`; join the worker."""
+        """End every running request and every queued one with `reason`; join the
+        scheduler (running requests end within a cycle)."""
         with self._lock:
             self._stopping = True
             dropped = list(self._queue)
             self._queue.clear()
-            if self._running is not None:
-                self._running.cancel_reason = reason
-                self._running.cancel_token.cancel()
+            for ticket in self._inflight.values():
+                ticket.cancel_reason = reason
+                ticket.cancel_token.cancel()
             self._lock.notify_all()
             worker, self._worker = self._worker, None
         for ticket in dropped:
@@ -222,13 +218,27 @@ class PlannerService:
 
     @property
     def queue_depth(self) -> int:
+        """Requests waiting for a slot."""
         with self._lock:
             return len(self._queue)
 
     @property
-    def busy(self) -> bool:
+    def running(self) -> int:
+        """Requests in flight: decoding, prefilling, or waiting on a remote server."""
         with self._lock:
-            return self._running is not None
+            return len(self._inflight)
+
+    @property
+    def busy(self) -> bool:
+        return self.running > 0
+
+    def load_report(self) -> dict[str, int]:
+        """What the scheduler holds now and has done (diagnostics): running and queued
+        requests, the slots, and the batch's cycles and published tokens so far."""
+        stats = self.batch.stats if self.batch is not None else None
+        return {"running": self.running, "queued": self.queue_depth,
+                "max_batch": self.max_batch,
+                "cycles": stats.cycles if stats else 0, "tokens": stats.tokens if stats else 0}
 
     # ---- requests
     def submit(self, request: PlanRequest, on_feedback: FeedbackCallback | None = None
@@ -242,7 +252,7 @@ class PlannerService:
             self._check_effort(request)
         except RequestError as exc:
             ticket.invalid_field = exc.field
-            self._finish(ticket, _failed(request, f"invalid request: {exc}", rejected=True))
+            self._finish(ticket, failed(request, f"invalid request: {exc}", rejected=True))
             return ticket
         return self._enqueue(ticket)
 
@@ -258,30 +268,33 @@ class PlannerService:
         for old in preempted:  # queued ones; the running one is ended by the worker
             self._end_queued(old, f"preempted by request {request.id}")
         if reason is not None:
-            self._finish(ticket, _failed(request, reason))
+            self._finish(ticket, failed(request, reason))
         return ticket
 
     def _admission(self, request: PlanRequest, preempted: list[PlanTicket]) -> str | None:
         """Why the request cannot be queued now (None: it can). Called under the lock."""
         if self._stopping or self._worker is None:
             return "the planner service is not running"
-        ids = {t.id for t in self._queue} | ({self._running.id} if self._running else set())
-        if request.id in ids:
+        if request.id in self._inflight or any(t.id == request.id for t in self._queue):
             return f"a request with id '{request.id}' is already queued or running"
-        busy = self._running is not None or self._queue
-        if busy and self.config.policy == "reject":
-            current = self._running.id if self._running else self._queue[0].id
-            return f"busy with request {current} (queue policy 'reject')"
-        if busy and self.config.policy == "preempt":
+        # the requests ahead of this one that hold or wait for a slot
+        taken = len(self._inflight) + len(self._queue)
+        if self.config.policy == "preempt" and taken:
+            # the newest request supersedes every other (one robot, its latest task)
             preempted.extend(self._queue)
             self._queue.clear()
-            running = self._running
-            if running is not None and not running.cancel_token.cancelled:  # name the first
-                running.cancel_reason = f"preempted by request {request.id}"
-                running.cancel_token.cancel()
+            for running in self._inflight.values():
+                if not running.cancel_token.cancelled:       # name the first preemption
+                    running.cancel_reason = f"preempted by request {request.id}"
+                    running.cancel_token.cancel()
             return None
-        if len(self._queue) >= self.config.queue_depth:
-            return f"queue full ({self.config.queue_depth} requests waiting)"
+        if taken >= self.max_batch and self.config.policy == "reject":
+            current = next(iter(self._inflight), None) or self._queue[0].id
+            return (f"busy with request {current} and every other slot "
+                    f"(max_batch {self.max_batch}; queue policy 'reject')")
+        if taken >= self.max_batch + self.config.queue_depth:
+            return (f"queue full ({self.config.queue_depth} requests waiting, "
+                    f"{self.max_batch} running)")
         return None
 
     def cancel(self, request_id: str) -> None:
@@ -290,8 +303,8 @@ class PlannerService:
             queued = next((t for t in self._queue if t.id == request_id), None)
             if queued is not None:
                 self._queue.remove(queued)
-            elif self._running is not None and self._running.id == request_id:
-                self._running.cancel_token.cancel()
+            elif request_id in self._inflight:
+                self._inflight[request_id].cancel_token.cancel()
                 return
             else:
                 raise UnknownRequestError(f"no queued or running request with id "
@@ -310,30 +323,127 @@ class PlannerService:
         """Submit and wait: the blocking form."""
         return self.submit(request, on_feedback).result(timeout)
 
-    # ---- the worker
+    # ---- the scheduler
     def _serve(self) -> None:
+        """Move queued requests into flight while slots are free, run the batch's cycles,
+        resolve requests as they end; after `stop`, until none is in flight."""
         while True:
             with self._lock:
-                while not self._queue and not self._stopping:
+                while not self._stopping and not self._queue and not self._progress():
                     self._lock.wait()
-                if self._stopping:
+                if self._stopping and not self._inflight:
                     return
-                ticket = self._queue.popleft()
-                self._running = ticket
-            try:
-                result = self._run(ticket)
-            except Exception as exc:  # keep serving whatever one request did
-                log.exception("request %s failed", ticket.id)
-                result = _failed(ticket.request, f"internal error: {type(exc).__name__}: {exc}",
-                                 finish_reason="error")
-            with self._lock:
-                self._running = None
-            self._finish(ticket, result)
+                admitted = []
+                while self._queue and len(self._inflight) < self.max_batch:
+                    ticket = self._queue.popleft()
+                    self._inflight[ticket.id] = ticket
+                    admitted.append(ticket)
+            for ticket in admitted:
+                self._guarded(ticket, self._launch)
+            if self.batch is not None and (self.batch.running or self.batch.waiting):
+                try:
+                    self.batch.step()
+                except Exception as exc:   # a fault of the batch itself: its requests end
+                    log.exception("the decoding batch failed")
+                    self.batch.abort(exc)
+            self._collect()
+
+    def _progress(self) -> bool:
+        """Whether the scheduler has work without a new request: a cycle to run or a
+        finished request to resolve. Called under the lock."""
+        if self.batch is not None and (self.batch.running or self.batch.waiting):
+            return True
+        return any(t.future is not None and t.future.done() for t in self._inflight.values())
+
+    def _guarded(self, ticket: PlanTicket, step: Callable[[PlanTicket], None]) -> None:
+        """Run a scheduler step of one request; whatever it raises ends that request."""
+        try:
+            step(ticket)
+        except Exception as exc:  # keep serving whatever one request did
+            log.exception("request %s failed", ticket.id)
+            self._resolve(ticket, failed(ticket.request, f"internal error: "
+                                         f"{type(exc).__name__}: {exc}", finish_reason="error"))
+
+    def _launch(self, ticket: PlanTicket) -> None:
+        """Put a request in flight: to the batch, or to its remote server first."""
+        if ticket.completion is not None:
+            return self._to_batch(ticket, completion_job(ticket))
+        request = ticket.request
+        waited = time.monotonic() - ticket.submitted
+        telemetry = ticket.telemetry = {"queue_wait_ms": round(waited * 1000, 3)}
+        deadline = self._deadline(request)
+        if deadline is not None and waited >= deadline:
+            return self._resolve(ticket, failed(
+                request, f"deadline of {deadline} s passed while queued",
+                finish_reason="deadline", telemetry=telemetry))
+        if self.remote is not None and not ticket.remote_tried:
+            ticket.remote_tried = True
+            ticket.future = Future()
+            threading.Thread(target=self._remote_attempt, args=(ticket, deadline),
+                             name=f"flash-planner-remote-{ticket.id}", daemon=True).start()
+            return None
+        job = plan_job(self, ticket, self._words(request), telemetry, deadline)
+        if isinstance(job, PlanResult):
+            return self._resolve(ticket, job)
+        return self._to_batch(ticket, job)
+
+    def _to_batch(self, ticket: PlanTicket, job: LocalJob) -> None:
+        ticket.job = job
+        ticket.future = self.batch.submit(job.work)
+
+    def _remote_attempt(self, ticket: PlanTicket, deadline: float | None) -> None:
+        """A remote request's own thread: its result, or None to plan locally."""
+        try:
+            result = self._run_remote(ticket, deadline, ticket.telemetry,
+                                      self._words(ticket.request))
+        except Exception as exc:
+            log.exception("request %s failed", ticket.id)
+            result = failed(ticket.request, f"internal error: {type(exc).__name__}: {exc}",
+                            finish_reason="error")
+        ticket.future.set_result(result)
+        with self._lock:
+            self._lock.notify_all()
+
+    def _collect(self) -> None:
+        """Resolve the requests whose work ended; a remote failure falls back to the batch."""
+        with self._lock:
+            ended = [t for t in self._inflight.values()
+                     if t.future is not None and t.future.done()]
+        for ticket in ended:
+            self._guarded(ticket, self._read)
+
+    def _read(self, ticket: PlanTicket) -> None:
+        future, job = ticket.future, ticket.job
+        ticket.future = None
+        if job is None:                      # a remote attempt
+            result = future.result()
+            if result is not None:
+                return self._resolve(ticket, result)
+            local = plan_job(self, ticket, self._words(ticket.request), ticket.telemetry,
+                             self._deadline(ticket.request))
+            if isinstance(local, PlanResult):
+                return self._resolve(ticket, local)
+            return self._to_batch(ticket, local)
+        error = future.exception()
+        return self._resolve(ticket, job.outcome(None if error else future.result(), error))
+
+    def _resolve(self, ticket: PlanTicket, result: PlanResult) -> None:
+        with self._lock:
+            self._inflight.pop(ticket.id, None)
+        self._finish(ticket, result)
+
+    def _deadline(self, request: PlanRequest) -> float | None:
+        return request.deadline_s if request.deadline_s is not None else self.config.deadline_s
+
+    @staticmethod
+    def _words(request: PlanRequest) -> RequestWords:
+        """What grounded names may be."""
+        return RequestWords.of(request.task, request.context, request.scene)
 
     def _end_queued(self, ticket: PlanTicket, reason: str) -> None:
         """End a request that never ran (cancelled, preempted or dropped at stop): it ends
         `cancelled` with the reason, as a running one does."""
-        self._finish(ticket, _failed(ticket.request, reason, finish_reason="cancelled"))
+        self._finish(ticket, failed(ticket.request, reason, finish_reason="cancelled"))
 
     def _finish(self, ticket: PlanTicket, result: PlanResult) -> None:
         result.telemetry.setdefault("request_id", ticket.id)
@@ -371,18 +481,18 @@ class PlannerService:
         try:
             check_template_vars(self.engine.tokenizer,
                                 {"reasoning_effort": request.reasoning_effort},
-                                self._thinking(request))
+                                self.thinking(request))
         except TemplateVariableError as exc:
             raise RequestError(str(exc), "reasoning_effort") from None
         except TemplateError as exc:
             raise RequestError(f"reasoning_effort {request.reasoning_effort!r}: {exc}",
                                "reasoning_effort") from None
 
-    def _effort(self, request: PlanRequest) -> str | None:
+    def effort(self, request: PlanRequest) -> str | None:
         return (self.config.reasoning_effort if request.reasoning_effort is None
                 else request.reasoning_effort)
 
-    def _settings(self, request: PlanRequest, waited_s: float) -> GenerationSettings:
+    def settings(self, request: PlanRequest, waited_s: float) -> GenerationSettings:
         cfg = self.config
         deadline = request.deadline_s if request.deadline_s is not None else cfg.deadline_s
         return GenerationSettings(
@@ -392,104 +502,12 @@ class PlannerService:
             method=request.method,
             relaxed_thinking=cfg.relaxed_thinking,
             relaxed_topk=cfg.relaxed_topk, relaxed_delta=cfg.relaxed_delta,
-            enable_thinking=self._thinking(request), sampling=request.sampling,
-            reasoning_effort=self._effort(request))
+            enable_thinking=self.thinking(request), sampling=request.sampling,
+            reasoning_effort=self.effort(request))
 
-    def _thinking(self, request: PlanRequest) -> bool:
+    def thinking(self, request: PlanRequest) -> bool:
         return (self.config.enable_thinking if request.enable_thinking is None
                 else request.enable_thinking)
-
-    def _complete(self, ticket: PlanTicket) -> PlanResult:
-        job, request = ticket.completion, ticket.request
-        telemetry = {"queue_wait_ms": round((time.monotonic() - ticket.submitted) * 1000, 3)}
-        try:
-            out = generate(self.engine, job.prompt, job.settings, on_token=job.on_token,
-                           cancel=ticket.cancel_token,
-                           constraint=job.constraint() if job.constraint else None)
-        except (ContextOverflowError, ValueError) as exc:
-            return _failed(request, f"cannot generate: {exc}", telemetry=telemetry)
-        except NonFiniteLogits as exc:
-            return _failed(request, str(exc), finish_reason="error", telemetry=telemetry)
-        telemetry.update(out.stats.as_dict())
-        if out.finish_reason == "cancelled":
-            return _failed(request, ticket.cancel_reason, raw_text=out.text,
-                           finish_reason="cancelled", telemetry=telemetry)
-        return PlanResult(request.id, request.task, True, raw_text=out.text,
-                          finish_reason=out.finish_reason, telemetry=telemetry)
-
-    def _run(self, ticket: PlanTicket) -> PlanResult:
-        if ticket.completion is not None:
-            return self._complete(ticket)
-        request = ticket.request
-        waited = time.monotonic() - ticket.submitted
-        telemetry = {"queue_wait_ms": round(waited * 1000, 3)}
-        deadline = request.deadline_s if request.deadline_s is not None else \
-            self.config.deadline_s
-        if deadline is not None and waited >= deadline:
-            return _failed(request, f"deadline of {deadline} s passed while queued",
-                           finish_reason="deadline", telemetry=telemetry)
-        # what grounded names may be
-        words = RequestWords.of(request.task, request.context, request.scene)
-        if self.remote is not None:
-            result = self._run_remote(ticket, deadline, telemetry, words)
-            if result is not None:
-                return result
-        telemetry["backend"] = "local"
-        try:
-            ids, prefix = self.prompt(request.task, request.context, self._thinking(request),
-                                      request.scene, self._effort(request))
-            max_new = request.max_new_tokens or self.config.max_new_tokens
-            self.engine.check_fits(len(ids), max_new)
-            constraint = None
-            if self.grammar is not None:
-                budget = max(0, max_new - self.config.answer_reserve)
-                t0 = time.monotonic()   # the request's own grammar is compiled here
-                constraint = self.grammar.constraint(
-                    think_budget=budget, words=words,
-                    max_string_tokens=self.config.max_string_tokens)
-                telemetry["grammar_ms"] = round((time.monotonic() - t0) * 1000, 3)
-            # the deadline counts from submission: what encoding the prompt and making the
-            # grammar's matcher took is not given back (the last thing before generating)
-            settings = self._settings(request, time.monotonic() - ticket.submitted)
-            # first_step_ms counts from here, as generate's clock does
-            listener = _Listener(ticket, StepStream(self.catalog, words))
-            out = generate(self.engine, ids, settings, on_token=listener,
-                           cancel=ticket.cancel_token, constraint=constraint, prefix=prefix)
-        except ContextOverflowError as exc:
-            return _failed(request, f"cannot plan this request: {exc}: {ROOM_FIX}",
-                           telemetry=telemetry, rejected=True)
-        except ValueError as exc:
-            return _failed(request, f"cannot plan this request: {exc}", telemetry=telemetry)
-        except NonFiniteLogits as exc:
-            log.error("request %s: %s", request.id, exc)
-            return _failed(request, str(exc), finish_reason="error", telemetry=telemetry)
-        telemetry.update(out.stats.as_dict())
-        if constraint is not None:
-            telemetry["strings_cut"] = constraint.matcher.cut
-            if constraint.matcher.cut:
-                log.warning("request %s: %d string(s) of the answer reached %d tokens and "
-                            "were closed there (planner.max_string_tokens)", request.id,
-                            constraint.matcher.cut, self.config.max_string_tokens)
-        if listener.first_step_ms is not None:
-            telemetry["first_step_ms"] = round(listener.first_step_ms, 3)
-        base = dict(raw_text=out.text, finish_reason=out.finish_reason, telemetry=telemetry)
-        if out.finish_reason == "cancelled":
-            return _failed(request, ticket.cancel_reason, **base)
-        if out.finish_reason == "deadline":
-            return _failed(request, f"deadline of {deadline} s reached during generation",
-                           **base)
-        try:
-            steps, thinking = parse_plan(out.text, self.catalog,
-                                         truncated=out.finish_reason == "length", words=words)
-        except PlanRefused as exc:
-            return _failed(request, str(exc), refusal=exc.reason, **base)
-        except PlanError as exc:
-            more = f" (max_new_tokens {max_new}: raise it for longer plans)" \
-                if out.finish_reason == "length" else ""
-            return _failed(request, f"{exc}{more}", **base)
-        return PlanResult(request.id, request.task, True, plan=steps, thinking=thinking,
-                          **base)
-
 
     def _run_remote(self, ticket: PlanTicket, deadline: float | None, telemetry: dict,
                     words: RequestWords) -> PlanResult | None:
@@ -499,18 +517,18 @@ class PlannerService:
         fallback = cfg.backend == "remote_or_local"
         end = None if deadline is None else ticket.submitted + deadline - (
             cfg.remote_reserve_s if fallback else 0.0)
-        thinking = self._thinking(request)
+        thinking = self.thinking(request)
         max_new = request.max_new_tokens or cfg.max_new_tokens
         messages = build_messages(self.catalog, request.task, request.context,
                                   cfg.refusal_hint, request.scene)
         sampling = request.sampling if isinstance(request.sampling, Sampling) and \
             not request.sampling.greedy else None
-        listener = _Listener(ticket, StepStream(self.catalog, words))
+        listener = Listener(ticket, StepStream(self.catalog, words))
         t0 = time.monotonic()
         try:
             text = self.remote.complete(
                 self.remote.body(messages, answer_schema(self.catalog, words), max_new,
-                                 thinking, sampling, self._effort(request)),
+                                 thinking, sampling, self.effort(request)),
                 lambda delta: listener([], delta), end,
                 lambda: ticket.cancel_token.cancelled)
             steps, thought = parse_plan(text, self.catalog, words=words)
@@ -518,14 +536,14 @@ class PlannerService:
             latency = (time.monotonic() - t0) * 1000
             self.remote.health.record(True, latency)
             telemetry.update(backend="remote", remote_latency_ms=round(latency, 3))
-            return _failed(request, str(exc), refusal=exc.reason, raw_text=text,
+            return failed(request, str(exc), refusal=exc.reason, raw_text=text,
                            finish_reason="eos", telemetry=telemetry)
         except (RemoteError, PlanError) as exc:
             why = (f"the remote answered an invalid plan: {exc}" if isinstance(exc, PlanError)
                    else str(exc))
             self.remote.health.record(False, (time.monotonic() - t0) * 1000, why)
             if ticket.cancel_token.cancelled:
-                return _failed(request, ticket.cancel_reason, finish_reason="cancelled",
+                return failed(request, ticket.cancel_reason, finish_reason="cancelled",
                                telemetry={**telemetry, "backend": "remote"})
             if fallback and (deadline is None
                              or time.monotonic() < ticket.submitted + deadline):
@@ -533,7 +551,7 @@ class PlannerService:
                             why)
                 telemetry["remote_error"] = why
                 return None
-            return _failed(request, f"remote backend: {why}", finish_reason="error",
+            return failed(request, f"remote backend: {why}", finish_reason="error",
                            telemetry={**telemetry, "backend": "remote"})
         latency = (time.monotonic() - t0) * 1000
         self.remote.health.record(True, latency)
@@ -542,44 +560,3 @@ class PlannerService:
             telemetry["first_step_ms"] = round(listener.first_step_ms, 3)
         return PlanResult(request.id, request.task, True, plan=steps, thinking=thought,
                           raw_text=text, finish_reason="eos", telemetry=telemetry)
-
-
-class _Listener:
-    """The token callback of one request: finds closed plan steps in the streamed text and
-    forwards feedback (with those steps) to the ticket's consumer, if it has one."""
-
-    def __init__(self, ticket: PlanTicket, steps: StepStream):
-        self.ticket, self.steps = ticket, steps
-        self.t_start = time.monotonic()
-        self.t_first: float | None = None      # first token published
-        self.first_step_ms: float | None = None
-        self.tokens = self.calls = 0
-        self.streaming = True                  # false after a step closed invalid
-
-    def __call__(self, ids: list[int], delta: str) -> None:
-        now = time.monotonic()
-        closed: tuple[tuple[int, dict], ...] = ()
-        if self.streaming and delta:
-            before = len(self.steps.steps)
-            try:
-                new = self.steps.feed(delta)
-            except PlanError:       # unconstrained output; the final parse names the error
-                self.streaming, new = False, []
-            closed = tuple(enumerate(new, start=before))
-            if closed and self.first_step_ms is None:
-                self.first_step_ms = (now - self.t_start) * 1000.0
-        ticket = self.ticket
-        if ticket.on_feedback is None:
-            return
-        self.t_first = self.t_first or now
-        self.tokens += len(ids)
-        self.calls += 1
-        cycles = self.calls - 1          # the first call is the prefill token
-        elapsed = now - self.t_first
-        tps = (self.tokens - 1) / elapsed if elapsed > 0 else 0.0
-        accepted = (self.tokens - 1) / cycles - 1 if cycles else 0.0
-        try:
-            ticket.on_feedback(PlanFeedback(ticket.id, delta, self.tokens, tps,
-                                            max(accepted, 0.0), closed))
-        except Exception:  # a broken feedback consumer must not stop decoding
-            log.exception("feedback callback of request %s failed", ticket.id)

@@ -2,7 +2,8 @@
 
 The tiny model has random weights, so its answers are never valid plans: every finished
 request here fails plan validation with a precise error, which is itself the path under
-test. The worker is held busy by a feedback callback that waits on an event.
+test. The policy tests run one request at a time (max_batch 1): the scheduler is held busy
+by a feedback callback that waits on an event. The batching tests run several at once.
 """
 
 from __future__ import annotations
@@ -21,16 +22,30 @@ TIMEOUT = 60
 
 
 @pytest.fixture(scope="module")
-def engine(hybrid_dir, make_engine):
-    return make_engine(hybrid_dir, max_context=1024)
+def engines(hybrid_dir, make_engine):
+    """max_batch -> an engine decoding that many requests at once."""
+    made = {}
+
+    def get(max_batch: int):
+        if max_batch not in made:
+            made[max_batch] = make_engine(hybrid_dir, max_context=1024, max_batch=max_batch)
+        return made[max_batch]
+
+    return get
 
 
 @pytest.fixture
-def make_service(engine):
+def engine(engines):
+    return engines(1)
+
+
+@pytest.fixture
+def make_service(engines):
     services = []
 
-    def make(**config):
-        service = PlannerService(engine, SkillCatalog.from_yaml(default_skills_path()),
+    def make(max_batch: int = 1, **config):
+        service = PlannerService(engines(max_batch),
+                                 SkillCatalog.from_yaml(default_skills_path()),
                                  PlannerConfig(**{"max_new_tokens": 24, **config}))
         service.start()
         services.append(service)
@@ -87,6 +102,7 @@ def test_reject_policy_and_full_queue(make_service):
     assert gate.entered.wait(TIMEOUT)
     refused = service.submit(PlanRequest("task two", id="two")).result(TIMEOUT)
     assert not refused.success and "busy with request one" in refused.error
+    assert "max_batch 1" in refused.error
     gate.release.set()
     running.result(TIMEOUT)
 
@@ -96,13 +112,42 @@ def test_reject_policy_and_full_queue(make_service):
     assert gate.entered.wait(TIMEOUT)
     second = service.submit(PlanRequest("task two", id="q2"))
     third = service.submit(PlanRequest("task three", id="q3")).result(TIMEOUT)
-    assert "queue full (1 requests waiting)" in third.error
+    assert "queue full (1 requests waiting, 1 running)" in third.error
     assert service.queue_depth == 1
     dup = service.submit(PlanRequest("again", id="q2")).result(TIMEOUT)
     assert "already queued or running" in dup.error
     gate.release.set()
     assert first.result(TIMEOUT).telemetry["new_tokens"] > 0
     assert second.result(TIMEOUT).telemetry["new_tokens"] > 0   # served after the first
+
+
+def test_requests_run_at_once_up_to_max_batch_then_queue(make_service, engines):
+    """Two slots: two requests decode in the same cycles (their feedback interleaves, each
+    request's text its own), a third waits in the queue, a fourth finds it full; under
+    'reject' a third is refused at once. Each result equals the request decoded alone."""
+    service = make_service(max_batch=2, queue_depth=1, max_new_tokens=40)
+    order = []
+    tasks = {"a": "pick up the red cup", "b": "open the fridge", "c": "go to the sink"}
+    tickets = {rid: service.submit(PlanRequest(task, id=rid),
+                                   on_feedback=lambda fb: order.append(fb.request_id))
+               for rid, task in tasks.items()}
+    full = service.submit(PlanRequest("wave", id="d")).result(TIMEOUT)
+    assert "queue full (1 requests waiting, 2 running)" in full.error
+    results = {rid: t.result(TIMEOUT) for rid, t in tickets.items()}
+    first_b = order.index("b")
+    assert "a" in order[first_b:], "a and b decoded in the same cycles"
+    alone = make_service(max_batch=1, max_new_tokens=40)
+    for rid, task in tasks.items():
+        assert results[rid].raw_text == alone.plan(PlanRequest(task), timeout=TIMEOUT).raw_text
+        assert results[rid].telemetry["new_tokens"] > 0
+    assert service.load_report()["max_batch"] == 2
+    assert service.load_report()["tokens"] >= sum(r.telemetry["new_tokens"]
+                                                  for r in results.values()) - 3
+    strict = make_service(max_batch=2, policy="reject", max_new_tokens=40)
+    held = [strict.submit(PlanRequest(task, id=rid)) for rid, task in list(tasks.items())[:2]]
+    refused = strict.submit(PlanRequest("go", id="late")).result(TIMEOUT)
+    assert not refused.success and "max_batch 2" in refused.error
+    assert all(t.result(TIMEOUT).telemetry["new_tokens"] > 0 for t in held)
 
 
 def test_preempt_policy_cancels_the_running_request(make_service):
