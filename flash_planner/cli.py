@@ -48,6 +48,17 @@ def _prompt_ids(text: str) -> list[int]:
     return ids
 
 
+def _max_batch(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--max-batch wants a whole number >= 0 (0 = auto), "
+                                         f"got {text!r}")
+    return value
+
+
 def _threads(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"--threads wants a whole number >= 0 (0 = auto), "
@@ -99,6 +110,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_threads, metavar="N", help="torch CPU threads (default: "
                    "the preset's; 0 = auto: 1 with a GPU, else half the usable cores, or "
                    "OMP_NUM_THREADS when set)")
+    p.add_argument("--max-batch", type=_max_batch, metavar="N", help="requests decoded at "
+                   "once, one verify per cycle for all (default: the preset's; 0 = auto: 8 "
+                   "on a CPU, 1 on a GPU; more wait in the queue)")
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--drafter", metavar="DIR|REPO", help="DFlash drafter directory or "
                       "repo id (turns speculation on)")
@@ -302,7 +316,8 @@ def _load_engine(args: argparse.Namespace, model: str, progress=_progress_to_std
         dense_backend=getattr(args, "dense_backend", None),
         segment_cache=args.segment_cache,
         prefix_cache=False if getattr(args, "no_prefix_cache", False) else None,
-        compile=getattr(args, "compile", None), threads=getattr(args, "threads", None))
+        compile=getattr(args, "compile", None), threads=getattr(args, "threads", None),
+        max_batch=getattr(args, "max_batch", None))
     return Engine.load(config, progress=progress), preset
 
 

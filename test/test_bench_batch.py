@@ -13,7 +13,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "batch.py"
 
 SUMMARY_KEYS = {"requests", "failed", "tokens", "wall_s", "tok_s", "latency_ms_p50",
                 "latency_ms_p95", "ttft_ms_p50", "ttft_ms_p95", "tokens_per_cycle",
-                "most_at_once", "mismatches"}
+                "tokens_per_verify", "most_at_once", "mismatches"}
 
 
 def test_the_batch_bench_runs_small_and_batching_changes_no_text():

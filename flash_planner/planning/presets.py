@@ -80,6 +80,7 @@ class ModelPreset:
     refusal_hint: bool = True      # tell the model the refusal shape (PlannerConfig)
     compile: str = "auto"          # off | on | auto (EngineConfig.compile: on CUDA by default)
     threads: int = 0               # torch CPU threads; 0 = auto (EngineConfig.threads)
+    max_batch: int = 0             # requests decoded at once; 0 = auto (EngineConfig.max_batch)
     # how requests sample unless they say (PlannerConfig.sampling): a mode, greedy | model |
     # card, or a mapping per phase; model = the checkpoint's generation_config.json
     sampling: Any = "model"
@@ -123,7 +124,7 @@ class ModelPreset:
                       max_context=self.max_context,
                       block_size=self.block_size, window=self.window, method=self.method,
                       mtp_steps=self.mtp_steps, compile=self.compile,
-                      threads=self.threads)
+                      threads=self.threads, max_batch=self.max_batch)
         values.update({k: v for k, v in overrides.items() if v is not None})
         for key in ("model_path", "drafter_path"):
             values[key] = sources.resolve(asset_path(values[key]), allow_download, progress)

@@ -150,9 +150,12 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
             state.error = f"{type(exc).__name__}: {exc}"
 
     app = FastAPI(title="flash_planner", lifespan=lifespan, docs_url=None, redoc_url=None)
-    metrics = app.state.metrics = Metrics(lambda: (state.service.queue_depth + state.service.busy)
-                      if state.service else 0.0,
-                      lambda: 1.0 if state.service is not None else 0.0)
+    def in_service() -> float:
+        service = state.service
+        return float(service.queue_depth + service.running) if service is not None else 0.0
+
+    metrics = app.state.metrics = Metrics(in_service,
+                                          lambda: 1.0 if state.service is not None else 0.0)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
@@ -190,8 +193,10 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
     async def health():
         if state.service is not None:
             threads = state.service.engine.threads
+            load = state.service.load_report()
             return {"status": "ok", "model": state.model_name,
-                    "queue_depth": state.service.queue_depth, "busy": state.service.busy,
+                    "queue_depth": load["queued"], "busy": load["running"] > 0,
+                    "running": load["running"], "max_batch": load["max_batch"],
                     "threads": threads.as_dict() if threads else None}
         body = {"status": "error" if state.error else "loading", "model": state.model_name}
         if state.error:

@@ -86,7 +86,7 @@ class Server:
 @pytest.fixture(scope="module")
 def server():
     s = Server("--queue-depth", "1", "--max-body-bytes", "20000", "--max-prompt-chars", "4000",
-               "--threads", "1")
+               "--threads", "1", "--max-batch", "2")
     yield s.wait_ready()
     s.stop()
 
@@ -307,20 +307,21 @@ def _long_request(url: str, max_tokens: int = 400) -> int:
 
 
 def test_a_full_queue_answers_429_and_nothing_is_lost(server):
-    """Queue depth 1: one running, one waiting, the rest refused at once. Each step waits
-    for the server to say so (/health), not for a time: the refused ones are sent while the
-    first of 900 tokens runs, however fast or loaded the machine."""
+    """Two slots, queue depth 1: two running, one waiting, the rest refused at once. Each
+    step waits for the server to say so (/health), not for a time: the refused ones are sent
+    while the first two's 900 tokens run, however fast or loaded the machine."""
     def health() -> dict:
         return _http(server.url + "/health")[1]
 
-    with ThreadPoolExecutor(6) as pool:
-        running = pool.submit(_long_request, server.url, 900)
-        assert wait_for(lambda: health()["busy"] and health()["queue_depth"] == 0)
+    with ThreadPoolExecutor(7) as pool:
+        running = [pool.submit(_long_request, server.url, 900) for _ in range(2)]
+        assert wait_for(lambda: health()["running"] == 2 and health()["queue_depth"] == 0)
+        assert health()["max_batch"] == 2
         waiting = pool.submit(_long_request, server.url)
         assert wait_for(lambda: health()["queue_depth"] == 1)
         refused = list(pool.map(lambda _: _long_request(server.url), range(4)))
-        first, second = running.result(), waiting.result()
-    assert (first, second) == (200, 200), (first, second)
+        first, second = [r.result() for r in running], waiting.result()
+    assert (first, second) == ([200, 200], 200), (first, second)
     # nothing lost; a late one is queued only if the first two finished before it came
     assert set(refused) <= {200, 429} and refused.count(429) >= 1, refused
 
