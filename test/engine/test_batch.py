@@ -105,7 +105,9 @@ def test_a_cancelled_and_a_failing_request_end_alone(engines):
         if len(seen) >= 5:
             cancel.cancel()
 
-    def fail_after_seven(ids, _text, count=[0]):
+    count = [0]
+
+    def fail_after_seven(ids, _text):
         count[0] += len(ids)
         if count[0] >= 7:
             raise RuntimeError("the listener broke")
