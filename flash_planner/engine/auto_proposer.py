@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from .acceptance import ThinkTracker
-from .proposer import Proposer
+from .proposer import DraftAsk, Proposer, drafts_of
 
 # Cycles a candidate runs in a phase before its estimate is trusted: a process's first
 # cycles of a proposer pay first-call costs (on a GPU, hundreds of ms) and one cycle's
@@ -184,11 +184,14 @@ class AutoProposer(Proposer):
             p.set_picker(picker)
 
     def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
+        return drafts_of(self.ask(anchor, start, num))
+
+    def ask(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor | DraftAsk:
         phase = self._phase()
         cand = self.choose(phase)
         self._method, drafts = self.candidates[cand]
         self._drafting = (phase, cand, self.clock())
-        return self.proposers[self._method].propose(anchor, start, min(num, drafts))
+        return self.proposers[self._method].ask(anchor, start, min(num, drafts))
 
     def commit(self, tokens: Sequence[int], taps: torch.Tensor | None, start: int) -> None:
         if self._drafting is not None:

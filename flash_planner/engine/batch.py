@@ -40,9 +40,10 @@ from .decoding import CancelToken, Decoding, GenerationResult, GenerationSetting
 from .draft_cap import DraftCap
 from .engine import Engine
 from .generate import start
-from .proposer import Proposer
+from .proposer import DraftAsk, Proposer, draft_together
 from .proposers import fork_proposers
 from .slots import SlotStates
+from .speculative import Block
 
 log = logging.getLogger(__name__)
 
@@ -220,14 +221,7 @@ class Batch:
                      for r in self._active)
         cap = self.draft_cap.choose(len(self._active)) if routed else None
         t0 = self.draft_cap.clock()
-        blocks = {}
-        for r in list(self._active):
-            d = r.decoding
-            try:
-                blocks[id(r)] = d.draft(cap if d.proposer is not None
-                                        and d.proposer.name == "auto" else None)
-            except Exception as exc:
-                self._end(r, exc)
+        blocks = self._draft(cap)
         running = list(self._active)
         if not running:
             return
@@ -281,6 +275,39 @@ class Batch:
         for request in waiting:
             if request.future.set_running_or_notify_cancel():
                 request.future.set_exception(error)
+
+    def _draft(self, cap: int | None) -> dict[int, Block]:
+        """Every running request's block (by id of its entry): DFlash drafts of requests
+        sharing a drafter in one forward (`draft_together`), the others each its own."""
+        asked: dict[int, torch.Tensor | DraftAsk] = {}
+        for r in list(self._active):
+            d = r.decoding
+            try:
+                asked[id(r)] = d.ask(cap if d.proposer is not None
+                                     and d.proposer.name == "auto" else None)
+            except Exception as exc:
+                self._end(r, exc)
+        groups: dict[int, list[_Running]] = {}
+        for r in self._active:
+            if isinstance(asked[id(r)], DraftAsk):
+                groups.setdefault(id(asked[id(r)].proposer.drafter), []).append(r)
+        for members in groups.values():
+            lead = members[0].decoding.timer
+            try:
+                with lead.phase("draft"):
+                    drafts = draft_together([asked[id(r)] for r in members])
+            except Exception as exc:
+                for r in members:
+                    self._end(r, exc)
+                continue
+            asked.update({id(r): x for r, x in zip(members, drafts)})
+        blocks = {}
+        for r in list(self._active):
+            try:
+                blocks[id(r)] = r.decoding.draft_from(asked[id(r)])
+            except Exception as exc:
+                self._end(r, exc)
+        return blocks
 
     def _end(self, r: _Running, error: BaseException | None = None) -> None:
         """A request leaves: its slot emptied (the last running slot moved into it), its

@@ -25,15 +25,16 @@ from .constraint import Constraint, masked
 from .engine import Engine
 from .methods import METHODS
 from .prefill import prefill_prompt
-from .proposer import Proposer
+from .proposer import DraftAsk, Proposer, drafts_of
 from .sampling import Sampling
 from .speculative import (
     Block,
     Cycle,
     NonFiniteLogits,
+    ask_drafts,
+    block_of,
     commit_cycle,
     decide,
-    draft_block,
     run_cycle,
 )
 from .telemetry import GenerationStats, PhaseTimer, now_ms
@@ -193,6 +194,7 @@ class Decoding:
         self.block: Block | None = None
         self.result: GenerationResult | None = None
         self.t_first = 0.0
+        self._room = 0              # the block's room (drafts and forced tokens), from `ask`
 
     @property
     def done(self) -> bool:
@@ -250,9 +252,20 @@ class Decoding:
     def draft(self, cap: int | None = None) -> Block:
         """Step 1 of a cycle whose verify the caller runs (this request's rows of it go to
         `finish`), with at most `cap` drafts."""
-        drafts, room = self._budget(cap)
-        self.block = draft_block(self.state.device, self.state.length, self.published[-1],
-                                 self.proposer, drafts, self.timer, self.constraint, room)
+        return self.draft_from(drafts_of(self.ask(cap)))
+
+    def ask(self, cap: int | None = None) -> torch.Tensor | DraftAsk:
+        """Step 1's proposal, at most `cap` drafts: drafts, or a DFlash draft to make
+        together with other requests' (`draft_together`), then `draft_from`."""
+        drafts, self._room = self._budget(cap)
+        with self.timer.phase("draft"):
+            return ask_drafts(self.state.device, self.published[-1], self.state.length,
+                              self.proposer, drafts)
+
+    def draft_from(self, drafts: torch.Tensor) -> Block:
+        """Step 1's block from the drafts `ask` led to."""
+        self.block = block_of(self.state.length, self.published[-1], drafts, self.timer,
+                              self.constraint, self._room)
         return self.block
 
     def finish(self, raw: torch.Tensor, finite: torch.Tensor | None,

@@ -13,9 +13,11 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
+from .models.compiled_drafts import EMPTY_POSITION
 from .models.dflash import DFlashDrafter
 from .models.inference import inference
 from .models.selector import walk
@@ -48,6 +50,11 @@ class Proposer:
         """Up to `num` drafts [num] (long, on the anchor's device) following the anchor
         [1] at position `start`."""
         raise NotImplementedError
+
+    def ask(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor | DraftAsk:
+        """`propose`; or, from a proposer that drafts in one forward with other requests'
+        (a batch: `draft_together`), what it would draft."""
+        return self.propose(anchor, start, num)
 
     def commit(self, tokens: Sequence[int], taps: torch.Tensor | None, start: int) -> None:
         """Rows committed to the target, in order from position `start` (the anchor first);
@@ -131,24 +138,37 @@ class DFlashProposer(Proposer):
             end = len(prompt_ids)
             self._window.append(taps, torch.arange(end - m, end, device=taps.device))
 
-    @inference
-    def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
+    def ask(self, anchor: torch.Tensor, start: int, num: int) -> DraftAsk:
+        return DraftAsk(self, anchor, start, num)
+
+    def _prepare(self, anchor: torch.Tensor):
+        """The block's ids [block_size] and the window's (per-layer (k, v), positions), the
+        rows of earlier commits folded in first (a catch-up, `catchup_ms`)."""
         t0 = time.perf_counter()
         self._fold(len(self._pending) - 1)
         self.catchup_ms = (time.perf_counter() - t0) * 1000.0
         mask = self.drafter.cfg.mask_token_id
         # The drafter always sees the block it was trained on; shorter requests truncate.
         ids = torch.cat((anchor, anchor.new_full((self.block_size - 1,), mask)))
-        ctx_kv, ctx_pos = self.window.context(anchor.device, self.lm_head_weight.dtype)
+        return ids, *self.window.context(anchor.device, self.lm_head_weight.dtype)
+
+    def _read(self, out, num: int, start: int) -> torch.Tensor:
+        """The drafts from the drafter's output for this block (logits, or a selector's
+        candidates and pair scores)."""
+        if isinstance(out, torch.Tensor):
+            return self.pick(out[:num], start + 1)
+        return self._walk(out[0][:num], out[1][:num], start + 1)
+
+    @inference
+    def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
+        ids, ctx_kv, ctx_pos = self._prepare(anchor)
         static = self.drafter.static
         if static is not None and static.accepts(ids, ctx_pos.shape[0]):
             out = static.propose(ids, start, ctx_kv, ctx_pos)
         else:
             hidden = self.drafter(self.embed(ids)[None], start, ctx_kv, ctx_pos)  # [1, B, H]
             out = self.drafter.draft_output(hidden[0, 1:num + 1], self.lm_head_weight, anchor)
-        if isinstance(out, torch.Tensor):
-            return self.pick(out[:num], start + 1)
-        return self._walk(out[0][:num], out[1][:num], start + 1)
+        return self._read(out, num, start)
 
     def _walk(self, cand: torch.Tensor, scores: torch.Tensor, position: int) -> torch.Tensor:
         """The selector's path: greedy, or each step drawn by a sampled request's `pick`
@@ -171,6 +191,58 @@ class DFlashProposer(Proposer):
         # a commit the newer ones already fill the window without is never needed
         while sum(t.shape[1] for t, _ in self._pending[1:]) >= self._window.capacity:
             self._pending.pop(0)
+
+
+@dataclass
+class DraftAsk:
+    """A DFlash draft a batch makes in one drafter forward with other requests'."""
+    proposer: DFlashProposer
+    anchor: torch.Tensor          # [1]
+    start: int
+    num: int
+
+
+def drafts_of(asked: torch.Tensor | DraftAsk) -> torch.Tensor:
+    """What `Proposer.ask` answered, as drafts (a lone DFlash ask drafts now)."""
+    if isinstance(asked, DraftAsk):
+        return asked.proposer.propose(asked.anchor, asked.start, asked.num)
+    return asked
+
+
+@inference
+def draft_together(asks: Sequence[DraftAsk]) -> list[torch.Tensor]:
+    """The drafts of several requests whose proposers share one drafter, from one forward:
+    each block at its own start over its own window, the windows padded to the longest with
+    rows at a position no block sees. Each request reads its drafts as it would alone (its
+    own picker, its own DFlash2 walk)."""
+    if len(asks) == 1:
+        return [drafts_of(asks[0])]
+    lead = asks[0].proposer
+    drafter = lead.drafter
+    if any(a.proposer.drafter is not drafter for a in asks):
+        raise ValueError("draft_together: every ask must share one drafter")
+    prepared = [a.proposer._prepare(a.anchor) for a in asks]
+    width = max(pos.shape[0] for _, _, pos in prepared)
+    ids = torch.stack([p[0] for p in prepared])                          # [K, block]
+    device = ids.device
+    positions = torch.full((len(asks), width), EMPTY_POSITION, device=device)
+    layers = []
+    for layer in range(drafter.cfg.num_layers):
+        ks, vs = [], []
+        for _, kv, _ in prepared:
+            k, v = kv[layer]
+            pad = width - k.shape[1]
+            ks.append(torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)))
+            vs.append(torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)))
+        layers.append((torch.cat(ks), torch.cat(vs)))
+    for i, (_, _, pos) in enumerate(prepared):
+        positions[i, :pos.shape[0]] = pos
+    starts = torch.tensor([a.start for a in asks], device=device)
+    hidden = drafter(lead.embed(ids), starts, layers, positions)          # [K, block, H]
+    return [a.proposer._read(drafter.draft_output(hidden[i, 1:a.num + 1],
+                                                  a.proposer.lm_head_weight, a.anchor),
+                             a.num, a.start)
+            for i, a in enumerate(asks)]
 
 
 class ReplayProposer(Proposer):

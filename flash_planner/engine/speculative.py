@@ -29,7 +29,7 @@ from .cache import InferenceState
 from .constraint import Constraint, masked
 from .models.moe import RoutingRecord
 from .models.target import TargetModel
-from .proposer import Proposer
+from .proposer import DraftAsk, Proposer, drafts_of
 from .telemetry import PhaseTimer
 
 
@@ -87,18 +87,34 @@ def draft_block(device: torch.device, start: int, anchor: int, proposer: Propose
                 room: int = 0) -> Block:
     """Step 1. Under a constraint the block holds at most `room` drafts, forced tokens
     included."""
-    anchor_t = torch.tensor([anchor], dtype=torch.long, device=device)
     with timer.phase("draft"):
-        if proposer is not None and num_drafts > 0:
-            drafts = proposer.propose(anchor_t, start, num_drafts)
-        else:
-            drafts = _no_drafts(device)
+        asked = ask_drafts(device, anchor, start, proposer, num_drafts)
+        drafts = drafts_of(asked)
+    return block_of(start, anchor, drafts, timer, constraint, room)
+
+
+def ask_drafts(device: torch.device, anchor: int, start: int, proposer: Proposer | None,
+               num_drafts: int) -> torch.Tensor | DraftAsk:
+    """Step 1's proposal: drafts, or what to draft together with other requests
+    (`proposer.draft_together`)."""
+    if proposer is None or num_drafts <= 0:
+        return _no_drafts(device)
+    anchor_t = torch.tensor([anchor], dtype=torch.long, device=device)
+    return proposer.ask(anchor_t, start, num_drafts)
+
+
+def block_of(start: int, anchor: int, drafts: torch.Tensor, timer: PhaseTimer,
+             constraint: Constraint | None = None, room: int = 0) -> Block:
+    """Step 1's block from the proposer's drafts: cut by the grammar and the tokens it
+    forces appended, under a constraint."""
+    device = drafts.device
     proposed = int(drafts.shape[0])
     listed = None
     if constraint is not None:
         with timer.phase("grammar"):
             listed = constraint.block(drafts.tolist(), max(room, proposed))
             drafts = torch.tensor(listed, dtype=torch.long, device=device)
+    anchor_t = torch.tensor([anchor], dtype=torch.long, device=device)
     rows = torch.cat((anchor_t, drafts)) if drafts.shape[0] else anchor_t
     return Block(start, anchor, rows, drafts, listed, proposed)
 

@@ -218,3 +218,31 @@ def test_a_batch_of_one_decodes_on_the_engines_own_state(engines):
     got = batch.run(requests)
     assert [g.token_ids for g in got] == [a.token_ids for a in alone]
     assert batch.stats.cycles == sum(g.stats.cycles for g in got)
+
+
+@pytest.mark.parametrize("dflash2", [False, True])
+def test_drafts_made_together_equal_each_request_alone(checkpoints, make_engine,
+                                                       tmp_path_factory, dflash2):
+    """One drafter forward for several requests (windows of different lengths padded,
+    each block at its own start) drafts what each request drafts alone."""
+    from flash_planner.engine.generate import prefill
+    from flash_planner.engine.proposer import DraftAsk, draft_together
+
+    target = checkpoints("hybrid")
+    drafter = write_tiny_drafter(tmp_path_factory.mktemp("together"), target,
+                                 dflash2={} if dflash2 else None)
+    engine = make_engine(target, drafter_path=str(drafter), method="dflash", window=12)
+    asks = []
+    for i, text in enumerate(PROMPTS[:4]):
+        proposer = engine.proposers["dflash"].fork()
+        ids = _ids(engine, text)
+        _, taps = prefill(engine, ids, proposer.tap_ids, proposer.seed_rows)
+        proposer.begin(ids, taps)
+        anchor = torch.tensor([ids[i % len(ids)]])
+        asks.append(proposer.ask(anchor, len(ids), (7, 3, 5, 7)[i]))
+    assert all(isinstance(a, DraftAsk) for a in asks)
+    assert len({len(a.proposer.window) for a in asks}) > 1        # windows of other lengths
+    together = draft_together(asks)
+    alone = [a.proposer.propose(a.anchor, a.start, a.num) for a in asks]
+    assert [t.tolist() for t in together] == [a.tolist() for a in alone]
+    assert [len(t) for t in together] == [7, 3, 5, 7]

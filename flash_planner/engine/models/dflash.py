@@ -345,7 +345,8 @@ class DFlashDrafter(nn.Module):
                 ctx_pos: torch.Tensor, context_window: int | None = None) -> torch.Tensor:
         """Blocks [K, T, hidden] starting at positions `start` (int or [K]) -> normed hidden.
 
-        ctx_kv: per layer (k, v) of the context rows, [1 or K, C, Hkv, D]; ctx_pos [C].
+        ctx_kv: per layer (k, v) of the context rows, [1 or K, C, Hkv, D]; ctx_pos [C], or
+        [K, C] where each block has a context of its own (a batch of requests' windows).
         A context row is visible to a block only if it precedes the block's anchor (and lies
         within `context_window` rows of it): at inference the window already holds only such
         rows; in training one context serves blocks at many anchors.
@@ -355,7 +356,7 @@ class DFlashDrafter(nn.Module):
         start = torch.as_tensor(start, device=device).reshape(-1, 1).expand(k, 1)
         q_pos = start + torch.arange(t, device=device)                 # [K, T]
         cos, sin = self.rope(q_pos, block_embeds.dtype)
-        ctx = ctx_pos[None, :].expand(k, -1)                           # [K, C]
+        ctx = ctx_pos if ctx_pos.dim() == 2 else ctx_pos[None, :].expand(k, -1)  # [K, C]
         k_pos = torch.cat((ctx, q_pos), dim=1)                         # [K, C+T]
         in_context = ctx < start
         if context_window is not None:
