@@ -397,6 +397,8 @@ def _plan(args: argparse.Namespace) -> int:
     from .planning.warmup import WarmUpError
 
     catalog = SkillCatalog.from_yaml(args.skills or default_skills_path())
+    if args.max_batch is None:      # one task: the engine's own state, no slots for others
+        args.max_batch = 1
     engine, preset = _load_engine(args, args.model)
     request = replace(request, sampling=_sampling(args, engine, preset.sampling))
     service = PlannerService(engine, catalog, PlannerConfig(

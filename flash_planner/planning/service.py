@@ -180,6 +180,12 @@ class PlannerService:
             return "off"
         return "on, per request (grounded arguments)" if self.catalog.has_grounded else "on"
 
+    def _batch_state(self) -> str:
+        if self.batch is None or self.max_batch == 1:
+            return "one request at a time"
+        return (f"up to {self.max_batch} requests at once "
+                f"({self.batch.slots.nbytes.total / (1 << 20):.1f} MiB of slots)")
+
     def summary(self) -> str:
         """What is loaded, for a log line: model, device, memory, proposers, grammar."""
         engine = self.engine
@@ -187,6 +193,7 @@ class PlannerService:
                 f"{engine.memory}; proposers: {', '.join(engine.proposers) or 'none'} "
                 f"(method {engine.config.method}); plan grammar {self._grammar_state()}; "
                 f"prefix cache {'on' if engine.prefix_cache is not None else 'off'}; "
+                f"{self._batch_state()}; "
                 f"{engine.compile_report or 'eager forwards (compile off)'}")
 
     # ---- lifecycle
