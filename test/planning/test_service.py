@@ -270,3 +270,28 @@ def test_sampled_requests_from_task_json_reproduce_and_bad_settings_are_refused(
     relaxed = make_service(relaxed_thinking=True)
     refused = relaxed.plan(PlanRequest("open the fridge", sampling="card"), timeout=TIMEOUT)
     assert "relaxed thinking acceptance" in refused.error
+
+
+def test_eight_clients_at_once_are_all_answered_together(make_service):
+    """max_batch 8: eight clients submitting at the same moment all run (none is refused,
+    none waits in the queue of depth 1), and each gets the text it gets alone."""
+    service = make_service(max_batch=8, queue_depth=1, max_new_tokens=16)
+    tasks = [f"bring item {i} to the table" for i in range(8)]
+    start = threading.Barrier(8)
+    results = [None] * 8
+
+    def client(i):
+        start.wait()
+        results[i] = service.plan(PlanRequest(tasks[i], id=f"c{i}"), timeout=TIMEOUT)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert all(r is not None and not r.rejected for r in results)
+    assert all(r.telemetry.get("new_tokens", 0) > 0 for r in results), \
+        [r.error for r in results]
+    alone = make_service(max_batch=1, max_new_tokens=16)
+    assert [r.raw_text for r in results] == \
+        [alone.plan(PlanRequest(t), timeout=TIMEOUT).raw_text for t in tasks]
