@@ -10,7 +10,7 @@ LINT_PATHS := flash_planner kernels test bench launch tools setup.py
 
 DEMO_TASK  ?= bring the red cup from the kitchen table to the sink
 
-.PHONY: all venv ros-env thor-deps thor-image test test-gpu demo demo-model bench bench-peer bench-ros bench-gpu kernels-report lint lint-fix clean distclean
+.PHONY: all venv ros-env thor-deps thor-image test test-gpu demo demo-model bench bench-peer bench-ros bench-batch bench-gpu kernels-report lint lint-fix clean distclean
 
 all: test
 
@@ -99,6 +99,11 @@ bench-peer: $(STAMP)
 # The ROS layer's cost: the same tasks through the planner service and the Plan action.
 bench-ros: ros-env
 	. $(ROS_ENV)/env.sh && $(VENV)/bin/python bench/ros_overhead.py
+
+# Batched requests through the planner service against one at a time: 1, 2, 4 and 8
+# closed-loop clients on the same held-out tasks, per method (several minutes on 2 cores).
+bench-batch: $(STAMP)
+	$(VENV)/bin/python bench/batch.py
 
 # Every declared Triton kernel specialization compiled for sm_90 and sm_110 (no GPU needed):
 # registers, spills, shared memory, cubin size, tensor-core instructions.
