@@ -8,6 +8,12 @@ execution, the execute callback submits the request, streams feedback and waits 
 ticket, and the cancel callback accepts and forwards the cancel to the service. Runs in a
 ReentrantCallbackGroup on a MultiThreadedExecutor; rclpy is imported when the server is
 built, not at import time.
+
+Goals run concurrently: each executes on an executor thread of its own, which it holds until
+its result (the node sizes its executor for engine.max_batch running goals and a full queue,
+`node.executor_threads`); up to max_batch decode together in the planner's batch, the rest
+wait in its queue. Each goal has its own feedback throttle, so its feedback carries only its
+own text and steps, and a cancel reaches its own request alone.
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ class FeedbackThrottle:
     closes a plan step goes out at once, so a robot can start the step without waiting. Each
     rclpy publish costs the decoding thread ~0.25 ms (bench/ros_overhead.py), which per
     speculative cycle is a visible share of a small model's plan. `put` runs on the planner's
-    worker thread, `flush` after the request finished (so after the last `put`): no lock is
-    needed.
+    scheduler thread, which decodes every request in flight, so it never waits: it merges or
+    publishes (a keep-last publish does not block). `flush` runs after the request finished
+    (so after the last `put`): no lock is needed.
     """
 
     def __init__(self, publish: Callable[[PlanFeedback], None], period_s: float,
@@ -147,7 +154,7 @@ class PlanActionServer:
         return result
 
     def _feedback(self, goal_handle, feedback) -> None:
-        """Publish one feedback message (called from the service's worker thread)."""
+        """Publish one feedback message (called from the service's scheduler thread)."""
         msg = convert.fill(self._type.Feedback(), convert.feedback_fields(feedback))
         goal_handle.publish_feedback(msg)
 

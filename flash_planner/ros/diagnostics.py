@@ -3,8 +3,10 @@ the publisher of diagnostic_msgs/DiagnosticArray.
 
 The node feeds every finished `PlanResult` into a `LatencyWindow`; on each period,
 `DiagnosticsPublisher` turns the window into `(level, message, key_values)` with
-`node_status` and publishes it. Levels are the ints 0/1/2 of DiagnosticStatus OK/WARN/ERROR
-(sent as one byte). The publisher is our own small code instead of diagnostic_updater, which
+`node_status` and publishes it, beside the planner's load (`load_values`: requests running
+and queued, the batch's slots, and its tokens per second since the last publish from
+`BatchRate`). Levels are the ints 0/1/2 of DiagnosticStatus OK/WARN/ERROR (sent as one
+byte). The publisher is our own small code instead of diagnostic_updater, which
 has no PyPI wheel: one timer, one status named ``<node>: planner`` (diagnostic_updater's
 naming, so rqt_robot_monitor and diagnostic_aggregator group it the same way), a hardware
 id. Everything but `DiagnosticsPublisher` is pure Python; it imports rclpy when built.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -205,15 +208,48 @@ def remote_values(backend: str, health) -> KeyValues:
             ("remote last error", health.last_error or "-")]
 
 
+class BatchRate:
+    """The decoding batch's tokens per second between two calls, from the planner service's
+    cumulative token count (`PlannerService.load_report`). `tokens`: the count now (the
+    first call then measures from here); without it the first call gives 0, and so does a
+    count that went down (another service). Thread-safe."""
+
+    def __init__(self, tokens: int | None = None, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last = None if tokens is None else (clock(), tokens)
+
+    def update(self, tokens: int) -> float:
+        """Tokens per second since the previous call, which `tokens` becomes."""
+        with self._lock:
+            now = self._clock()
+            last, self._last = self._last, (now, tokens)
+        if last is None or tokens < last[1] or now <= last[0]:
+            return 0.0
+        return (tokens - last[1]) / (now - last[0])
+
+
+def load_values(report: dict[str, int], tokens_per_s: float) -> KeyValues:
+    """What /diagnostics says of the planner's load: requests decoding (or waiting on a
+    remote) and queued now, the slots (engine.max_batch resolved), and the batch's tokens
+    per second since the last publish (every request's together)."""
+    return [("requests running", str(report["running"])),
+            ("requests queued", str(report["queued"])),
+            ("max batch", str(report["max_batch"])),
+            ("batch tokens per s", f"{tokens_per_s:.1f}")]
+
+
 def node_status(state: str, load_error: str, window: LatencyWindow | None, budgets: Budgets,
                 queue_depth: int, model: str = "", compiled: str = "",
-                backend: KeyValues = (), threads: str = "") -> tuple[int, str, KeyValues]:
+                backend: KeyValues = (), threads: str = "", load: KeyValues = ()
+                ) -> tuple[int, str, KeyValues]:
     """The node's status: ERROR after a failed model load, OK while not serving, else `status`.
     compiled: whether forwards run as compiled graphs, and what compiling them took;
-    backend: `remote_values`; threads: the engine's torch threads (`Threads`)."""
+    backend: `remote_values`; threads: the engine's torch threads (`Threads`); load:
+    `load_values` (in every state once a model is loaded)."""
     head = [("state", state), ("model", model)] + ([("compiled", compiled)] if compiled else [])
     head += [("threads", threads)] if threads else []
-    head += list(backend)
+    head += list(backend) + list(load)
     if load_error:
         return ERROR, f"model failed to load: {load_error}", head
     if state != "active" or window is None:

@@ -24,6 +24,23 @@ MISSING_ROS = ("planner_node needs ROS 2 (rclpy), which is not importable here: 
                "source /opt/ros/jazzy/setup.bash (or your ROS 2 distro) and retry.")
 SHUTDOWN_GRACE_S = 5.0  # longest wait for goals in flight (and the executor) at shutdown
 RESULT_SEND_S = 0.3     # time left to the executor to send the last goal results
+SPARE_THREADS = 4       # executor threads beside the goals': goal, cancel and result requests,
+                        # ~/task, timers, lifecycle and parameter services
+
+
+def executor_threads(values: dict) -> int:
+    """Threads the node's MultiThreadedExecutor needs for these parameter values.
+
+    Every ~/plan goal in flight holds an executor thread while it waits for its result: up to
+    the engine's max_batch decoding at once (`params.max_batch_bound`: known before configure
+    resolves auto) and up to planner.queue_depth queued; the spares keep goal, cancel and
+    result requests, ~/task, the timers and the services served meanwhile (a goal beyond that
+    is refused by the planner at once, holding a spare only briefly).
+    """
+    from .params import max_batch_bound
+
+    goals = max_batch_bound(values) + values["planner.queue_depth"]
+    return max(os.cpu_count() or 2, goals + SPARE_THREADS)
 
 
 def free_memory() -> None:
@@ -43,9 +60,11 @@ def planner_node_class():
     from . import convert, params
     from .action_server import PlanActionServer
     from .diagnostics import (
+        BatchRate,
         Budgets,
         DiagnosticsPublisher,
         LatencyWindow,
+        load_values,
         node_status,
         remote_values,
     )
@@ -66,6 +85,7 @@ def planner_node_class():
             self._planner = self._window = None
             self._phase, self._load_error, self._model = "unconfigured", "", ""
             self._compiled = ""
+            self._rate = BatchRate()
             values = params.read(self)
             depths = {k: values[f"qos.{k}_depth"] for k in ("plan", "task", "telemetry")}
             self._diagnostics = DiagnosticsPublisher(
@@ -119,6 +139,8 @@ def planner_node_class():
             warm_ms = self._planner.warm_up()
             self._planner.on_result = self._on_result
             self._window = LatencyWindow(values["diagnostics.window"])
+            # measured from now: the first status after configure counts the first goals
+            self._rate = BatchRate(self._planner.load_report()["tokens"])
             self._model = values["model.path"] or values["model.preset"]
             report = self._planner.engine.compile_report
             self._compiled = (f"yes: {' + '.join(report.parts)}, {report.graphs} graphs in "
@@ -170,6 +192,11 @@ def planner_node_class():
             if self._planner is not None:
                 self._planner.stop(reason=reason)
 
+        def executor_threads(self) -> int:
+            """Threads of a MultiThreadedExecutor that spins this node alone: its goals
+            running and queued at once, plus spares (module function `executor_threads`)."""
+            return executor_threads(params.read(self))
+
         def wait_goals_done(self, timeout: float) -> bool:
             """Wait (bounded) until no action goal is executing."""
             return self._action.wait_idle(timeout)
@@ -192,13 +219,16 @@ def planner_node_class():
             budgets = Budgets(self.get_parameter("diagnostics.ttft_budget_ms").value,
                               self.get_parameter("diagnostics.latency_budget_ms").value)
             service = self._planner
-            depth = service.queue_depth if service is not None else 0
+            if service is None:
+                return node_status(self._phase, self._load_error, self._window, budgets, 0,
+                                   self._model, self._compiled)
             backend = remote_values(service.config.backend,
-                                    service.remote.health if service.remote else None) \
-                if service is not None else ()
-            return node_status(self._phase, self._load_error, self._window, budgets, depth,
-                               self._model, self._compiled, backend,
-                               str(service.engine.threads) if service is not None else "")
+                                    service.remote.health if service.remote else None)
+            report = service.load_report()
+            load = load_values(report, self._rate.update(report["tokens"]))
+            return node_status(self._phase, self._load_error, self._window, budgets,
+                               report["queued"], self._model, self._compiled, backend,
+                               str(service.engine.threads), load)
 
     return PlannerNode
 
@@ -226,9 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     node = planner_node_class()()
-    # Each waiting goal holds an executor thread: room for a full queue plus spares.
-    threads = max(os.cpu_count() or 2, node.get_parameter("planner.queue_depth").value + 4)
-    executor = MultiThreadedExecutor(num_threads=threads)
+    # Each goal in flight holds an executor thread: room for max_batch running goals and a
+    # full queue, plus spares.
+    executor = MultiThreadedExecutor(num_threads=node.executor_threads())
     executor.add_node(node)
     spinner = threading.Thread(target=_spin, args=(executor, stop), name="ros-executor")
     spinner.start()

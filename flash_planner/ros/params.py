@@ -73,6 +73,9 @@ PARAMS: tuple[Param, ...] = (
     _p("engine.threads", 0, "torch CPU threads of the node's process; 0 = the preset's "
        "(auto: 1 with a GPU, else half the usable cores, or OMP_NUM_THREADS when set).",
        range=(0, 1024)),
+    _p("engine.max_batch", 0, "Requests decoded at once, one verify per cycle for all of "
+       "them (so as many ~/plan goals run at once; more wait in the planner.queue_depth "
+       "queue); 0 = the preset's (auto: 8 on a CPU, 1 on a GPU).", range=(0, 256)),
     # speculative decoding
     _p("speculative.enabled", True, "Speculative decoding when a proposer is loaded."),
     _p("speculative.method", "", "Proposer: dflash (drafter), mtp (the checkpoint's head), "
@@ -265,7 +268,7 @@ def build_configs(values: dict[str, Any]):
             dense_backend=v["engine.dense_backend"], prefix_cache=v["engine.prefix_cache"],
             prefix_cache_entries=v["engine.prefix_cache_entries"],
             compile=None if v["engine.compile"] == "auto" else v["engine.compile"],
-            threads=v["engine.threads"] or None)
+            threads=v["engine.threads"] or None, max_batch=v["engine.max_batch"] or None)
     except ValueError as exc:
         raise ValueError(f"model/engine parameters: {exc}") from None
     if v["planner.max_new_tokens"] >= engine.max_context:
@@ -290,6 +293,27 @@ def build_configs(values: dict[str, Any]):
     if not skills_path.is_file():
         raise ValueError(f"planner.skills_file: {skills_path} is not a file")
     return engine, planner, skills_path
+
+
+def max_batch_bound(values: dict[str, Any]) -> int:
+    """The most requests the engine may decode at once under these parameter values, known
+    before configure resolves it: engine.max_batch, else the model preset's, else auto's
+    choice for model.device (the larger one when that is auto). Sizes the node's executor;
+    a preset that cannot be read counts as auto (configure reports it)."""
+    from ..engine.config import AUTO_MAX_BATCH
+    from ..planning.presets import resolve_model
+
+    v = {**defaults(), **values}
+    if v["engine.max_batch"]:
+        return v["engine.max_batch"]
+    try:
+        preset = resolve_model(v["model.preset"]) if v["model.preset"] else None
+    except Exception:  # an unknown or unreadable preset: configure says so, with the reason
+        preset = None
+    if preset is not None and preset.max_batch:
+        return preset.max_batch
+    device = v["model.device"]
+    return max(AUTO_MAX_BATCH) if device == "auto" else AUTO_MAX_BATCH[device != "cpu"]
 
 
 def descriptor(param: Param):

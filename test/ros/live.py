@@ -19,6 +19,7 @@ import pytest
 NODE = "flash_planner"
 TIMEOUT = 120.0
 ENDLESS_TOKENS = 6000  # a goal on conftest.endless_dir's model that never ends by itself
+CLIENT_THREADS = 2     # the harness executor's threads for the client node, beside the node's
 
 
 def ros_missing() -> str | None:
@@ -88,7 +89,10 @@ class Harness:
         sub(PlanTelemetry, f"/{NODE}/telemetry", self.telemetry.append, 10)
         sub(DiagnosticArray, "/diagnostics", self.diagnostics.append, 10)
         self.task_pub = self.client_node.create_publisher(String, f"/{NODE}/task", 10)
-        self.executor = MultiThreadedExecutor(num_threads=8, context=context)
+        # sized as planner_node sizes its own (max_batch running goals, a full queue,
+        # spares), plus the client node's callbacks: goals run concurrently here too
+        self.executor = MultiThreadedExecutor(
+            num_threads=self.node.executor_threads() + CLIENT_THREADS, context=context)
         self.executor.add_node(self.node)
         self.executor.add_node(self.client_node)
         self._spinning = True

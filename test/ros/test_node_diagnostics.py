@@ -17,7 +17,8 @@ pytestmark = requires_ros
 KEYS = ("state", "model", "requests ok", "requests failed", "requests cancelled",
         "ttft p50 ms", "ttft p95 ms", "latency p50 ms", "latency p95 ms", "tokens per s",
         "mean accepted length", "tokens per cycle", "queue depth", "last error",
-        "ttft budget ms", "latency budget ms")
+        "ttft budget ms", "latency budget ms", "requests running", "requests queued",
+        "max batch", "batch tokens per s")
 
 
 def _level_after(h, since: int, level) -> bool:
@@ -25,7 +26,8 @@ def _level_after(h, since: int, level) -> bool:
 
 
 def test_diagnostics_carry_the_keys_and_follow_the_budget(harness):
-    h = harness(**{"diagnostics.hardware_id": "thor-01", "engine.threads": 1})
+    h = harness(**{"diagnostics.hardware_id": "thor-01", "engine.threads": 1,
+                   "engine.max_batch": 2})
     h.bring_up()
     assert h.plan()[0] == GoalStatus.STATUS_SUCCEEDED
     assert wait_for(lambda: any(values_of(s).get("requests ok") == "1" for s in h.statuses()))
@@ -33,6 +35,11 @@ def test_diagnostics_carry_the_keys_and_follow_the_budget(harness):
     values = values_of(status)
     assert set(KEYS) <= set(values), sorted(set(KEYS) - set(values))
     assert status.hardware_id == "thor-01" and values["model"] == "demo"
+    # the load: nothing in flight now, two slots (engine.max_batch); the plan's tokens were
+    # counted by a status between configure and now
+    assert (values["requests running"], values["requests queued"]) == ("0", "0")
+    assert values["max batch"] == "2" and values["queue depth"] == "0"
+    assert any(float(values_of(s).get("batch tokens per s", 0)) > 0 for s in h.statuses())
     assert values["threads"].startswith("1 intra-op, ") and "(engine.threads)" in values["threads"]
     assert float(values["latency p95 ms"]) > 0 and float(values["tokens per cycle"]) > 1
     assert status.level == DiagnosticStatus.OK and status.message.startswith("ok: p95 latency")

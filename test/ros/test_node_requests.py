@@ -153,12 +153,13 @@ def test_preempt_policy_aborts_the_running_goal_for_the_new_one(endless):
 
 
 def test_reject_policy_refuses_a_goal_while_busy(endless):
-    h = endless(**{"planner.queue_policy": "reject"})
+    # one slot: the running goal takes it (several slots: test_node_batch.py)
+    h = endless(**{"planner.queue_policy": "reject", "engine.max_batch": 1})
     first = h.running_goal()
     status, result = h.plan(max_new_tokens=8, thinking=False)
     assert status == GoalStatus.STATUS_ABORTED
-    assert result.error == (f"busy with request {bytes(first.goal_id.uuid).hex()} "
-                            "(queue policy 'reject')")
+    assert result.error == (f"busy with request {bytes(first.goal_id.uuid).hex()} and every "
+                            "other slot (max_batch 1; queue policy 'reject')")
     result_of(first.cancel_goal_async())
     assert result_of(first.get_result_async()).status == GoalStatus.STATUS_CANCELED
 
@@ -166,7 +167,7 @@ def test_reject_policy_refuses_a_goal_while_busy(endless):
 def test_two_clients_at_once_are_queued_and_both_answered(harness):
     from rclpy.action import ActionClient
 
-    h = harness()
+    h = harness(**{"engine.max_batch": 1})    # one slot: the second goal waits for it
     h.bring_up()
     other = ActionClient(h.client_node, h.Plan, "/flash_planner/plan")
     assert other.wait_for_server(timeout_sec=30)

@@ -10,8 +10,10 @@ from flash_planner.ros.diagnostics import (
     ERROR,
     OK,
     WARN,
+    BatchRate,
     Budgets,
     LatencyWindow,
+    load_values,
     node_status,
     percentile,
     status,
@@ -159,3 +161,34 @@ def test_bad_inputs():
         LatencyWindow(0)
     with pytest.raises(ValueError, match="ttft_ms"):
         Budgets(0.0, 1.0)
+
+
+def test_batch_rate_is_tokens_per_second_between_calls():
+    now = [10.0]
+    rate = BatchRate(clock=lambda: now[0])
+    assert rate.update(100) == 0.0            # the first call: nothing to measure from
+    now[0] = 10.5
+    assert rate.update(150) == pytest.approx(100.0)
+    assert rate.update(150) == 0.0            # no time passed
+    now[0] = 11.5
+    assert rate.update(150) == 0.0            # idle
+    now[0] = 12.0
+    assert rate.update(20) == 0.0             # counted from zero again: another service
+    now[0] = 13.0
+    assert rate.update(60) == pytest.approx(40.0)
+    from_start = BatchRate(500, clock=lambda: now[0])   # measured from its count at start
+    now[0] = 15.0
+    assert from_start.update(700) == pytest.approx(100.0)
+
+
+def test_load_values_appear_in_every_state_once_a_model_is_loaded():
+    report = {"running": 3, "queued": 2, "max_batch": 4, "cycles": 10, "tokens": 90}
+    load = load_values(report, 123.456)
+    assert dict(load) == {"requests running": "3", "requests queued": "2", "max batch": "4",
+                          "batch tokens per s": "123.5"}
+    for state, window in (("inactive", None), ("active", LatencyWindow(3))):
+        kv = dict(node_status(state, "", window, BUDGETS, 2, "demo", load=load)[2])
+        assert {k: kv[k] for k in dict(load)} == dict(load), state
+    assert dict(node_status("active", "", LatencyWindow(3), BUDGETS, 2, load=load)[2])[
+        "queue depth"] == "2"
+    assert "requests running" not in dict(node_status("unconfigured", "", None, BUDGETS, 0)[2])

@@ -180,3 +180,42 @@ def test_constrain_and_the_presets_refusal_hint_reach_the_planner_config(hybrid_
     _, planner, _ = build_configs({"planner.constrain": False, "model.preset": "",
                                    "model.path": str(hybrid_dir)})
     assert planner.constrain is False and planner.refusal_hint is True
+
+
+def test_max_batch_reaches_the_engine_config():
+    engine, _, _ = build_configs({"engine.max_batch": 4})
+    assert engine.max_batch == 4
+    engine, _, _ = build_configs({})
+    assert engine.max_batch == 0                       # auto: resolved per device at load
+    with pytest.raises(ValueError, match=r"engine\.max_batch"):
+        build_configs({"engine.max_batch": -1})
+
+
+def test_max_batch_bound_is_known_before_configure(monkeypatch):
+    from dataclasses import replace
+
+    from flash_planner.engine.config import AUTO_MAX_BATCH
+    from flash_planner.planning import presets
+
+    bound = params.max_batch_bound
+    assert bound({"engine.max_batch": 3}) == 3
+    assert bound({"model.device": "cpu"}) == AUTO_MAX_BATCH[0]      # the demo preset: auto
+    assert bound({"model.device": "cuda:1"}) == AUTO_MAX_BATCH[1]
+    assert bound({}) == max(AUTO_MAX_BATCH)                          # device auto
+    assert bound({"model.preset": "no_such_preset", "model.device": "cpu"}) == \
+        AUTO_MAX_BATCH[0]
+    demo = presets.ModelPreset.load("demo")
+    monkeypatch.setattr(presets.ModelPreset, "load",
+                        classmethod(lambda cls, name: replace(demo, max_batch=5)))
+    assert bound({"model.device": "cpu"}) == 5                       # the preset's
+    assert bound({"engine.max_batch": 2}) == 2                       # the parameter first
+
+
+def test_the_executor_has_a_thread_per_goal_in_flight_and_spares(monkeypatch):
+    from flash_planner.ros import node
+
+    monkeypatch.setattr(node.os, "cpu_count", lambda: 2)
+    values = {**params.defaults(), "engine.max_batch": 6, "planner.queue_depth": 10}
+    assert node.executor_threads(values) == 6 + 10 + node.SPARE_THREADS
+    monkeypatch.setattr(node.os, "cpu_count", lambda: 64)
+    assert node.executor_threads(values) == 64
