@@ -49,11 +49,12 @@ def kv_append(
     else:
         data = rows.to(cache.dtype)
     b, t = positions.shape
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or b > 1 and bool((positions >= 0).all()):
         # A compiled (static-shape) forward writes every row at a real position (the boolean
         # selection below would give the graph a shape that depends on data), as one
         # index_put_ on the cache itself: inductor writes that in place, where an index_copy_
-        # or a write through a view becomes two copies of the whole cache per call.
+        # or a write through a view becomes two copies of the whole cache per call. Eager,
+        # a batch of sequences whose rows are all real takes the same one call.
         rows_of = torch.arange(b, device=cache.device)[:, None].expand(b, t)
         cache.index_put_((rows_of, positions), data)
         return
