@@ -40,6 +40,7 @@ from .decoding import CancelToken, Decoding, GenerationResult, GenerationSetting
 from .draft_cap import DraftCap
 from .engine import Engine
 from .generate import start
+from .mtp_proposer import MTPProposer
 from .proposer import DraftAsk, Proposer, draft_together
 from .proposers import fork_proposers
 from .slots import SlotStates
@@ -95,7 +96,12 @@ class Batch:
             # slots 0..max_batch-1 for running requests, the last for prefilling newcomers
             self.slots = SlotStates(engine.model_config, self.max_batch + 1, st.capacity,
                                     st.max_steps, st.kv.k.dtype, engine.dtype, engine.device)
-            self._pool = [fork_proposers(engine.proposers) for _ in range(self.max_batch)]
+            mtp = engine.proposers.get("mtp")
+            # the forks' MTP caches: rows of one state, so their drafts go through the
+            # head together
+            heads = mtp.head_slots(self.max_batch) if isinstance(mtp, MTPProposer) else None
+            self._pool = [fork_proposers(engine.proposers, heads, i)
+                          for i in range(self.max_batch)]
         self._active: list[_Running] = []    # running requests, by slot
         self._staged: _Running | None = None  # the newcomer prefilling on the staging slot
         self._waiting: collections.deque[BatchRequest] = collections.deque()
@@ -277,8 +283,9 @@ class Batch:
                 request.future.set_exception(error)
 
     def _draft(self, cap: int | None) -> dict[int, Block]:
-        """Every running request's block (by id of its entry): DFlash drafts of requests
-        sharing a drafter in one forward (`draft_together`), the others each its own."""
+        """Every running request's block (by id of its entry): the drafts of requests whose
+        proposers share a drafter (DFlash) or a head's slots (MTP) in one forward per step
+        (`draft_together`), the others each its own."""
         asked: dict[int, torch.Tensor | DraftAsk] = {}
         for r in list(self._active):
             d = r.decoding
@@ -290,7 +297,7 @@ class Batch:
         groups: dict[int, list[_Running]] = {}
         for r in self._active:
             if isinstance(asked[id(r)], DraftAsk):
-                groups.setdefault(id(asked[id(r)].proposer.drafter), []).append(r)
+                groups.setdefault(id(asked[id(r)].proposer.together_key()), []).append(r)
         for members in groups.values():
             lead = members[0].decoding.timer
             try:

@@ -5,8 +5,9 @@ its own cycles. In a batch the cost of a cycle is shared: every running request'
 runs one after another and the verify grows with the longest block, so what is worth it for
 one request may not be for eight (on a CPU a verify of 8 x 16 rows costs about twice one of
 8 x 1; on a GPU about the same). `DraftCap` measures the whole batch's tokens per second
-under each cap, per batch size (1, 2, 4, 8, ...: the largest power of two not above the
-running count), takes the best and probes the others now and then as `auto` does.
+under each cap, per number of running requests (a request's drafting that is not batched,
+such as the MTP head's, costs the cycle once per request: seven running requests are not
+four), takes the best and probes the others now and then as `auto` does.
 """
 
 from __future__ import annotations
@@ -39,13 +40,8 @@ class DraftCap:
         self.rates: dict[tuple[int, int | None], _Rate] = {}
         self.cycles = 0
 
-    @staticmethod
-    def bucket(running: int) -> int:
-        return 1 << (max(running, 1).bit_length() - 1)
-
     def choose(self, running: int) -> int | None:
-        size = self.bucket(running)
-        known = {c: self.rates.get((size, c)) for c in self.caps}
+        known = {c: self.rates.get((running, c)) for c in self.caps}
         for cap, rate in known.items():
             if rate is None or rate.samples < SETTLED:
                 return cap
@@ -61,7 +57,7 @@ class DraftCap:
     def record(self, running: int, cap: int | None, tokens: int, seconds: float) -> None:
         """A cycle of `running` requests under `cap` published `tokens` in `seconds`."""
         self.cycles += 1
-        key = (self.bucket(running), cap)
+        key = (running, cap)
         value = tokens / max(seconds * 1000.0, 1e-6)
         rate = self.rates.get(key)
         if rate is None:

@@ -29,7 +29,8 @@ from .cache import InferenceState, StateCopy
 from .models.inference import inference
 from .models.mtp import MTPHead
 from .models.target import TargetModel
-from .proposer import Proposer
+from .proposer import DraftAsk, Proposer
+from .slots import SlotStates
 
 
 @dataclass(frozen=True)
@@ -63,17 +64,107 @@ class MTPProposer(Proposer):
         self.pending_hidden: list[torch.Tensor] = []
         self.pending_tokens: list[int] = []
         self._prefix: HeadPrefix | None = None     # set by use_prefix_state for one begin
+        # a fork of a batch: its cache is row `row` of `slots`, shared with the others
+        self.slots: SlotStates | None = None
+        self.row = 0
 
-    def fork(self) -> MTPProposer:
-        """The same head with a cache of its own (a compiled head is bound to the first)."""
+    def fork(self, slots: SlotStates | None = None, row: int = 0) -> MTPProposer:
+        """The same head with a cache of its own (a compiled head is bound to the first):
+        row `row` of `slots` (the caches of a batch's proposers, so that their drafts go
+        through the head together: `propose_together`), or a state of its own."""
         s = self.state
-        state = InferenceState(self.head.cfg, capacity=s.capacity, max_steps=s.max_steps,
-                               kv_dtype=s.kv.k.dtype, compute_dtype=s.kv.compute_dtype,
-                               device=s.device)
+        state = slots.view(row) if slots is not None else InferenceState(
+            self.head.cfg, capacity=s.capacity, max_steps=s.max_steps, kv_dtype=s.kv.k.dtype,
+            compute_dtype=s.kv.compute_dtype, device=s.device)
         clone = copy.copy(self)
         clone.state, clone.pending_hidden, clone.pending_tokens = state, [], []
-        clone._prefix = None
+        clone._prefix, clone.slots, clone.row = None, slots, row
         return clone
+
+    def head_slots(self, rows: int) -> SlotStates:
+        """Caches for `rows` forks that draft together (`fork(slots, row)`)."""
+        s = self.state
+        return SlotStates(self.head.cfg, rows, s.capacity, s.max_steps, s.kv.k.dtype,
+                          s.kv.compute_dtype, s.device)
+
+    def ask(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor | DraftAsk:
+        if self.slots is None:
+            return self.propose(anchor, start, num)
+        return DraftAsk(self, anchor, start, num)
+
+    def together_key(self) -> object | None:
+        return self.slots
+
+    @staticmethod
+    @inference
+    def propose_together(asks: Sequence[DraftAsk]) -> list[torch.Tensor]:
+        """The drafts of several forks sharing one `head_slots`, the head run over every
+        row of them at once: first each request's rows of its last commit (padded to the
+        longest), then each chain step one row each. The rows of a request that is not
+        asking, or has all its drafts, are padding: written past its length and
+        discarded. Catch-up rows (cycles another proposer drafted) go one request at a
+        time first."""
+        slots: SlotStates = asks[0].proposer.slots
+        heads = [a.proposer for a in asks]
+        if not all(p._calibrates_first() for p in heads):
+            return [p.propose(a.anchor, a.start, a.num) for p, a in zip(heads, asks)]
+        lead = heads[0]
+        device = asks[0].anchor.device
+        firsts = [p._catch_up(a.anchor, a.start) for p, a in zip(heads, asks)]
+        rows = [p.row for p in heads]
+        n, width = slots.batch, max(t.shape[0] for t, _ in firsts)
+        hidden_size = firsts[0][1].shape[-1]
+        tokens = torch.zeros(n, width, dtype=torch.long, device=device)
+        hidden = torch.zeros(n, width, hidden_size, dtype=firsts[0][1].dtype, device=device)
+        for row, (tok, h) in zip(rows, firsts):
+            tokens[row, :tok.shape[0]] = tok
+            hidden[row, :tok.shape[0]] = h[0]
+        out = lead.head(lead.embed(tokens), hidden, slots.rows(n, rows))
+        last = torch.tensor([t.shape[0] - 1 for t, _ in firsts], device=device)
+        _settle(slots, {row: t.shape[0] for row, (t, _) in zip(rows, firsts)})
+        now = out[:, -1:].clone()                                   # [n, 1, H] every row
+        now[rows] = out[rows, last][:, None]
+        drafts = [[p._draft(now[row:row + 1], a.start + 1)]
+                  for p, a, row in zip(heads, asks, rows)]
+        for step in range(1, max(a.num for a in asks)):
+            going = {row: 1 for row, a in zip(rows, asks) if a.num > step}
+            nxt = torch.zeros(n, dtype=torch.long, device=device)
+            for row, d in zip(rows, drafts):
+                nxt[row] = d[-1][0]
+            now = lead.head(lead.embed(nxt)[:, None], now, slots.rows(n, list(going)))
+            _settle(slots, going)
+            for i, (p, a, row) in enumerate(zip(heads, asks, rows)):
+                if row in going:
+                    drafts[i].append(p._draft(now[row:row + 1], a.start + 1 + step))
+        for p, a in zip(heads, asks):
+            p.state.truncate(a.start)     # entries from drafts: dropped before the verify
+        return [torch.cat(d) for d in drafts]
+
+    def _calibrates_first(self) -> bool:
+        """Whether this proposal's rows meet a calibrated cache: an FP8 one is calibrated
+        by its first rows, which a batched forward of several requests' rows cannot do."""
+        kv = self.state.kv
+        return (not kv.is_fp8 or all(kv.calibrated)
+                or sum(h.shape[1] for h in self.pending_hidden[:-1]) > 0)
+
+    def _catch_up(self, anchor: torch.Tensor, start: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the committed rows before the last commit's through the head (a catch-up);
+        the last commit's (tokens [T], hidden [1, T, H]), each row's next token with the
+        anchor last, for the head's first forward of this proposal."""
+        hidden = torch.cat(self.pending_hidden, dim=1)                 # [1, start-P, H]
+        if hidden.shape[1] != start - self.state.length:
+            raise RuntimeError(f"MTP head holds {self.state.length} positions and "
+                               f"{hidden.shape[1]} pending rows, anchor at {start}")
+        # Each pending row's next token: the following row's token, the anchor for the last.
+        tokens = torch.cat((torch.tensor(self.pending_tokens[1:], dtype=torch.long,
+                                         device=anchor.device), anchor))
+        split = hidden.shape[1] - self.pending_hidden[-1].shape[1]
+        t0 = time.perf_counter()
+        self._commit_rows(tokens[:split], hidden[:, :split])
+        self.catchup_ms = (time.perf_counter() - t0) * 1000.0
+        self.pending_hidden, self.pending_tokens = [], []
+        return tokens[split:], hidden[:, split:]
 
     @inference
     def prefix_state(self, prefix_ids: Sequence[int], taps: dict[int, torch.Tensor]
@@ -108,22 +199,11 @@ class MTPProposer(Proposer):
 
     @inference
     def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
-        hidden = torch.cat(self.pending_hidden, dim=1)                 # [1, start-P, H]
-        if hidden.shape[1] != start - self.state.length:
-            raise RuntimeError(f"MTP head holds {self.state.length} positions and "
-                               f"{hidden.shape[1]} pending rows, anchor at {start}")
-        # Each pending row's next token: the following row's token, the anchor for the last.
-        tokens = torch.cat((torch.tensor(self.pending_tokens[1:], dtype=torch.long,
-                                         device=anchor.device), anchor))
-        # Rows before the last chunk (the prompt, or cycles another proposer drafted) are a
-        # catch-up; the last chunk's rows are this cycle's first head forward.
-        split = hidden.shape[1] - self.pending_hidden[-1].shape[1]
-        t0 = time.perf_counter()
-        self._commit_rows(tokens[:split], hidden[:, :split])
-        self.catchup_ms = (time.perf_counter() - t0) * 1000.0
-        out = self.head(self.embed(tokens[split:])[None], hidden[:, split:], self.state)
+        # Rows before the last commit's (the prompt, or cycles another proposer drafted)
+        # are a catch-up; the last commit's rows are this cycle's first head forward.
+        tokens, hidden = self._catch_up(anchor, start)
+        out = self.head(self.embed(tokens)[None], hidden, self.state)
         self.state.commit(out.shape[1])
-        self.pending_hidden, self.pending_tokens = [], []
         out = out[:, -1:]
         drafts = [self._draft(out, start + 1)]
         for i in range(num - 1):
@@ -151,3 +231,13 @@ class MTPProposer(Proposer):
         n = len(tokens)
         self.pending_hidden.append(taps[:, :n])
         self.pending_tokens.extend(tokens)
+
+
+def _settle(slots: SlotStates, keep: dict[int, int]) -> None:
+    """After a forward over every row of `slots`: rows in `keep` commit that many rows, the
+    others (padding) are discarded."""
+    for index, view in enumerate(slots.views):
+        if index in keep:
+            view.commit(keep[index])
+        else:
+            view.discard()

@@ -56,6 +56,16 @@ class Proposer:
         (a batch: `draft_together`), what it would draft."""
         return self.propose(anchor, start, num)
 
+    def together_key(self) -> object | None:
+        """What proposers that can draft in one forward share (their asks go together);
+        None: this one drafts alone."""
+        return None
+
+    @staticmethod
+    def propose_together(asks: Sequence[DraftAsk]) -> list[torch.Tensor]:
+        """The drafts of several asks of one `together_key`, in one forward per step."""
+        raise NotImplementedError
+
     def commit(self, tokens: Sequence[int], taps: torch.Tensor | None, start: int) -> None:
         """Rows committed to the target, in order from position `start` (the anchor first);
         taps [1, len(tokens), n*hidden]."""
@@ -141,6 +151,40 @@ class DFlashProposer(Proposer):
     def ask(self, anchor: torch.Tensor, start: int, num: int) -> DraftAsk:
         return DraftAsk(self, anchor, start, num)
 
+    def together_key(self) -> object:
+        return self.drafter
+
+    @staticmethod
+    def propose_together(asks: Sequence[DraftAsk]) -> list[torch.Tensor]:
+        """One drafter forward for several requests: each block at its own start over its
+        own window, the windows padded to the longest with rows at a position no block
+        sees. Each request reads its drafts as it would alone (its own picker, its own
+        DFlash2 walk)."""
+        lead = asks[0].proposer
+        drafter = lead.drafter
+        prepared = [a.proposer._prepare(a.anchor) for a in asks]
+        width = max(pos.shape[0] for _, _, pos in prepared)
+        ids = torch.stack([p[0] for p in prepared])                      # [K, block]
+        device = ids.device
+        positions = torch.full((len(asks), width), EMPTY_POSITION, device=device)
+        layers = []
+        for layer in range(drafter.cfg.num_layers):
+            ks, vs = [], []
+            for _, kv, _ in prepared:
+                k, v = kv[layer]
+                pad = width - k.shape[1]
+                ks.append(torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)))
+                vs.append(torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)))
+            layers.append((torch.cat(ks), torch.cat(vs)))
+        for i, (_, _, pos) in enumerate(prepared):
+            positions[i, :pos.shape[0]] = pos
+        starts = torch.tensor([a.start for a in asks], device=device)
+        hidden = drafter(lead.embed(ids), starts, layers, positions)      # [K, block, H]
+        return [a.proposer._read(drafter.draft_output(hidden[i, 1:a.num + 1],
+                                                      a.proposer.lm_head_weight, a.anchor),
+                                 a.num, a.start)
+                for i, a in enumerate(asks)]
+
     def _prepare(self, anchor: torch.Tensor):
         """The block's ids [block_size] and the window's (per-layer (k, v), positions), the
         rows of earlier commits folded in first (a catch-up, `catchup_ms`)."""
@@ -195,15 +239,15 @@ class DFlashProposer(Proposer):
 
 @dataclass
 class DraftAsk:
-    """A DFlash draft a batch makes in one drafter forward with other requests'."""
-    proposer: DFlashProposer
+    """A draft a batch makes in one forward with other requests' (`draft_together`)."""
+    proposer: Proposer
     anchor: torch.Tensor          # [1]
     start: int
     num: int
 
 
 def drafts_of(asked: torch.Tensor | DraftAsk) -> torch.Tensor:
-    """What `Proposer.ask` answered, as drafts (a lone DFlash ask drafts now)."""
+    """What `Proposer.ask` answered, as drafts (a lone ask drafts now)."""
     if isinstance(asked, DraftAsk):
         return asked.proposer.propose(asked.anchor, asked.start, asked.num)
     return asked
@@ -211,38 +255,14 @@ def drafts_of(asked: torch.Tensor | DraftAsk) -> torch.Tensor:
 
 @inference
 def draft_together(asks: Sequence[DraftAsk]) -> list[torch.Tensor]:
-    """The drafts of several requests whose proposers share one drafter, from one forward:
-    each block at its own start over its own window, the windows padded to the longest with
-    rows at a position no block sees. Each request reads its drafts as it would alone (its
-    own picker, its own DFlash2 walk)."""
+    """The drafts of several requests' asks that share one `together_key` (a DFlash
+    drafter, an MTP head's slots), from one forward per step."""
     if len(asks) == 1:
         return [drafts_of(asks[0])]
-    lead = asks[0].proposer
-    drafter = lead.drafter
-    if any(a.proposer.drafter is not drafter for a in asks):
-        raise ValueError("draft_together: every ask must share one drafter")
-    prepared = [a.proposer._prepare(a.anchor) for a in asks]
-    width = max(pos.shape[0] for _, _, pos in prepared)
-    ids = torch.stack([p[0] for p in prepared])                          # [K, block]
-    device = ids.device
-    positions = torch.full((len(asks), width), EMPTY_POSITION, device=device)
-    layers = []
-    for layer in range(drafter.cfg.num_layers):
-        ks, vs = [], []
-        for _, kv, _ in prepared:
-            k, v = kv[layer]
-            pad = width - k.shape[1]
-            ks.append(torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)))
-            vs.append(torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)))
-        layers.append((torch.cat(ks), torch.cat(vs)))
-    for i, (_, _, pos) in enumerate(prepared):
-        positions[i, :pos.shape[0]] = pos
-    starts = torch.tensor([a.start for a in asks], device=device)
-    hidden = drafter(lead.embed(ids), starts, layers, positions)          # [K, block, H]
-    return [a.proposer._read(drafter.draft_output(hidden[i, 1:a.num + 1],
-                                                  a.proposer.lm_head_weight, a.anchor),
-                             a.num, a.start)
-            for i, a in enumerate(asks)]
+    key = asks[0].proposer.together_key()
+    if key is None or any(a.proposer.together_key() is not key for a in asks):
+        raise ValueError("draft_together: every ask must share one together_key")
+    return asks[0].proposer.propose_together(asks)
 
 
 class ReplayProposer(Proposer):

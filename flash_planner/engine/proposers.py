@@ -20,6 +20,7 @@ from .config import ConfigError, EngineConfig
 from .models.dflash import load_drafter
 from .mtp_proposer import MTPProposer
 from .proposer import DFlashProposer, Proposer
+from .slots import SlotStates
 from .weights.bytes import module_bytes
 
 log = logging.getLogger(__name__)
@@ -86,10 +87,13 @@ def build_proposers(config: EngineConfig, checkpoint: Checkpoint, state: Inferen
     return proposers, ProposerBytes(weights, kv)
 
 
-def fork_proposers(proposers: dict[str, Proposer]) -> dict[str, Proposer]:
+def fork_proposers(proposers: dict[str, Proposer], head_slots: SlotStates | None = None,
+                   row: int = 0) -> dict[str, Proposer]:
     """An engine's proposers for another request decoding at the same time: each forked
-    (same weights, its own state), auto routing among the forks."""
-    forks = {name: p.fork() for name, p in proposers.items() if name != "auto"}
+    (same weights, its own state; the MTP head's cache row `row` of `head_slots`, where
+    given, so that forks draft together), auto routing among the forks."""
+    forks = {name: p.fork(head_slots, row) if isinstance(p, MTPProposer) else p.fork()
+             for name, p in proposers.items() if name != "auto"}
     auto = proposers.get("auto")
     if isinstance(auto, AutoProposer):
         forks["auto"] = auto.fork(dict(forks))

@@ -22,13 +22,15 @@ class BatchRows:
     """Slots 0..m-1 as the state of one batched forward: their storage, one start per row.
     Every slot's view is left with the block's rows pending, to commit as it accepts."""
 
-    def __init__(self, whole: InferenceState, slots: list[InferenceState]):
+    def __init__(self, whole: InferenceState, slots: list[InferenceState],
+                 writing: list[InferenceState] | None = None):
         m = len(slots)
         self.slots = slots
         self.capacity = whole.capacity
         self.max_steps = whole.max_steps
         self.device = whole.device
-        calibrated = [all(s.kv.calibrated[i] for s in slots)
+        # the slots whose rows count (the others pad: their rows are discarded)
+        calibrated = [all(s.kv.calibrated[i] for s in (writing or slots))
                       for i in range(len(whole.kv.calibrated))]
         if whole.kv.is_fp8 and not all(calibrated):
             raise RuntimeError("every slot of a batched forward must have prefilled first "
@@ -76,11 +78,13 @@ class SlotStates:
     def view(self, index: int) -> InferenceState:
         return self.views[index]
 
-    def rows(self, m: int) -> BatchRows:
-        """Slots 0..m-1 as one batched forward's state."""
+    def rows(self, m: int, writing: list[int] | None = None) -> BatchRows:
+        """Slots 0..m-1 as one batched forward's state; `writing`: the slots whose rows
+        count, when the others only pad (attention-only states, which discard them)."""
         if not 1 <= m <= self.batch:
             raise ValueError(f"rows({m}) outside 1..{self.batch} slots")
-        return BatchRows(self.whole, self.views[:m])
+        return BatchRows(self.whole, self.views[:m],
+                         None if writing is None else [self.views[i] for i in writing])
 
     @torch.inference_mode()
     def move(self, src: int, dst: int) -> None:
