@@ -29,6 +29,12 @@ service pays and the single one does not: the tokens/s ratio understates a stead
     python bench/batch.py [--clients 1,2,4,8] [--methods none,dflash,mtp,auto] [--tasks 48]
                           [--rounds 2] [--threads 0] [--max-batch 8] [--json]
     python bench/batch.py --small --json   (a quick run: 1 and 2 clients, auto, 4 tasks)
+    python bench/batch.py --draft-caps 0,2,4,none [--clients 2,4,8] [--methods auto]
+
+`--draft-caps`: how many drafts per cycle an `auto` request should make in a batch. For each
+client count n, 3n tasks go to a batch of n at once (engine/batch.py `Batch.run`, the
+requests' own grammars; no service), once per cap (`none`: each request's own routing);
+printed: aggregate tokens/s and tokens per cycle per cap.
 """
 
 from __future__ import annotations
@@ -311,6 +317,40 @@ def parse_list(text: str, kind, name: str, parser: argparse.ArgumentParser) -> l
     return values
 
 
+def cap_sweep(engine: Engine, service: PlannerService, examples: list, sizes: list[int],
+              caps: list[int | None], method: str) -> list[dict]:
+    """Tokens/s of a batch of n under each draft cap, 3n tasks submitted at once."""
+    from flash_planner.engine.batch import Batch
+    from flash_planner.planning.local_job import plan_job
+    from flash_planner.planning.service import PlanTicket
+
+    def works(n: int) -> list:
+        out = []
+        for i, ex in enumerate(examples[:3 * n]):
+            request = PlanRequest(task=ex.task, context=ex.context, id=f"s{i}",
+                                  enable_thinking=ex.thinking is not None, method=method)
+            ticket = PlanTicket(request, None)
+            ticket.request = ticket.request.checked(4000, 4000)
+            job = plan_job(service, ticket, service._words(ticket.request), {}, None)
+            out.append(job.work)
+        return out
+
+    rows = []
+    for n in sizes:
+        for cap in caps:
+            batch = Batch(engine, n, draft_cap=cap)
+            batch.run(works(n)[:n])                         # first calls, untimed
+            cycles = batch.stats.cycles
+            t0 = time.perf_counter()
+            results = batch.run(works(n))
+            wall = time.perf_counter() - t0
+            tokens = sum(len(r.token_ids) for r in results)
+            rows.append({"batch": n, "cap": cap, "tok_s": tokens / wall,
+                         "tok_per_cycle": tokens / max(batch.stats.cycles - cycles, 1)})
+            progress(f"draft caps: batch {n}, cap {cap}")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", default=None,
@@ -327,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the batched service's engine.max_batch")
     parser.add_argument("--small", action="store_true",
                         help="a quick run (tests): 1 and 2 clients, auto, 4 tasks, 1 round")
+    parser.add_argument("--draft-caps", default=None,
+                        help="instead: tokens/s of a batch per auto draft cap, e.g. "
+                        "0,2,4,none")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     small = args.small
@@ -357,8 +400,20 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine.load(preset.engine_config(device="cpu", dtype="fp32",
                                                   threads=args.threads, max_batch=max_batch))
         services[name] = PlannerService(engine, catalog, planner)
-    sets = heldout_sets(0, -(-tasks_n // 3))
-    examples = [ex for trio in zip(*sets.values()) for ex in trio][:tasks_n]
+    sets = heldout_sets(0, -(-max(tasks_n, 3 * max(clients)) // 3))
+    examples = [ex for trio in zip(*sets.values()) for ex in trio]
+    if args.draft_caps is not None:
+        caps = [None if c.strip() == "none" else int(c) for c in args.draft_caps.split(",")]
+        with torch.inference_mode():
+            rows = cap_sweep(services["batched"].engine, services["batched"], examples,
+                             clients, caps, methods[0])
+        if args.json:
+            print(json.dumps({"draft_caps": rows}))
+        for row in rows if not args.json else ():
+            print(f"batch {row['batch']}  cap {str(row['cap']):>4}  "
+                  f"{row['tok_s']:7.0f} tok/s  {row['tok_per_cycle']:6.2f} tok/cycle")
+        return 0
+    examples = examples[:tasks_n]
     tasks = list(enumerate(examples))
     t0 = time.perf_counter()
     try:

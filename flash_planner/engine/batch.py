@@ -6,7 +6,8 @@ A cycle (`Batch.step`):
    within a budget of `prefill_budget` tokens per cycle while others are running (so a long
    prompt never stalls them for its whole prefill; with none running, without a limit);
 2. every running request drafts its block with its own proposers (forks of the engine's:
-   `Proposer.fork`), and its grammar cuts it;
+   `Proposer.fork`), the drafts of those sharing a drafter or an MTP head's slots in one
+   forward per step (`draft_together`), and its grammar cuts it;
 3. one target forward verifies every block, padded to the longest with rows that the
    per-step checkpoints make harmless: a request commits at most its own rows, and the
    rollback to its accepted step discards the padding's effect on the recurrent state, while
@@ -37,7 +38,6 @@ import torch
 
 from .constraint import Constraint
 from .decoding import CancelToken, Decoding, GenerationResult, GenerationSettings, TokenCallback
-from .draft_cap import DraftCap
 from .engine import Engine
 from .generate import start
 from .mtp_proposer import MTPProposer
@@ -76,6 +76,7 @@ class CycleStats:
     """What the last cycles did (diagnostics)."""
     cycles: int = 0
     verify_rows: int = 0          # rows of the batched forwards, padding included
+    block_rows: int = 0           # of those, the requests' own (anchor and drafts)
     tokens: int = 0               # tokens published by running requests
     running: int = 0
     waiting: int = 0
@@ -83,7 +84,10 @@ class CycleStats:
 
 class Batch:
     def __init__(self, engine: Engine, max_batch: int | None = None,
-                 prefill_budget: int | None = None):
+                 prefill_budget: int | None = None, draft_cap: int | None = None):
+        """draft_cap: at most this many drafts per cycle for `auto` requests (None: each
+        request's own routing decides; measured best on this project's CPU at every batch
+        size once drafts go through their drafter together, docs/performance.md)."""
         self.engine = engine
         self.max_batch = max_batch or engine.config.resolve_max_batch(engine.device)
         self.prefill_budget = prefill_budget or engine.config.prefill_chunk
@@ -108,7 +112,7 @@ class Batch:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self.stats = CycleStats()
-        self.draft_cap = DraftCap()
+        self.draft_cap = draft_cap
 
     # ---- any thread
     def submit(self, request: BatchRequest) -> Future:
@@ -222,12 +226,7 @@ class Batch:
     def _cycle(self) -> None:
         if not self._active:
             return
-        # auto requests draft under the cap measured best for this many running requests
-        routed = any(r.decoding.proposer is not None and r.decoding.proposer.name == "auto"
-                     for r in self._active)
-        cap = self.draft_cap.choose(len(self._active)) if routed else None
-        t0 = self.draft_cap.clock()
-        blocks = self._draft(cap)
+        blocks = self._draft(self.draft_cap)
         running = list(self._active)
         if not running:
             return
@@ -248,6 +247,7 @@ class Batch:
             return
         self.stats.cycles += 1
         self.stats.verify_rows += m * t
+        self.stats.block_rows += sum(int(x.shape[0]) for x in rows)
         ended: list[tuple[_Running, BaseException | None]] = []
         before = sum(len(r.decoding.published) for r in running)
         for i, r in enumerate(running):
@@ -264,10 +264,7 @@ class Batch:
                 continue
             if d.done:
                 ended.append((r, None))
-        tokens = sum(len(r.decoding.published) for r in running) - before
-        self.stats.tokens += tokens
-        if routed:
-            self.draft_cap.record(m, cap, tokens, self.draft_cap.clock() - t0)
+        self.stats.tokens += sum(len(r.decoding.published) for r in running) - before
         for r, exc in ended:      # after every slot has committed: the moves need that
             self._end(r, exc)
 

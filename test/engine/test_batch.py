@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from flash_planner.engine.batch import Batch, BatchRequest
-from flash_planner.engine.draft_cap import DraftCap
 from flash_planner.engine.generate import CancelToken, GenerationSettings, generate
 from flash_planner.engine.proposer import ReplayProposer
 from flash_planner.engine.sampling import Sampling, SamplingParams
@@ -186,24 +185,6 @@ def test_a_long_prompt_prefills_between_the_running_requests_cycles(engines):
     assert between.count("short") >= chunks - 1
     assert second.result().token_ids == generate(engine, long_prompt, late.settings).token_ids
     assert first.result().token_ids == generate(engine, short.prompt, short.settings).token_ids
-
-
-def test_the_draft_cap_follows_the_measured_rate():
-    now = [0.0]
-    cap = DraftCap(caps=(None, 0), probe_every=4, clock=lambda: now[0])
-    # at 8 requests plain decoding publishes more per second; alone, drafting does
-    rates = {(8, None): 1.0, (8, 0): 3.0, (1, None): 2.0, (1, 0): 1.0}
-    chosen = {1: [], 8: []}
-    for _ in range(60):
-        for running in (1, 8):
-            c = cap.choose(running)
-            chosen[running].append(c)
-            cap.record(running, c, int(rates[running, c] * 10), 0.01)
-    assert chosen[8][-20:].count(0) >= 15 and chosen[1][-20:].count(None) >= 15
-    assert 0 < chosen[8][-40:].count(None)          # the other cap is still probed
-    with pytest.raises(ValueError):
-        DraftCap(caps=())
-    assert torch.is_inference_mode_enabled() is False
 
 
 def test_a_batch_of_one_decodes_on_the_engines_own_state(engines):
