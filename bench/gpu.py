@@ -492,8 +492,6 @@ def profile_rows(device: str, small: bool) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     from flash_planner.planning.request import PlanRequest
-    from flash_planner.planning.service import PlanTicket
-
     tasks = held_out(1 if small else 3)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     rows = []
@@ -505,8 +503,8 @@ def profile_rows(device: str, small: bool) -> list[dict]:
         t0 = time.perf_counter()
         with profile(activities=activities) as prof:
             for ex in tasks:
-                result = service._run(PlanTicket(PlanRequest(ex.task, ex.context,
-                                                             method="auto"), None))
+                result = service.plan_in_this_thread(PlanRequest(ex.task, ex.context,
+                                                                 method="auto"))
                 assert result.success, result.error
         wall_ms = (time.perf_counter() - t0) * 1000 / len(tasks)
         events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]

@@ -105,6 +105,7 @@ class AutoProposer(Proposer):
         self.estimates: dict[tuple[str, str], Estimate] = {}     # (phase, candidate)
         self.cycles = 0
         self._method = ""                # the proposer that drafted the current cycle
+        self._routed: str | None = None  # the candidate a batch chose for the next ask
         self._drafting: tuple[str, str, float] | None = None  # (phase, candidate, start)
         # (phase, proposer) -> per draft position [decayed cycles that drafted it, that
         # accepted it], for proposers with several lengths
@@ -186,9 +187,19 @@ class AutoProposer(Proposer):
     def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
         return drafts_of(self.ask(anchor, start, num))
 
+    def preferred(self) -> str:
+        """The candidate the next `ask` would draft with (no state changes)."""
+        return self.choose(self._phase())
+
+    def route(self, candidate: str | None) -> None:
+        """Draft the next `ask` with `candidate` (a batch's common choice: requests that draft
+        with one proposer share its forward) instead of this router's own."""
+        self._routed = candidate
+
     def ask(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor | DraftAsk:
         phase = self._phase()
-        cand = self.choose(phase)
+        cand = self._routed or self.choose(phase)
+        self._routed = None
         self._method, drafts = self.candidates[cand]
         self._drafting = (phase, cand, self.clock())
         return self.proposers[self._method].ask(anchor, start, min(num, drafts))

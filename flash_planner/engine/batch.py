@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .auto_proposer import AutoProposer
 from .constraint import Constraint
 from .decoding import CancelToken, Decoding, GenerationResult, GenerationSettings, TokenCallback
 from .engine import Engine
@@ -283,6 +284,7 @@ class Batch:
         """Every running request's block (by id of its entry): the drafts of requests whose
         proposers share a drafter (DFlash) or a head's slots (MTP) in one forward per step
         (`draft_together`), the others each its own."""
+        self._route_together()
         asked: dict[int, torch.Tensor | DraftAsk] = {}
         for r in list(self._active):
             d = r.decoding
@@ -312,6 +314,19 @@ class Batch:
             except Exception as exc:
                 self._end(r, exc)
         return blocks
+
+    def _route_together(self) -> None:
+        """`auto` requests draft this cycle with the candidate most of them prefer: one
+        drafter's forward for all of them instead of one per proposer, and blocks of one
+        length to verify (what each router measures then is its own cycles)."""
+        routers = [r.decoding.proposer for r in self._active
+                   if isinstance(r.decoding.proposer, AutoProposer)]
+        if len(routers) < 2:
+            return
+        votes = collections.Counter(p.preferred() for p in routers)
+        common = votes.most_common(1)[0][0]
+        for p in routers:
+            p.route(common)
 
     def _end(self, r: _Running, error: BaseException | None = None) -> None:
         """A request leaves: its slot emptied (the last running slot moved into it), its

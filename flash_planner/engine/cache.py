@@ -269,22 +269,24 @@ class InferenceState:
                              f"{self.pending} pending rows")
         self.length = length
 
-    def discard(self) -> None:
-        """Forget the last forward's rows (a batch's padding row of a request that did not
-        take part). Only an attention-only state can: its rows past the length are
-        overwritten by the next forward."""
+    def keep(self, n: int) -> None:
+        """Keep the first n (0: none) of the last forward's rows, without checkpoints: only
+        an attention-only state can (its rows past the length are overwritten by the next
+        forward), such as the MTP head's, whose batched forwards pad each request's rows."""
         if self.gdn.state.shape[0]:
-            raise RuntimeError("a state with recurrent (GDN) layers cannot discard a forward")
+            raise RuntimeError("a state with recurrent (GDN) layers commits with checkpoints")
+        if not 0 <= n <= self.pending:
+            raise ValueError(f"keep({n}) outside 0..{self.pending} pending rows")
+        self.length += n
         self.pending = 0
         self.recorded = False
 
     def commit(self, n: int) -> None:
-        """Keep the first n rows of the last forward; roll the GDN state back if n is short
-        (an attention-only state keeps fewer rows without checkpoints)."""
+        """Keep the first n rows of the last forward; roll the GDN state back if n is short."""
         if not 0 < n <= self.pending:
             raise ValueError(f"commit({n}) outside 1..{self.pending} pending rows")
         if n < self.pending:
-            if not self.recorded and self.gdn.state.shape[0]:
+            if not self.recorded:
                 raise RuntimeError("partial commit needs a forward with record_steps=True")
             if self.gdn.state.shape[0]:
                 step = torch.full((self.gdn.state.shape[1],), n - 1, dtype=torch.long,

@@ -234,10 +234,7 @@ class MTPProposer(Proposer):
 
 
 def _settle(slots: SlotStates, keep: dict[int, int]) -> None:
-    """After a forward over every row of `slots`: rows in `keep` commit that many rows, the
-    others (padding) are discarded."""
+    """After a forward over every row of `slots`: rows in `keep` keep that many rows, the
+    others (padding) none."""
     for index, view in enumerate(slots.views):
-        if index in keep:
-            view.commit(keep[index])
-        else:
-            view.discard()
+        view.keep(keep.get(index, 0))

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from ..engine.config import EngineConfig
+from ..engine.config import AUTO_MAX_BATCH, EngineConfig
 from . import sources
 
 
@@ -129,6 +129,14 @@ class ModelPreset:
         for key in ("model_path", "drafter_path"):
             values[key] = sources.resolve(asset_path(values[key]), allow_download, progress)
         return EngineConfig(**values)
+
+
+def auto_max_batch(device: str) -> int:
+    """max_batch 0's choice for a device setting (cpu, cuda[:N]; auto: the larger, since
+    the device is not known before loading)."""
+    if device == "auto":
+        return max(AUTO_MAX_BATCH)
+    return AUTO_MAX_BATCH[device != "cpu"]
 
 
 def resolve_model(model: str) -> ModelPreset:

@@ -327,6 +327,21 @@ class PlannerService:
         return self._enqueue(PlanTicket(PlanRequest(task="(completion)", id=request_id), None,
                                         completion))
 
+    def plan_in_this_thread(self, request: PlanRequest) -> PlanResult:
+        """Plan `request` in the calling thread, the service not started (a profiler records
+        the ops of the thread that started it: bench/gpu.py)."""
+        if self._worker is not None:
+            raise RuntimeError("the service is running: submit the request instead")
+        ticket = PlanTicket(request, None)
+        made = plan_job(self, ticket, self._words(request), {}, self._deadline(request))
+        if isinstance(made, PlanResult):
+            return made
+        future = self.batch.submit(made.work)
+        while not future.done():
+            self.batch.step()
+        error = future.exception()
+        return made.outcome(None if error else future.result(), error)
+
     def plan(self, request: PlanRequest, on_feedback: FeedbackCallback | None = None,
              timeout: float | None = None) -> PlanResult:
         """Submit and wait: the blocking form."""

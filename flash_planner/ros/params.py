@@ -300,8 +300,7 @@ def max_batch_bound(values: dict[str, Any]) -> int:
     before configure resolves it: engine.max_batch, else the model preset's, else auto's
     choice for model.device (the larger one when that is auto). Sizes the node's executor;
     a preset that cannot be read counts as auto (configure reports it)."""
-    from ..engine.config import AUTO_MAX_BATCH
-    from ..planning.presets import resolve_model
+    from ..planning.presets import auto_max_batch, resolve_model
 
     v = {**defaults(), **values}
     if v["engine.max_batch"]:
@@ -312,8 +311,7 @@ def max_batch_bound(values: dict[str, Any]) -> int:
         preset = None
     if preset is not None and preset.max_batch:
         return preset.max_batch
-    device = v["model.device"]
-    return max(AUTO_MAX_BATCH) if device == "auto" else AUTO_MAX_BATCH[device != "cpu"]
+    return auto_max_batch(v["model.device"])
 
 
 def descriptor(param: Param):
