@@ -273,3 +273,27 @@ def test_mtp_drafts_made_together_equal_each_request_alone(checkpoints, make_eng
             assert (a.int() - b.int()).abs().max() <= 1
         else:
             assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_auto_requests_in_a_batch_draft_with_their_common_choice(engines, monkeypatch):
+    """Each cycle every auto request drafts with the candidate most of them prefer (one
+    drafter forward for all), and their tokens stay their own alone."""
+    from flash_planner.engine.auto_proposer import AutoProposer
+
+    engine = engines("hybrid", "fp32")
+    requests = _requests(engine, ["auto"])[:5]
+    alone = _alone(engine, requests)
+    batch = Batch(engine, max_batch=5)
+    chosen: dict[int, set[str]] = {}
+    ask = AutoProposer.ask
+
+    def recording(self, anchor, start, num):
+        out = ask(self, anchor, start, num)
+        chosen.setdefault(batch.stats.cycles, set()).add(self._method)
+        return out
+
+    monkeypatch.setattr(AutoProposer, "ask", recording)
+    got = batch.run(requests)
+    assert [g.token_ids for g in got] == [a.token_ids for a in alone]
+    assert len(chosen) > 3 and all(len(methods) == 1 for methods in chosen.values())
+    assert len(set().union(*chosen.values())) > 1        # the choice still moves
