@@ -277,13 +277,22 @@ def test_mtp_drafts_made_together_equal_each_request_alone(checkpoints, make_eng
 
 def test_auto_requests_in_a_batch_draft_with_their_common_choice(engines, monkeypatch):
     """Each cycle every auto request drafts with the candidate most of them prefer (one
-    drafter forward for all), and their tokens stay their own alone."""
-    from flash_planner.engine.auto_proposer import AutoProposer
+    drafter forward for all), and their tokens stay their own alone. Three routers are
+    made to prefer the DFlash drafter and two the MTP head: the first cycle drafts with the
+    drafter; each cycle drafts with one candidate."""
+    from flash_planner.engine.auto_proposer import AutoProposer, Estimate
 
     engine = engines("hybrid", "fp32")
     requests = _requests(engine, ["auto"])[:5]
     alone = _alone(engine, requests)
     batch = Batch(engine, max_batch=5)
+    for i, proposers in enumerate(batch._pool):
+        router = proposers["auto"]
+        liked = "mtp" if i < 2 else "dflash"
+        for phase in ("think", "answer"):
+            for cand in router.candidates:       # settled, never stale, `liked` fastest
+                rate = 9.0 if cand == liked else 1.0
+                router.estimates[phase, cand] = Estimate(rate, 1.0, 10**9, 99)
     chosen: dict[int, set[str]] = {}
     ask = AutoProposer.ask
 
@@ -295,5 +304,5 @@ def test_auto_requests_in_a_batch_draft_with_their_common_choice(engines, monkey
     monkeypatch.setattr(AutoProposer, "ask", recording)
     got = batch.run(requests)
     assert [g.token_ids for g in got] == [a.token_ids for a in alone]
+    assert chosen[0] == {"dflash"}
     assert len(chosen) > 3 and all(len(methods) == 1 for methods in chosen.values())
-    assert len(set().union(*chosen.values())) > 1        # the choice still moves
