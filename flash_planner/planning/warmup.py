@@ -7,21 +7,18 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from ..engine.engine import Engine
 from ..engine.generate import GenerationSettings, generate
 from ..engine.speculative import NonFiniteLogits
 
-if TYPE_CHECKING:
-    from .service import PlannerService
-
 log = logging.getLogger(__name__)
 WARM_UP_TASK = "say OK"
 
 
-def warm_up(service: PlannerService) -> float:
-    """PlannerService.warm_up (its docstring); ms."""
+def warm_up(service) -> float:
+    """PlannerService.warm_up (its docstring) of `service` (which calls this: no import
+    back); ms."""
     t0 = time.perf_counter()
     if service.config.backend == "remote":
         return 0.0
