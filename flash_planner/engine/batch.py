@@ -110,30 +110,16 @@ class Batch:
         self._active: list[_Running] = []    # running requests, by slot
         self._staged: _Running | None = None  # the newcomer prefilling on the staging slot
         self._waiting: collections.deque[BatchRequest] = collections.deque()
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        self._lock = threading.Lock()             # guards _waiting: submit from any thread
         self.stats = CycleStats()
         self.draft_cap = draft_cap
 
     # ---- any thread
     def submit(self, request: BatchRequest) -> Future:
         """Queue a request; its future holds the GenerationResult or the error that ended it."""
-        with self._wake:
+        with self._lock:
             self._waiting.append(request)
-            self._wake.notify()
         return request.future
-
-    def wait_for_work(self, timeout: float | None = None) -> bool:
-        """Block until a request is waiting or running (or `timeout`); whether one is."""
-        with self._wake:
-            if not (self._waiting or self._active or self._staged):
-                self._wake.wait(timeout)
-            return bool(self._waiting or self._active or self._staged)
-
-    def wake(self) -> None:
-        """Wake a thread in `wait_for_work` (a stop)."""
-        with self._wake:
-            self._wake.notify_all()
 
     @property
     def running(self) -> int:
