@@ -27,6 +27,7 @@ any thread.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -237,6 +238,12 @@ class Batch:
         self.stats.block_rows += sum(int(x.shape[0]) for x in rows)
         ended: list[tuple[_Running, BaseException | None]] = []
         before = sum(len(r.decoding.published) for r in running)
+        # each slot's rollback step, applied to all slots at once after their commits (one
+        # checkpoint select per layer, not one per layer and slot); t-1: keep every row
+        steps = [t - 1] * m
+        if m > 1 and t > 1:
+            for i, r in enumerate(running):
+                r.decoding.state.defer_select = functools.partial(steps.__setitem__, i)
         for i, r in enumerate(running):
             d = r.decoding
             n = int(rows[i].shape[0])
@@ -251,6 +258,11 @@ class Batch:
                 continue
             if d.done:
                 ended.append((r, None))
+        if m > 1 and t > 1:
+            for r in running:
+                r.decoding.state.defer_select = None
+            if any(step < t - 1 for step in steps):
+                self.slots.rows(m).gdn.select(torch.tensor(steps, device=ids.device), t)
         self.stats.tokens += sum(len(r.decoding.published) for r in running) - before
         for r, exc in ended:      # after every slot has committed: the moves need that
             self._end(r, exc)

@@ -14,6 +14,7 @@ conv rows [Lg, B, K-1+S, conv_dim] (window before the block, then the block's pr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -198,6 +199,8 @@ class InferenceState:
         self.length = 0
         self.pending = 0          # rows run by the last forward, not yet committed
         self.recorded = False     # whether that forward recorded per-step checkpoints
+        # a batch's slot: its rollback step goes here, to roll every slot back at once
+        self.defer_select: Callable[[int], None] | None = None
 
     def row(self, index: int) -> InferenceState:
         """Batch row `index` as a one-sequence state of its own (a slot of batched
@@ -288,7 +291,9 @@ class InferenceState:
         if n < self.pending:
             if not self.recorded:
                 raise RuntimeError("partial commit needs a forward with record_steps=True")
-            if self.gdn.state.shape[0]:
+            if self.gdn.state.shape[0] and self.defer_select is not None:
+                self.defer_select(n - 1)
+            elif self.gdn.state.shape[0]:
                 step = torch.full((self.gdn.state.shape[1],), n - 1, dtype=torch.long,
                                   device=self.gdn.state.device)
                 self.gdn.select(step, self.pending)
