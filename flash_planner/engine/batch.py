@@ -80,8 +80,6 @@ class CycleStats:
     verify_rows: int = 0          # rows of the batched forwards, padding included
     block_rows: int = 0           # of those, the requests' own (anchor and drafts)
     tokens: int = 0               # tokens published by running requests
-    running: int = 0
-    waiting: int = 0
 
 
 class Batch:
@@ -146,8 +144,6 @@ class Batch:
         with torch.inference_mode():
             self._prefill()
             self._cycle()
-        self.stats.running = len(self._active)
-        self.stats.waiting = self.waiting + (self._staged is not None)
 
     def _stage(self) -> _Running | None:
         """The next waiting request, started on the staging slot (None: none waits or no
@@ -193,14 +189,14 @@ class Batch:
             before = r.decoding.state.length
             try:
                 next(r.prefill)
-                spent += max(r.decoding.state.length - before, 1)
-                continue
             except StopIteration:
                 r.prefill = None
             except Exception as exc:
                 self._end(r, exc)
                 continue
             spent += max(r.decoding.state.length - before, 1)
+            if r.prefill is not None:
+                continue
             self._staged = None
             if r.decoding.done:               # its first token ended it
                 self._end(r)

@@ -2,9 +2,9 @@
 with the stop rules, streaming, cancellation and deadline between cycles.
 
 `Decoding` is driven from outside: `prefill()` (a generator: one prefill chunk per step),
-then, until `done`, either `step()` (one cycle on its own state: `generate`) or `draft()`,
-a verify forward the caller runs over several requests' blocks at once, and `finish()`
-(`batch.py`). Both paths draft, decide and commit through the same functions
+then, until `done`, either `step()` (one cycle on its own state: `generate`) or `ask()`
+and `draft_from()`, a verify forward the caller runs over several requests' blocks at once,
+and `finish()` (`batch.py`). Both paths draft, decide and commit through the same functions
 (`speculative.py`), so a request's tokens do not depend on how it was driven. Tokens are
 published in order through `on_token(ids, delta_text)` and a stop (EOS, stop string,
 max_new_tokens, cancel, deadline) publishes exactly the tokens up to it.
@@ -25,7 +25,7 @@ from .constraint import Constraint, masked
 from .engine import Engine
 from .methods import METHODS
 from .prefill import prefill_prompt
-from .proposer import DraftAsk, Proposer, drafts_of
+from .proposer import DraftAsk, Proposer
 from .sampling import Sampling
 from .speculative import (
     Block,
@@ -248,11 +248,6 @@ class Decoding:
         self._after(run_cycle(self.engine.model, self.state, self.published[-1],
                               self.proposer, self.policy, drafts, self.timer,
                               self.constraint, room))
-
-    def draft(self, cap: int | None = None) -> Block:
-        """Step 1 of a cycle whose verify the caller runs (this request's rows of it go to
-        `finish`), with at most `cap` drafts."""
-        return self.draft_from(drafts_of(self.ask(cap)))
 
     def ask(self, cap: int | None = None) -> torch.Tensor | DraftAsk:
         """Step 1's proposal, at most `cap` drafts: drafts, or a DFlash draft to make
