@@ -50,19 +50,24 @@ class LocalJob:
         """The result of the engine's answer, or of the error that ended the request."""
         if error is None:
             return self.read(out)
-        request, telemetry = self.request, self.telemetry
-        if isinstance(error, ContextOverflowError):
-            fix = f": {ROOM_FIX}" if self.verb != "generate" else ""
-            return failed(request, f"cannot {self.verb}: {error}{fix}", telemetry=telemetry,
-                          rejected=True)
-        if isinstance(error, ValueError):
-            return failed(request, f"cannot {self.verb}: {error}", telemetry=telemetry)
-        if isinstance(error, NonFiniteLogits):
-            log.error("request %s: %s", request.id, error)
-            return failed(request, str(error), finish_reason="error", telemetry=telemetry)
-        log.error("request %s failed: %s: %s", request.id, type(error).__name__, error)
-        return failed(request, f"internal error: {type(error).__name__}: {error}",
-                      finish_reason="error", telemetry=telemetry)
+        return engine_error(self.request, self.telemetry, self.verb, error)
+
+
+def engine_error(request: PlanRequest, telemetry: dict, verb: str, error: BaseException
+                 ) -> PlanResult:
+    """The failed result of an error the engine raised for `request`."""
+    if isinstance(error, ContextOverflowError):
+        fix = f": {ROOM_FIX}" if verb != "generate" else ""
+        return failed(request, f"cannot {verb}: {error}{fix}", telemetry=telemetry,
+                      rejected=True)
+    if isinstance(error, ValueError):
+        return failed(request, f"cannot {verb}: {error}", telemetry=telemetry)
+    if isinstance(error, NonFiniteLogits):
+        log.error("request %s: %s", request.id, error)
+        return failed(request, str(error), finish_reason="error", telemetry=telemetry)
+    log.error("request %s failed: %s: %s", request.id, type(error).__name__, error)
+    return failed(request, f"internal error: {type(error).__name__}: {error}",
+                  finish_reason="error", telemetry=telemetry)
 
 
 def completion_job(ticket) -> LocalJob:
@@ -107,7 +112,7 @@ def plan_job(service, ticket, words: RequestWords, telemetry: dict,
         # what encoding the prompt and making the grammar's matcher took is not given back
         settings = service.settings(request, time.monotonic() - ticket.submitted)
     except (ContextOverflowError, ValueError) as exc:
-        return LocalJob(None, None, request, telemetry, "plan this request").outcome(None, exc)
+        return engine_error(request, telemetry, "plan this request", exc)
     # first_step_ms counts from here, as the engine's clock does
     listener = Listener(ticket, StepStream(service.catalog, words))
     work = BatchRequest(ids, settings, on_token=listener, cancel=ticket.cancel_token,
