@@ -27,7 +27,7 @@ A slice ends with its last requests decoding with fewer beside them, which the b
 service pays and the single one does not: the tokens/s ratio understates a steady load.
 
     python bench/batch.py [--clients 1,2,4,8] [--methods none,dflash,mtp,auto] [--tasks 48]
-                          [--rounds 2] [--threads 0] [--max-batch 8] [--json]
+                          [--rounds 2] [--threads 0] [--max-batch 8] [--compile] [--json]
     python bench/batch.py --small --json   (a quick run: 1 and 2 clients, auto, 4 tasks)
     python bench/batch.py --draft-caps 0,2,4,none [--clients 2,4,8] [--methods auto]
 
@@ -268,8 +268,9 @@ def run(services: dict[str, PlannerService], tasks: list[tuple[int, object]],
 
 
 def print_table(report: dict) -> None:
-    print(f"the demo (fp32 CPU, {report['threads']} torch thread(s)) through the planner "
-          f"service: batched (max_batch {report['max_batch']}) against single (one at a "
+    forwards = "compiled" if report["compiled"] else "eager"
+    print(f"the demo (fp32 CPU, {report['threads']} torch thread(s), {forwards} forwards) "
+          f"through the planner service: batched (max_batch {report['max_batch']}) against single (one at a "
           "time, max_batch 1)")
     print(f"closed-loop clients, {report['tasks']} held-out tasks per cell in "
           f"{report['rounds']} round(s), greedy under the request's grammar; mismatches: "
@@ -370,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft-caps", default=None,
                         help="instead: tokens/s of a batch per auto draft cap, e.g. "
                         "0,2,4,none")
+    parser.add_argument("--compile", action="store_true",
+                        help="both engines' forwards compiled (engine.compile on; the "
+                        "batched one's per batch bucket too): compiled at load, minutes "
+                        "on a CPU the first time, then read from the on-disk cache")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     small = args.small
@@ -397,8 +402,9 @@ def main(argv: list[str] | None = None) -> int:
                             reasoning_effort=preset.reasoning_effort)
     services: dict[str, PlannerService] = {}
     for name, max_batch in (("batched", args.max_batch), ("single", 1)):
-        engine = Engine.load(preset.engine_config(device="cpu", dtype="fp32",
-                                                  threads=args.threads, max_batch=max_batch))
+        engine = Engine.load(preset.engine_config(
+            device="cpu", dtype="fp32", threads=args.threads, max_batch=max_batch,
+            compile="on" if args.compile else None), progress=progress)
         services[name] = PlannerService(engine, catalog, planner)
     sets = heldout_sets(0, -(-max(tasks_n, 3 * max(clients)) // 3))
     examples = [ex for trio in zip(*sets.values()) for ex in trio]
@@ -425,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         for service in services.values():
             service.stop()
     batched = services["batched"].engine
-    report = {"small": small, "threads": torch.get_num_threads(),
+    report = {"small": small, "threads": torch.get_num_threads(), "compiled": args.compile,
               "max_batch": batched.config.resolve_max_batch(batched.device),
               "tasks": len(tasks), "rounds": rounds, "clients": sorted(clients),
               "methods": methods, "reference": "single service, 1 client",

@@ -111,8 +111,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    "the preset's; 0 = auto: 1 with a GPU, else half the usable cores, or "
                    "OMP_NUM_THREADS when set)")
     p.add_argument("--max-batch", type=_max_batch, metavar="N", help="requests decoded at "
-                   "once, one verify per cycle for all (default: the preset's; 0 = auto: 8 "
-                   "on a CPU, 1 on a GPU; more wait in the queue)")
+                   "once, one verify per cycle for all (default: the preset's; 0 = auto: 8; "
+                   "more wait in the queue)")
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument("--drafter", metavar="DIR|REPO", help="DFlash drafter directory or "
                       "repo id (turns speculation on)")
@@ -350,11 +350,19 @@ def _summary(stats) -> str:
             f"total {stats.total_ms:.1f} ms")
 
 
+def _one_request(args: argparse.Namespace) -> None:
+    """A command that runs one request: the engine's own state, no slots for others (nor
+    their compiled forwards), unless --max-batch says otherwise."""
+    if getattr(args, "max_batch", None) is None:
+        args.max_batch = 1
+
+
 def _generate(args: argparse.Namespace, model: str, show_text: bool = True) -> int:
     """Generate and print the text (unless `show_text` is off), then the run's summary."""
     from .engine.generate import GenerationSettings, generate
     from .engine.speculative import NonFiniteLogits
 
+    _one_request(args)
     engine, preset = _load_engine(args, model)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens,
                                   ignore_eos=args.ignore_eos, stop_strings=tuple(args.stop),
@@ -397,8 +405,7 @@ def _plan(args: argparse.Namespace) -> int:
     from .planning.warmup import WarmUpError
 
     catalog = SkillCatalog.from_yaml(args.skills or default_skills_path())
-    if args.max_batch is None:      # one task: the engine's own state, no slots for others
-        args.max_batch = 1
+    _one_request(args)
     engine, preset = _load_engine(args, args.model)
     request = replace(request, sampling=_sampling(args, engine, preset.sampling))
     service = PlannerService(engine, catalog, PlannerConfig(

@@ -42,7 +42,6 @@ from .constraint import Constraint
 from .decoding import CancelToken, Decoding, GenerationResult, GenerationSettings, TokenCallback
 from .engine import Engine
 from .generate import start
-from .mtp_proposer import MTPProposer
 from .proposer import DraftAsk, Proposer, draft_together
 from .proposers import fork_proposers
 from .slots import SlotStates
@@ -91,20 +90,16 @@ class Batch:
         self.engine = engine
         self.max_batch = max_batch or engine.config.resolve_max_batch(engine.device)
         self.prefill_budget = prefill_budget or engine.config.prefill_chunk
-        st = engine.state
         if self.max_batch == 1:
             # the engine's own state and proposers: what `generate` runs, compiled included
-            self.slots = SlotStates.around(st)
+            self.slots = SlotStates.around(engine.state)
             self._pool = [engine.proposers]
         else:
             # slots 0..max_batch-1 for running requests, the last for prefilling newcomers
-            self.slots = SlotStates(engine.model_config, self.max_batch + 1, st.capacity,
-                                    st.max_steps, st.kv.k.dtype, engine.dtype, engine.device)
-            mtp = engine.proposers.get("mtp")
-            # the forks' MTP caches: rows of one state, so their drafts go through the
-            # head together
-            heads = mtp.head_slots(self.max_batch) if isinstance(mtp, MTPProposer) else None
-            self._pool = [fork_proposers(engine.proposers, heads, i)
+            self.slots = engine.batch_slots(self.max_batch)
+            # the forks' MTP caches are rows of one state (`slots.heads`), so their drafts
+            # go through the head together
+            self._pool = [fork_proposers(engine.proposers, self.slots.heads, i)
                           for i in range(self.max_batch)]
         self._active: list[_Running] = []    # running requests, by slot
         self._staged: _Running | None = None  # the newcomer prefilling on the staging slot
@@ -219,8 +214,10 @@ class Batch:
         t = max(int(x.shape[0]) for x in rows)
         ids = torch.stack([torch.cat((x, x[-1:].expand(t - x.shape[0]))) for x in rows])
         tap_ids = tuple(sorted({i for r in running for i in r.decoding.tap_ids}))
-        # one request verifies on its own state (compiled where that is the engine's)
-        state = running[0].decoding.state if m == 1 else self.slots.rows(m)
+        # one request verifies on its own state (compiled where that is the engine's or
+        # where the slots have compiled forwards of their own)
+        alone = m == 1 and self.slots.static is None
+        state = running[0].decoding.state if alone else self.slots.rows(m)
         try:
             with running[0].decoding.timer.phase("verify"):
                 out = self.engine.model(ids, state, record_steps=t > 1, taps=tap_ids,

@@ -19,12 +19,14 @@ from .cache import ContextOverflowError, InferenceState
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import EngineConfig
 from .methods import METHODS
-from .models.compiled import CompileReport, StaticForward
+from .mtp_proposer import MTPProposer
+from .models.compiled import CompileReport, StaticForward, row_buckets
 from .models.compiled_drafts import StaticDrafter, StaticHead
 from .prefix import PrefixCache
 from .proposer import Proposer
 from .proposers import WHY_MISSING, ProposerBytes, build_proposers
 from .sampling import GREEDY, SamplingParams
+from .slots import SlotStates
 from .threads import Threads, apply_threads
 from .trt.backends import make_dense
 from .weights import tuning
@@ -87,6 +89,7 @@ class Engine:
         self.proposers = proposers or {}
         self.extra_bytes = extra_bytes or ProposerBytes(0, 0)
         self.compile_report: CompileReport | None = None   # None: every forward is eager
+        self._batch_slots: dict[int, SlotStates] = {}      # batch.py's, by max_batch
         self.threads: Threads | None = None   # set by `load`; None: as the process had it
         self.prefix_cache = (PrefixCache(config.prefix_cache_entries) if config.prefix_cache
                              else None)
@@ -157,6 +160,9 @@ class Engine:
             tuning.tune_linears([checkpoint.model, *proposers.values()], dtype, progress)
         if config.resolve_compile(device):
             engine.compile_report = compile_forwards(engine, progress)
+            max_batch = config.resolve_max_batch(device)
+            if max_batch > 1:         # the batch's forwards too: no request compiles
+                engine.batch_slots(max_batch, progress)
         log.info("loaded %s on %s (%s, weights %s, dense segments: %s, proposers: %s): %s",
                  config.model_path, device, dtype, engine.weights_label,
                  checkpoint.model.dense.name, ", ".join(proposers) or "none", engine.memory)
@@ -167,12 +173,51 @@ class Engine:
         """How the target's Linears are held, e.g. "fp8 block 128x128 (Qwen)" or "fp32"."""
         return ", ".join(sorted(self.checkpoint.quantized)) or str(self.dtype).split(".")[-1]
 
+    def batch_slots(self, max_batch: int, progress: Callable[[str], None] | None = None
+                    ) -> SlotStates:
+        """Slots for max_batch running requests and one for prefilling a newcomer
+        (batch.py), emptied, with the MTP head's slots for their forks (`slots.heads`, where
+        the head is loaded). Allocated when first asked for this size and kept; where this
+        engine compiles, the forwards over them are compiled then (target, MTP head), and
+        the models run their forwards over these slots through them."""
+        slots = self._batch_slots.get(max_batch)
+        mtp = self.proposers.get("mtp")
+        mtp = mtp if isinstance(mtp, MTPProposer) else None
+        if slots is None:
+            st, config = self.state, self.config
+            slots = SlotStates(self.model_config, max_batch + 1, st.capacity, st.max_steps,
+                               st.kv.k.dtype, self.dtype, self.device)
+            slots.heads = None if mtp is None else mtp.head_slots(max_batch)
+            if self.compile_report is not None:
+                slots.static = StaticForward(self.model, slots.whole, config.max_block,
+                                             config.compile_cache, row_buckets(max_batch))
+                report = slots.static.warm_up(progress)
+                if slots.heads is not None:     # its forks draft together over every slot
+                    slots.heads.static = StaticHead(mtp.head, slots.heads.whole,
+                                                    config.max_block, config.compile_cache,
+                                                    (max_batch,))
+                    report = report.plus(slots.heads.static.warm_up(progress))
+                self.compile_report = self.compile_report.plus(report)
+            self._batch_slots[max_batch] = slots
+        self.model.batch_static = slots.static
+        if mtp is not None:
+            mtp.head.batch_static = slots.heads.static
+            slots.heads.whole.reset()
+            for view in slots.heads.views:
+                view.reset()
+        for view in slots.views:
+            view.reset()
+        return slots
+
     @property
     def memory(self) -> MemoryReport:
         held, extra = self.state.nbytes, self.extra_bytes
+        slots = [s.nbytes for s in self._batch_slots.values()]
+        slots += [s.heads.nbytes for s in self._batch_slots.values() if s.heads is not None]
         return MemoryReport(weights=self.checkpoint.weight_bytes + extra.weights,
-                            kv_cache=held.kv + extra.kv, gdn_state=held.gdn_state,
-                            checkpoints=held.checkpoints,
+                            kv_cache=held.kv + extra.kv + sum(s.kv for s in slots),
+                            gdn_state=held.gdn_state + sum(s.gdn_state for s in slots),
+                            checkpoints=held.checkpoints + sum(s.checkpoints for s in slots),
                             weights_per_forward=self.checkpoint.bytes_per_forward)
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:

@@ -140,6 +140,13 @@ class MTPProposer(Proposer):
             p.state.truncate(a.start)     # entries from drafts: dropped before the verify
         return [torch.cat(d) for d in drafts]
 
+    def _drafts_together_compiled(self) -> bool:
+        """Whether a batch's lone asking fork drafts through the head over every slot all
+        the same: where that forward is compiled (a graph call per step, not an eager head
+        forward of its row alone)."""
+        return (self.slots is not None and self.slots.static is not None
+                and self.head.batch_static is self.slots.static and self._calibrates_first())
+
     def _calibrates_first(self) -> bool:
         """Whether this proposal's rows meet a calibrated cache: an FP8 one is calibrated
         by its first rows, which a batched forward of several requests' rows cannot do."""
@@ -199,6 +206,8 @@ class MTPProposer(Proposer):
 
     @inference
     def propose(self, anchor: torch.Tensor, start: int, num: int) -> torch.Tensor:
+        if self._drafts_together_compiled():
+            return self.propose_together([DraftAsk(self, anchor, start, num)])[0]
         # Rows before the last commit's (the prompt, or cycles another proposer drafted)
         # are a catch-up; the last commit's rows are this cycle's first head forward.
         tokens, hidden = self._catch_up(anchor, start)

@@ -25,6 +25,7 @@ class BatchRows:
     def __init__(self, whole: InferenceState, slots: list[InferenceState],
                  writing: list[InferenceState] | None = None):
         m = len(slots)
+        self.whole = whole             # whose compiled forwards take these rows
         self.slots = slots
         self.capacity = whole.capacity
         self.max_steps = whole.max_steps
@@ -58,13 +59,17 @@ class SlotStates:
         self.whole = InferenceState(cfg, capacity, max_steps, kv_dtype, compute_dtype, device,
                                     batch=batch, scale_per_row=True)
         self.views = [self.whole.row(i) for i in range(batch)]
+        # the compiled forwards over these slots (compiled.py's, with batch buckets), if any
+        self.static: object | None = None
+        # a batch's: the MTP head's slots for its requests' forks (Engine.batch_slots)
+        self.heads: SlotStates | None = None
 
     @classmethod
     def around(cls, state: InferenceState) -> SlotStates:
         """One slot that is `state` itself (a batch of one keeps the engine's own state, and
         with it the compiled forwards bound to that state)."""
         slots = object.__new__(cls)
-        slots.whole, slots.views = state, [state]
+        slots.whole, slots.views, slots.static, slots.heads = state, [state], None, None
         return slots
 
     @property

@@ -75,7 +75,7 @@ PARAMS: tuple[Param, ...] = (
        range=(0, 1024)),
     _p("engine.max_batch", 0, "Requests decoded at once, one verify per cycle for all of "
        "them (so as many ~/plan goals run at once; more wait in the planner.queue_depth "
-       "queue); 0 = the preset's (auto: 8 on a CPU, 1 on a GPU).", range=(0, 256)),
+       "queue); 0 = the preset's (auto: 8).", range=(0, 256)),
     # speculative decoding
     _p("speculative.enabled", True, "Speculative decoding when a proposer is loaded."),
     _p("speculative.method", "", "Proposer: dflash (drafter), mtp (the checkpoint's head), "

@@ -78,6 +78,9 @@ def _chunk(q, k, v, g, beta, s0, out, step_states):
     # S_t for every t, written straight into the checkpoint rows [B, C, Hv, Dk, Dv] (no
     # [C, Dk*Dv]-sized temporaries: on a CPU, moving those costs more than the arithmetic)
     weighted = (decay[..., None] * k[:, :, None]).permute(0, 2, 1, 4, 3)  # [B, C, Hv, Dk, C]
-    torch.matmul(weighted, delta[:, None], out=step_states)
+    if step_states.is_contiguous():
+        torch.matmul(weighted, delta[:, None], out=step_states)
+    else:   # a batch's rows of fewer steps than it holds (`out=` must be contiguous)
+        step_states.copy_(weighted @ delta[:, None])
     step_states.addcmul_(gamma.transpose(1, 2)[..., None], s0[:, None])
     return step_states[:, -1]

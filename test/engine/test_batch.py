@@ -45,9 +45,10 @@ def _ids(engine, text):
     return engine.tokenizer.encode(text, add_special_tokens=False)
 
 
-def _requests(engine, methods, replay_from=None, new_tokens=(24, 9, 31, 16, 40, 12, 20, 28)):
+def _requests(engine, methods, replay_from=None, new_tokens=(24, 9, 31, 16, 40, 12, 20, 28),
+              replay_block=6):
     """One request per prompt, cycling through `methods` ("replay": the request's own
-    replay proposer over `replay_from[i]`'s tokens)."""
+    replay proposer over `replay_from[i]`'s tokens, blocks of `replay_block`)."""
     out = []
     for i, text in enumerate(PROMPTS):
         method = methods[i % len(methods)]
@@ -56,7 +57,7 @@ def _requests(engine, methods, replay_from=None, new_tokens=(24, 9, 31, 16, 40, 
         proposer = None
         if method == "replay":
             proposer = ReplayProposer(replay_from[i], engine.model_config.vocab_size,
-                                      block_size=6, seed=i)
+                                      block_size=replay_block, seed=i)
         out.append(BatchRequest(_ids(engine, text), settings, proposer=proposer))
     return out
 
@@ -306,3 +307,45 @@ def test_auto_requests_in_a_batch_draft_with_their_common_choice(engines, monkey
     assert [g.token_ids for g in got] == [a.token_ids for a in alone]
     assert chosen[0] == {"dflash"}
     assert len(chosen) > 3 and all(len(methods) == 1 for methods in chosen.values())
+
+
+def test_compiled_batches_equal_each_request_alone(checkpoints, make_engine, tmp_path_factory):
+    """With compiled forwards, the batch's verifies run through graphs compiled at load per
+    (batch bucket, row bucket) on its slots: every cycle compiled, including the padded
+    batch rows of 3 requests in bucket 4 and a lone request, nothing compiled after load,
+    and each request's tokens those it decodes alone on an eager engine (FP8 KV: each slot
+    calibrated on its own prompt)."""
+    from torch._dynamo.utils import counters
+
+    from flash_planner.engine.config import cache_home
+
+    target = checkpoints("hybrid", mtp=True, init=0.25)
+    drafter = write_tiny_drafter(tmp_path_factory.mktemp("compiled"), target, block_size=2)
+    common = dict(drafter_path=str(drafter), kv_dtype="fp8", method="auto", max_block=2,
+                  mtp_steps=1, prefill_chunk=16, max_batch=4,
+                  compile_cache=str(cache_home() / "test_torch_compile"))
+    eager = make_engine(target, compile="off", **common)
+    compiled = make_engine(target, compile="on", **common)
+    static = compiled.model.batch_static
+    assert static is not None and static.batches == (1, 2, 4) and static.buckets == (1, 2)
+    assert "batches [1, 2, 4]" in str(compiled.compile_report)
+    plain = _alone(eager, _requests(eager, ["none"])[:6])
+    methods = ["none", "dflash", "mtp", "auto", "replay"]
+
+    def requests():
+        return _requests(eager, methods, [p.token_ids for p in plain], replay_block=2)[:6]
+
+    alone = _alone(eager, requests())
+    graphs, calls = counters["stats"]["unique_graphs"], static.calls
+    batch = Batch(compiled)
+    assert batch.slots is compiled.batch_slots(4) and batch.slots.static is static
+    todo = requests()
+    futures = [batch.submit(r) for r in todo[:3]]
+    for _ in range(2):
+        batch.step()
+    futures += [batch.submit(r) for r in todo[3:]]
+    while not all(f.done() for f in futures):
+        batch.step()
+    assert [f.result().token_ids for f in futures] == [a.token_ids for a in alone]
+    assert static.calls - calls == batch.stats.cycles > 0
+    assert counters["stats"]["unique_graphs"] == graphs

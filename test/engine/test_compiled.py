@@ -71,7 +71,7 @@ def pairs(checkpoints, make_engine, tmp_path_factory, compile_cache):
             path = checkpoints(kind, init=0.25, **({"mtp": True} if mtp else {}))
             drafter = write_tiny_drafter(tmp_path_factory.mktemp(f"drafter-{kind}"), path,
                                          num_layers=2, block_size=BLOCK)
-            common = dict(kv_dtype=kv, dtype=dtype, drafter_path=str(drafter),
+            common = dict(max_batch=1, kv_dtype=kv, dtype=dtype, drafter_path=str(drafter),
                           max_block=BLOCK, mtp_steps=BLOCK - 1, compile_cache=compile_cache)
             cache[kind, kv, dtype] = (make_engine(path, compile="off", **common),
                                       make_engine(path, compile="on", **common))
@@ -158,7 +158,7 @@ def test_a_dflash2_drafter_runs_compiled_with_the_eager_tokens(
     drafter = write_tiny_drafter(tmp_path_factory.mktemp("dflash2"), path, num_layers=2,
                                  block_size=BLOCK, sliding_window=3,
                                  layer_types=["sliding_attention"] * 2, dflash2={})
-    common = dict(drafter_path=str(drafter), method="dflash", max_block=BLOCK,
+    common = dict(max_batch=1, drafter_path=str(drafter), method="dflash", max_block=BLOCK,
                   compile_cache=compile_cache)
     eager, compiled = (make_engine(path, compile=c, **common) for c in ("off", "on"))
     sampling = Sampling(QWEN3_THINKING, QWEN3_THINKING, seed=4) if sampled else None
@@ -232,7 +232,7 @@ def test_spans_share_one_graph_and_read_packed_tensors(checkpoints, make_engine,
     model): one graph per bucket serves both, each span's tensors packed, aligned views."""
     monkeypatch.setitem(compiled_mod.SPAN_LAYERS, "cpu", 2)
     path = checkpoints("hybrid", init=0.25, layers=4)
-    common = dict(max_block=2, mtp_steps=1, compile_cache=compile_cache)
+    common = dict(max_batch=1, max_block=2, mtp_steps=1, compile_cache=compile_cache)
     eager, compiled = (make_engine(path, compile=c, **common) for c in ("off", "on"))
     static = compiled.model.static
     report = compiled.compile_report
@@ -296,7 +296,7 @@ def test_direct_calls_that_disagree_with_dynamo_are_not_used(checkpoints, make_e
 
     monkeypatch.setattr(direct_mod.DirectGraph, "_site", staticmethod(off_by_a_little))
     path = checkpoints("hybrid", init=0.25)
-    common = dict(max_block=2, mtp_steps=1, compile_cache=compile_cache)
+    common = dict(max_batch=1, max_block=2, mtp_steps=1, compile_cache=compile_cache)
     eager = make_engine(path, compile="off", **common)
     with caplog.at_level("WARNING"):
         compiled = make_engine(path, compile="on", **common)
@@ -312,7 +312,8 @@ def test_weights_quantized_at_load_run_compiled(checkpoints, make_engine, compil
     """NVFP4 weights (packed bytes, FP8 block scales, float global scales: three dtypes
     beside the float ones) go through the span packing and the graph as through eager."""
     path = checkpoints("hybrid", init=0.25)
-    common = dict(max_block=2, mtp_steps=1, compile_cache=compile_cache, weights="nvfp4")
+    common = dict(max_batch=1, max_block=2, mtp_steps=1, compile_cache=compile_cache,
+                  weights="nvfp4")
     eager, compiled = (make_engine(path, compile=c, **common) for c in ("off", "on"))
     prompt = eager.tokenizer.encode(PROMPT, add_special_tokens=False)
     settings = GenerationSettings(24, ignore_eos=True, speculative=False)
@@ -341,8 +342,8 @@ def test_cuda_graphs_give_the_eager_tokens(checkpoints, make_engine, tmp_path, m
     eager logits (fused kernels round differently)."""
     path = checkpoints("hybrid", init=0.25, mtp=True)
     drafter = write_tiny_drafter(tmp_path / "drafter", path, num_layers=2, block_size=BLOCK)
-    common = dict(device="cuda", dtype=dtype, drafter_path=str(drafter), max_block=BLOCK,
-                  mtp_steps=BLOCK - 1, compile_cache=str(tmp_path / "cache"))
+    common = dict(max_batch=1, device="cuda", dtype=dtype, drafter_path=str(drafter),
+                  max_block=BLOCK, mtp_steps=BLOCK - 1, compile_cache=str(tmp_path / "cache"))
     eager = make_engine(path, compile="off", **common)
     graphs = make_engine(path, compile="on", **common)
     assert graphs.compile_report.backend == "inductor + CUDA graphs"

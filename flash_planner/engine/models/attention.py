@@ -59,8 +59,9 @@ class Attention(nn.Module):
                    sin: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                    cache: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """`mix` with static shapes (compiled.py): the rows are written at `positions`
-        [B, T] of this layer's cache (k, v [B, C, Hkv, D], then their FP8 scales [Hkv] when
-        the cache is FP8) and attend over all C rows under `mask` [T, C]."""
+        [B, T] of this layer's cache (k, v [B, C, Hkv, D], then their FP8 scales [Hkv], or
+        [B, Hkv] for a batch of slots, when the cache is FP8) and attend over all C rows
+        under `mask` [B, T, C] (each row of a batch at its own length)."""
         q, k, v = inputs
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_cache, v_cache, *scales = cache
@@ -70,7 +71,7 @@ class Attention(nn.Module):
         keys = dispatch.kv_read(k_cache, k_cache.shape[1], k_scale, q.dtype)
         values = dispatch.kv_read(v_cache, v_cache.shape[1], v_scale, q.dtype)
         if q.is_cuda or q.shape[1] > 1:
-            return self.attend(q, keys, values, mask)
+            return self.attend(q, keys, values, mask[:, None])
         return self.attend_fused(q, keys, values, mask)
 
     def attend_fused(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -84,7 +85,7 @@ class Attention(nn.Module):
         group = h // hkv
         qg = q.float().view(b, t, hkv, group, d) * self.head_dim ** -0.5
         scores = (qg[:, :, None] * keys.float()[:, None, :, :, None]).sum(-1)  # [B,T,C,Hkv,G]
-        scores = scores.masked_fill(~mask[None, :, :, None, None], float("-inf"))
+        scores = scores.masked_fill(~mask[:, :, :, None, None], float("-inf"))
         weights = torch.softmax(scores, dim=2)
         out = (weights[..., None] * values.float()[:, None, :, :, None]).sum(2)  # [B,T,Hkv,G,D]
         return out.to(q.dtype).reshape(b, t, h * d)

@@ -105,8 +105,13 @@ def _entry(embed: nn.Embedding, ids: torch.Tensor, positions: torch.Tensor,
            key_positions: torch.Tensor, rotary_dim: int, theta: float):
     x = embed(ids)
     cos, sin = rope_cos_sin(positions, rotary_dim, theta, x.dtype)
-    mask = key_positions[None, :] <= positions[0, :, None]            # [T, C]
-    return x, cos, sin, mask
+    return x, cos, sin, key_mask(key_positions, positions)
+
+
+def key_mask(key_positions: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Which cache rows each row of the block attends to: [B, T, C], each batch row at its
+    own positions."""
+    return key_positions[None, None, :] <= positions[:, :, None]
 
 
 def layer_step(layer: nn.Module, cache: tuple[torch.Tensor, ...], x: torch.Tensor,
@@ -298,19 +303,24 @@ class CompileReport:
     graphs: int               # graphs compiled (or read from the cache) at warm-up
     seconds: float
     cache_dir: str
+    batches: tuple[int, ...] = (1,)   # batch buckets (a batch of slots' forwards)
 
     def plus(self, other: CompileReport) -> CompileReport:
         return replace(self, parts=self.parts + other.parts, graphs=self.graphs + other.graphs,
-                       seconds=self.seconds + other.seconds)
+                       seconds=self.seconds + other.seconds,
+                       batches=max(self.batches, other.batches, key=len))
 
     def as_dict(self) -> dict[str, object]:
         return {"backend": self.backend, "buckets": list(self.buckets),
+                "batches": list(self.batches),
                 "parts": list(self.parts), "spans": self.spans, "graphs": self.graphs,
                 "seconds": round(self.seconds, 3), "cache_dir": self.cache_dir}
 
     def __str__(self) -> str:
+        batches = f" x batches {list(self.batches)}" if self.batches != (1,) else ""
         return (f"compiled {' + '.join(self.parts)} ({self.backend}): buckets "
-                f"{list(self.buckets)}, {self.spans} layer graph calls per target forward, "
+                f"{list(self.buckets)}{batches}, {self.spans} layer graph calls per target "
+                f"forward, "
                 f"{self.graphs} graphs in {self.seconds:.1f} s (cache {self.cache_dir})")
 
 
@@ -330,39 +340,46 @@ def layer_cache(state: InferenceState, layer: int, record: bool) -> tuple[torch.
 class StaticGraphs:
     """What a compiled model shares: the buckets, the position and padding tensors, the
     compile options, the on-disk cache, warm-up and (on CUDA) one captured graph per bucket.
-    Subclasses stage their inputs in per-bucket buffers and define `_forward(tb, valid,
-    window_rows)`, the graphs of one forward."""
+    Subclasses stage their inputs in per-bucket buffers and define `_forward(key, valid,
+    window_rows)`, the graphs of one forward, key = (batch bucket, row bucket).
+
+    Bound to one sequence's state (batches (1,)), or to a batch's slots (`slots.py`):
+    then a forward of slots 0..m-1 runs padded to the smallest of `batches` >= m. The padding batch rows are free slots: their rows are marked not
+    real (the GDN state and conv window stay as they were) and they write KV rows at
+    positions 0.. of their own slot, which the next request to take the slot prefills over
+    before anything reads them."""
 
     part = ""
     spans = 1
     records = False           # whether blocks of several rows keep per-step checkpoints
 
     def __init__(self, state: InferenceState, max_block: int, cache_dir: str | None,
-                 device: torch.device):
+                 device: torch.device, batches: tuple[int, ...] = (1,)):
         self.state = state
         self.cache_dir = compile_cache_dir(cache_dir)
         self.buckets = row_buckets(max_block)
+        self.batches = batches
         self._bucket_of = {rows: next(b for b in self.buckets if b >= rows)
                            for rows in range(1, self.buckets[-1] + 1)}
+        self._batch_of = {m: next(b for b in batches if b >= m)
+                          for m in range(1, batches[-1] + 1)}
+        self.keys = tuple((bb, tb) for bb in self.batches for tb in self.buckets)
         self.device = device
         self.cuda_graphs = device.type == "cuda"
         self.key_positions = torch.arange(state.capacity, device=device)
-        self.positions = {tb: torch.zeros(1, tb, dtype=torch.long, device=device)
-                          for tb in self.buckets}
-        self._position_rows = {tb: p[0] for tb, p in self.positions.items()}   # [tb] views
-        k1 = state.gdn.conv.shape[2]
-        # per (bucket, real rows): which rows are real, and the rows the conv window keeps
-        self.padding = {(tb, t): (torch.arange(tb, device=device) < t,
-                                  torch.arange(t, t + k1, device=device))
-                        for tb in self.buckets for t in range(1, tb + 1)}
-        self.graphs: dict[int, CapturedGraph] = {}
+        self.positions = {key: torch.zeros(key, dtype=torch.long, device=device)
+                          for key in self.keys}
+        self._starts = {bb: torch.zeros(bb, 1, dtype=torch.long, device=device)
+                        for bb in self.batches}
+        self._padding: dict[tuple[int, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], CapturedGraph] = {}
         self.report: CompileReport | None = None
         self.calls = 0                      # forwards run compiled since warm-up
         self.compiled: list[DirectGraph] = []
         self.direct = False                 # calls skip dynamo (checked at warm-up)
 
     def _compile(self, fn, kinds: int = 1) -> DirectGraph:
-        graph = compile_graph(fn, self.cuda_graphs, 2 * len(self.buckets) * kinds,
+        graph = compile_graph(fn, self.cuda_graphs, 2 * len(self.keys) * kinds,
                               self.buckets[-1])
         self.compiled.append(graph)
         return graph
@@ -370,71 +387,113 @@ class StaticGraphs:
     def bucket(self, rows: int) -> int | None:
         return self._bucket_of.get(rows)
 
-    def fits(self, state: InferenceState, batch: int, rows: int) -> bool:
-        """This state, one sequence, a block that fits a bucket and the cache, and an FP8
-        cache already calibrated (the first prefill chunk does that, eagerly)."""
+    def padding(self, bb: int, tb: int, m: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(valid [bb, tb]: rows 0..t-1 of batch rows 0..m-1 are real; window_rows
+        [bb, K-1]: the rows of [window, block] each batch row's conv window keeps)."""
+        key = (bb, tb, m, t)
+        if key not in self._padding:
+            k1, device = self.state.gdn.conv.shape[2], self.device
+            running = torch.arange(bb, device=device)[:, None] < m
+            valid = running & (torch.arange(tb, device=device) < t)
+            window_rows = torch.where(running, torch.arange(t, t + k1, device=device),
+                                      torch.arange(k1, device=device))
+            self._padding[key] = (valid, window_rows)
+        return self._padding[key]
+
+    def _slots(self, state: object, batch: int) -> list[InferenceState] | None:
+        """The sequences a forward on `state` of `batch` rows runs: this state itself, or
+        slots 0..batch-1 of it (`slots.BatchRows`); None when not bound to them."""
+        if state is self.state and batch == 1:
+            return [state]
+        if getattr(state, "whole", None) is self.state and batch in self._batch_of:
+            return state.slots
+        return None
+
+    def fits(self, state: object, batch: int, rows: int) -> bool:
+        """This state (or a batch of its slots), a block that fits a bucket and every
+        sequence's cache, and an FP8 cache already calibrated (the first prefill chunk does
+        that, eagerly)."""
         tb = self.bucket(rows)
-        return (state is self.state and batch == 1 and tb is not None
-                and self.report is not None and state.length + tb <= state.capacity
+        if tb is None or self.report is None:
+            return False
+        slots = self._slots(state, batch)
+        return (slots is not None and all(s.length + tb <= s.capacity for s in slots)
                 and (not state.kv.is_fp8 or all(state.kv.calibrated)))
 
-    def _begin(self, rows: int, record: bool) -> tuple[int, torch.Tensor, torch.Tensor]:
+    def _begin(self, state: object, rows: int, record: bool
+               ) -> tuple[tuple[int, int], torch.Tensor, torch.Tensor]:
         tb = self.bucket(rows)
-        start = self.state.begin(rows, record)
+        start = state.begin(rows, record)
         self.calls += 1
-        if tb == 1:      # a decode step: the one position, without slicing the arange
-            self._position_rows[1].fill_(start)
-        else:
-            self._position_rows[tb].copy_(self.key_positions[start:start + tb])
-        return (tb, *self.padding[(tb, rows)])
+        if isinstance(start, int):     # one sequence
+            bb, m = 1, 1
+            if tb == 1:      # a decode step: the one position, without slicing the arange
+                self.positions[1, 1].fill_(start)
+            else:
+                self.positions[1, tb][0].copy_(self.key_positions[start:start + tb])
+        else:                          # slots 0..m-1 of a batch, each at its own length
+            m = len(start)
+            bb = self._batch_of[m]
+            starts = self._starts[bb]
+            starts.zero_()
+            starts[:m, 0].copy_(torch.tensor(start))
+            torch.add(starts, self.key_positions[:tb], out=self.positions[bb, tb])
+        return (bb, tb), *self.padding(bb, tb, m, rows)
 
-    def _run(self, tb: int, valid: torch.Tensor, window_rows: torch.Tensor):
+    def _run(self, key: tuple[int, int], valid: torch.Tensor, window_rows: torch.Tensor):
         if self.direct:
-            return self._forward(tb, valid, window_rows)
-        return run_graph(self.graphs.get(tb), partial(self._forward, tb), valid, window_rows)
+            return self._forward(key, valid, window_rows)
+        return run_graph(self.graphs.get(key), partial(self._forward, key), valid,
+                         window_rows)
 
-    def _forward(self, tb: int, valid: torch.Tensor, window_rows: torch.Tensor):
+    def _forward(self, key: tuple[int, int], valid: torch.Tensor, window_rows: torch.Tensor):
         raise NotImplementedError
+
+    def _warm_state(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The state emptied and opened for a full bucket at position 0 of every row (FP8
+        scales of 1), as warm-up runs it -> (valid, window_rows)."""
+        bb, tb = key
+        kv = self.state.kv
+        self.state.reset()
+        kv.calibrated = [True] * len(kv.calibrated)
+        self.state.begin(tb, self.records and tb > 1)
+        self.positions[key].copy_(self.key_positions[:tb].expand(bb, tb))
+        return self.padding(bb, tb, bb, tb)
 
     def warm_up(self, progress: Callable[[str], None] | None = None) -> CompileReport:
         """Compile (or read from the on-disk cache) every bucket's graphs, running each once
         on the state, which is left empty."""
 
         def every_bucket() -> None:
-            kv = self.state.kv
-            for i, tb in enumerate(self.buckets):
+            for i, key in enumerate(self.keys):
                 t1 = time.perf_counter()
-                self.state.reset()
-                kv.calibrated = [True] * len(kv.calibrated)   # scales of 1 for the warm-up
-                self.state.begin(tb, self.records and tb > 1)
-                valid, window_rows = self.padding[(tb, tb)]
+                valid, window_rows = self._warm_state(key)
                 if self.cuda_graphs:
-                    self.graphs[tb] = CapturedGraph(partial(self._forward, tb), valid,
-                                                    window_rows)
+                    self.graphs[key] = CapturedGraph(partial(self._forward, key), valid,
+                                                     window_rows)
                 elif self.compiled[0].direct:
-                    self._check_direct(tb, self._forward(tb, valid, window_rows))
+                    self._check_direct(key, self._forward(key, valid, window_rows))
                 else:
-                    self._forward(tb, valid, window_rows)
+                    self._forward(key, valid, window_rows)
                 if progress is not None:
-                    progress(f"compiled the {self.part}'s {tb}-row forward ({i + 1}/"
-                             f"{len(self.buckets)}, {time.perf_counter() - t1:.1f} s)")
+                    bb, tb = key
+                    rows = f"{tb}-row" if bb == 1 else f"{bb} x {tb}-row"
+                    progress(f"compiled the {self.part}'s {rows} forward ({i + 1}/"
+                             f"{len(self.keys)}, {time.perf_counter() - t1:.1f} s)")
             self.state.reset()
 
         self.report = warm_up_report(every_bucket, self.part, self.cuda_graphs, self.buckets,
-                                     self.spans, self.cache_dir)
+                                     self.spans, self.cache_dir, self.batches)
         self.direct = all(graph.direct for graph in self.compiled)
         return self.report
 
-    def _check_direct(self, tb: int, first: object) -> None:
+    def _check_direct(self, key: tuple[int, int], first: object) -> None:
         """The bucket's forward again from the same empty state, now by direct calls: it
         must give what dynamo's first calls gave (outputs, recurrent state), bit for bit."""
-        gdn, kv = self.state.gdn, self.state.kv
+        gdn = self.state.gdn
 
         def again() -> object:
-            self.state.reset()
-            kv.calibrated = [True] * len(kv.calibrated)
-            self.state.begin(tb, self.records and tb > 1)
-            return self._forward(tb, *self.padding[(tb, tb)]), gdn.state, gdn.conv
+            return self._forward(key, *self._warm_state(key)), gdn.state, gdn.conv
 
         check_direct(self.compiled, self.part, (first, gdn.state, gdn.conv), again)
 
@@ -442,7 +501,8 @@ class StaticGraphs:
 @torch.inference_mode()
 @quiet_inductor()
 def warm_up_report(run: Callable[[], None], part: str, cuda_graphs: bool,
-                   buckets: tuple[int, ...], spans: int, cache_dir: Path) -> CompileReport:
+                   buckets: tuple[int, ...], spans: int, cache_dir: Path,
+                   batches: tuple[int, ...] = (1,)) -> CompileReport:
     """Run `run` (the first call of every graph: compiling, or reading the on-disk cache
     at `cache_dir`) and report what it took."""
     # process-wide: inductor reads the variable whenever it looks for a cached graph
@@ -458,7 +518,7 @@ def warm_up_report(run: Callable[[], None], part: str, cuda_graphs: bool,
         raise clear from exc
     report = CompileReport("inductor + CUDA graphs" if cuda_graphs else "inductor", buckets,
                            (part,), spans, counters["unique_graphs"] - before,
-                           time.perf_counter() - t0, str(cache_dir))
+                           time.perf_counter() - t0, str(cache_dir), batches)
     log.info("%s", report)
     return report
 
@@ -479,10 +539,20 @@ def run_graph(captured: CapturedGraph | None, forward: Callable[..., object],
 class _Span:
     steps: tuple[LayerStep, ...]      # the template: the first span packed the same way
     flats: tuple[torch.Tensor, ...]   # this span's tensors (`pack_layers`)
-    caches: dict[bool, tuple[tuple[torch.Tensor, ...], ...]]  # recording? -> per layer
+    # (batch bucket, recording?) -> per layer, its state views of rows 0..bb-1
+    caches: dict[tuple[int, bool], tuple[tuple[torch.Tensor, ...], ...]]
 
 
-def _packed_spans(model: nn.Module, state: InferenceState) -> list[_Span]:
+def batch_rows(views: tuple[torch.Tensor, ...], bb: int, batch: int
+               ) -> tuple[torch.Tensor, ...]:
+    """The first bb of a state's `batch` rows of a layer's state views (the views
+    themselves when that is all of them: a one-sequence state's FP8 scales have no batch
+    dimension)."""
+    return views if bb == batch else tuple(x[:bb] for x in views)
+
+
+def _packed_spans(model: nn.Module, state: InferenceState,
+                  batches: tuple[int, ...]) -> list[_Span]:
     """The model's layers cut into spans (`span_bounds`) and packed (`pack_layers`); spans
     of the same layer kinds and packing share the template steps, hence one graph."""
     layers = model.layers
@@ -493,23 +563,29 @@ def _packed_spans(model: nn.Module, state: InferenceState) -> list[_Span]:
         steps, flats = pack_layers(layers[a:b])
         key = tuple((layer_kind(step.layer), step.slots) for step in steps)
         spans.append(_Span(templates.setdefault(key, steps), flats,
-                           {rec: tuple(layer_cache(state, i, rec) for i in range(a, b))
-                            for rec in (False, True)}))
+                           {(bb, rec): tuple(batch_rows(layer_cache(state, i, rec), bb,
+                                                        state.gdn.state.shape[1])
+                                             for i in range(a, b))
+                            for bb in batches for rec in (False, True)}))
     return spans
 
 
 class StaticForward(StaticGraphs):
     """Runs `TargetModel.forward` for blocks of up to max_block rows through compiled
-    static-shape graphs on one `InferenceState` (the engine's; its tensors never move)."""
+    static-shape graphs on one `InferenceState` (the engine's; its tensors never move), or
+    on slots of a batch's state (`slots.SlotStates.whole`), `batches` their buckets."""
 
     part = "target"
     records = True
 
     def __init__(self, model: nn.Module, state: InferenceState, max_block: int,
-                 cache_dir: str | None = None):
-        super().__init__(state, max_block, cache_dir, model.embed_tokens.weight.device)
+                 cache_dir: str | None = None, batches: tuple[int, ...] = (1,)):
+        super().__init__(state, max_block, cache_dir, model.embed_tokens.weight.device,
+                         batches)
+        if batches != (1,):
+            self.part = f"batch of {batches[-1]}'s target"
         self.model = model
-        self.spans_of = _packed_spans(model, state)
+        self.spans_of = _packed_spans(model, state, self.batches)
         self.spans = len(self.spans_of)
         templates = len({id(span.steps) for span in self.spans_of})
         if self.spans == 1:
@@ -518,8 +594,8 @@ class StaticForward(StaticGraphs):
             self.entry = self._compile(_entry)
             self.span = self._compile(packed_span_forward, templates)
             self.head = self._compile(_head)
-        self.ids = {tb: torch.zeros(1, tb, dtype=torch.long, device=self.device)
-                    for tb in self.buckets}
+        self.ids = {key: torch.zeros(key, dtype=torch.long, device=self.device)
+                    for key in self.keys}
 
     def accepts(self, ids: torch.Tensor, state: InferenceState, record_steps: bool) -> bool:
         """Whether this forward can run compiled (`fits`); a block of more than one row
@@ -527,52 +603,55 @@ class StaticForward(StaticGraphs):
         b, t = ids.shape
         return self.fits(state, b, t) and (t == 1 or record_steps)
 
-    def run(self, ids: torch.Tensor, record_steps: bool, taps: tuple[int, ...],
-            all_logits: bool, routing: RoutingRecord | None):
+    def run(self, ids: torch.Tensor, state: object, record_steps: bool,
+            taps: tuple[int, ...], all_logits: bool, routing: RoutingRecord | None):
         """`TargetModel.forward` of a block `accepts` took; returns (logits, taps, finite:
         per returned row, 1 when its logits are finite)."""
-        t = ids.shape[1]
-        tb, valid, window_rows = self._begin(t, record_steps)
+        m, t = ids.shape
+        key, valid, window_rows = self._begin(state, t, record_steps)
+        padded = key != (m, t)
         # (slicing only where a block is padded: each slice is a few us of a 1-row step)
-        (self.ids[tb] if t == tb else self.ids[tb][:, :t]).copy_(ids)
-        logits, outs, routes, finite = self._run(tb, valid, window_rows)
-        if t < tb or not all_logits:
+        (self.ids[key][:m, :t] if padded else self.ids[key]).copy_(ids)
+        logits, outs, routes, finite = self._run(key, valid, window_rows)
+        if padded or not all_logits:
             rows = slice(0, t) if all_logits else slice(t - 1, t)
-            logits, finite = logits[:, rows], finite[:, rows]
-        kept = [logits, finite, *(outs[i] if t == tb else outs[i][:, :t] for i in taps)]
+            logits, finite = logits[:m, rows], finite[:m, rows]
+        kept = [logits, finite, *(outs[i][:m, :t] if padded else outs[i] for i in taps)]
         if routing is not None:
-            kept += [ids[:t] for ids in routes]
+            kept += [ids.view(*key, -1)[:m, :t].reshape(m * t, -1) for ids in routes]
         if self.cuda_graphs:   # the graph's outputs: the next replay overwrites them
             kept = [x.clone() for x in kept]
         if routing is not None:
             routing.ids.extend(kept[2 + len(taps):])
         return kept[0], kept[2:2 + len(taps)], kept[1]
 
-    def _forward(self, tb: int, valid: torch.Tensor, window_rows: torch.Tensor):
-        """The graphs of one forward: entry, the spans, head. -> (logits [1, tb, V],
+    def _forward(self, key: tuple[int, int], valid: torch.Tensor,
+                 window_rows: torch.Tensor):
+        """The graphs of one forward: entry, the spans, head. -> (logits [bb, tb, V],
         per-layer outputs (the last after the final norm), MoE ids per sparse layer, per row
-        whether its logits are finite [1, tb])."""
-        model, positions = self.model, self.positions[tb]
+        whether its logits are finite [bb, tb])."""
+        model, positions = self.model, self.positions[key]
         rope = model.cfg.rope
-        record = tb > 1
+        bb, tb = key
+        caches = (bb, tb > 1)      # blocks of several rows record their steps
         if self.spans == 1:
             span = self.spans_of[0]
-            return self.whole.call(tb, model.embed_tokens, self.ids[tb], positions,
+            return self.whole.call(key, model.embed_tokens, self.ids[key], positions,
                                    self.key_positions, rope.rotary_dim, rope.theta,
-                                   span.steps, span.flats, span.caches[record], valid,
+                                   span.steps, span.flats, span.caches[caches], valid,
                                    window_rows, model.norm, model.output_weight)
-        x, cos, sin, mask = self.entry.call(tb, model.embed_tokens, self.ids[tb], positions,
+        x, cos, sin, mask = self.entry.call(key, model.embed_tokens, self.ids[key], positions,
                                             self.key_positions, rope.rotary_dim, rope.theta)
         outs: list[torch.Tensor] = []
         routes: list[torch.Tensor] = []
         for i, span in enumerate(self.spans_of):
-            layer_outs, ids = self.span.call((tb, i), span.steps, span.flats,
-                                             span.caches[record], x, cos, sin, positions,
+            layer_outs, ids = self.span.call((*key, i), span.steps, span.flats,
+                                             span.caches[caches], x, cos, sin, positions,
                                              mask, valid, window_rows)
             outs += layer_outs
             routes += ids
             x = layer_outs[-1]
-        normed, logits, finite = self.head.call(tb, model.norm, model.output_weight, x)
+        normed, logits, finite = self.head.call(key, model.norm, model.output_weight, x)
         outs[-1] = normed
         return logits, outs, routes, finite
 

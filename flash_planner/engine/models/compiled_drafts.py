@@ -16,7 +16,9 @@ from .compiled import (
     CompileReport,
     StaticGraphs,
     compile_cache_dir,
+    batch_rows,
     compile_graph,
+    key_mask,
     layer_cache,
     run_graph,
     span_forward,
@@ -28,38 +30,44 @@ from .layers import rope_cos_sin
 
 class StaticHead(StaticGraphs):
     """Runs `MTPHead.forward` for up to max_block rows as one compiled graph per bucket on
-    the head's own state: the MTP proposer's drafting steps and its per-cycle catch-up."""
+    the head's own state: the MTP proposer's drafting steps and its per-cycle catch-up. Or
+    on a batch's head slots (`MTPProposer.head_slots`), whose drafts go through the head
+    together over every slot (`propose_together`): `batches` (the slots' count,)."""
 
     part = "MTP head"
 
     def __init__(self, head: nn.Module, state: InferenceState, max_block: int,
-                 cache_dir: str | None = None):
+                 cache_dir: str | None = None, batches: tuple[int, ...] = (1,)):
         weight = head.pre_fc_norm_hidden.weight
-        super().__init__(state, max_block, cache_dir, weight.device)
+        super().__init__(state, max_block, cache_dir, weight.device, batches)
+        if batches != (1,):
+            self.part = f"batch of {batches[-1]}'s MTP head"
         self.head = head
-        self.caches = (layer_cache(state, 0, False),)
+        self.caches = {bb: (batch_rows(layer_cache(state, 0, False), bb,
+                                       state.kv.k.shape[1]),) for bb in batches}
         self.graph = self._compile(_mtp_head)
         hidden, dtype = head.cfg.hidden_size, head.fc.weight.dtype
-        self.inputs = {tb: (torch.zeros(1, tb, hidden, dtype=dtype, device=self.device),
-                            torch.zeros(1, tb, hidden, dtype=dtype, device=self.device))
-                       for tb in self.buckets}
+        self.inputs = {key: (torch.zeros(*key, hidden, dtype=dtype, device=self.device),
+                             torch.zeros(*key, hidden, dtype=dtype, device=self.device))
+                       for key in self.keys}
 
     def accepts(self, embedded: torch.Tensor, state: InferenceState) -> bool:
         return self.fits(state, embedded.shape[0], embedded.shape[1])
 
-    def run(self, embedded: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """`MTPHead.forward` of rows `accepts` took -> normed outputs [1, T, H]."""
-        t = embedded.shape[1]
-        tb, valid, window_rows = self._begin(t, False)
-        for buffer, rows in zip(self.inputs[tb], (embedded, hidden)):
-            buffer[:, :t].copy_(rows)
-        out = self._run(tb, valid, window_rows)[:, :t]
+    def run(self, embedded: torch.Tensor, hidden: torch.Tensor, state: object
+            ) -> torch.Tensor:
+        """`MTPHead.forward` of rows `accepts` took -> normed outputs [B, T, H]."""
+        b, t = embedded.shape[:2]
+        key, valid, window_rows = self._begin(state, t, False)
+        for buffer, rows in zip(self.inputs[key], (embedded, hidden)):
+            buffer[:b, :t].copy_(rows)
+        out = self._run(key, valid, window_rows)[:b, :t]
         return out.clone() if self.cuda_graphs else out
 
-    def _forward(self, tb: int, valid: torch.Tensor, window_rows: torch.Tensor):
+    def _forward(self, key: tuple[int, int], valid: torch.Tensor, window_rows: torch.Tensor):
         rope = self.head.cfg.rope
-        return self.graph.call(tb, self.head, self.caches, *self.inputs[tb],
-                               self.positions[tb], self.key_positions, rope.rotary_dim,
+        return self.graph.call(key, self.head, self.caches[key[0]], *self.inputs[key],
+                               self.positions[key], self.key_positions, rope.rotary_dim,
                                rope.theta, valid, window_rows)
 
 
@@ -69,9 +77,8 @@ def _mtp_head(head: nn.Module, caches: tuple[tuple[torch.Tensor, ...], ...],
               valid: torch.Tensor, window_rows: torch.Tensor) -> torch.Tensor:
     x = head.fuse(embedded, hidden)
     cos, sin = rope_cos_sin(positions, rotary_dim, theta, x.dtype)
-    mask = key_positions[None, :] <= positions[0, :, None]
-    outs, _ = span_forward(tuple(head.layers), caches, x, cos, sin, positions, mask, valid,
-                           window_rows)
+    outs, _ = span_forward(tuple(head.layers), caches, x, cos, sin, positions,
+                           key_mask(key_positions, positions), valid, window_rows)
     return head.norm(outs[-1])
 
 

@@ -55,12 +55,13 @@ class GatedDeltaNet(nn.Module):
     def mix_static(self, inputs: tuple[torch.Tensor, ...], valid: torch.Tensor,
                    window_rows: torch.Tensor, cache: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """`mix` with static shapes (compiled.py) over a block padded past its real rows:
-        valid [T] marks them. Padding rows get g = 0 and beta = 0, so they leave the
-        recurrent state as it was (S = S * e^0 + 0), and the conv window takes the last
-        real rows of [window, block] (`window_rows`, K-1 indices). cache: this layer's
-        (state, conv window), then its (step states, conv rows) when recording."""
+        valid [B, T] marks them. Padding rows get g = 0 and beta = 0, so they leave the
+        recurrent state as it was (S = S * e^0 + 0), and each row's conv window takes the
+        last real rows of its [window, block] (`window_rows` [B, K-1]: a padding row of a
+        batch keeps its window, rows 0..K-2). cache: this layer's (state, conv window), then
+        its (step states, conv rows) when recording."""
         qkv, g, beta = inputs
-        real = valid[None, :, None]
+        real = valid[:, :, None]
         g = torch.where(real, g, torch.zeros_like(g))
         beta = torch.where(real, beta, torch.zeros_like(beta))
         return self.recur((qkv, g, beta), *cache, window_rows=window_rows)
@@ -71,8 +72,8 @@ class GatedDeltaNet(nn.Module):
               window_rows: torch.Tensor | None = None) -> torch.Tensor:
         """The block through the conv window [B, K-1, C] and the recurrent state
         [B, Hv, Dk, Dv], both updated in place; per-step checkpoints into steps and
-        conv_rows when given. window_rows: which rows of [window, block] the window keeps
-        (default: the last K-1)."""
+        conv_rows when given. window_rows [B, K-1]: which rows of each row's [window, block]
+        its window keeps (default: the last K-1)."""
         qkv, g, beta = inputs
         b, t, _ = qkv.shape
         k1 = window.shape[1]
@@ -87,8 +88,8 @@ class GatedDeltaNet(nn.Module):
         conv = (taps * self.conv1d.weight[:, 0].float()).sum(dim=-1)  # [B, T, C]
         conv = F.silu(conv).to(qkv.dtype)
         if k1:
-            window.copy_(full[:, -k1:] if window_rows is None
-                         else full.index_select(1, window_rows))
+            window.copy_(full[:, -k1:] if window_rows is None else full.gather(
+                1, window_rows[:, :, None].expand(-1, -1, full.shape[2])))
         key_dim = self.hk * self.dk
         q, k, v = conv.split((key_dim, key_dim, self.hv * self.dv), dim=-1)
         q = q.reshape(b, t, self.hk, self.dk)

@@ -105,14 +105,14 @@ class SparseMoeBlock(nn.Module):
 
     def routed(self, x: torch.Tensor, valid: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B, T, H] -> (out [B, T, H], expert ids [B*T, k]). valid [B*T] bool marks the
+        """x [B, T, H] -> (out [B, T, H], expert ids [B*T, k]). valid [B, T] bool marks the
         real rows of a padded block (compiled.py): padding rows reuse the first row's experts,
         so padding reads no expert weights the block did not already need."""
         shape = x.shape
-        rows = x.reshape(-1, shape[-1])                                # [T, H]
+        rows = x.reshape(-1, shape[-1])                                # [B*T, H]
         weights, ids = self.gate(rows)
         if valid is not None:
-            ids = torch.where(valid[:, None], ids, ids[:1])
+            ids = torch.where(valid.reshape(-1, 1), ids, ids[:1])
         out = self.experts(rows, weights, ids)
         if self.shared_expert is not None:
             out = out + self.shared_expert_gate(rows) * self.shared_expert(rows)

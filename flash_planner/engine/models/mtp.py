@@ -53,7 +53,10 @@ class MTPHead(nn.Module):
         self.pre_fc_norm_hidden = RMSNorm(h, eps, zero_centred=True)
         self.layers = nn.ModuleList([DecoderLayer(self.cfg, 0)])
         self.norm = RMSNorm(h, eps, zero_centred=True)
-        self.static: StaticHead | None = None   # compiled rows (compiled.py), when set
+        # compiled rows (compiled_drafts.py), when set: on the proposer's own state, and
+        # on a batch's head slots
+        self.static: StaticHead | None = None
+        self.batch_static: StaticHead | None = None
 
     def fuse(self, embedded: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """The layer's input: fc over the normed embedding, then the normed hidden state."""
@@ -68,8 +71,9 @@ class MTPHead(nn.Module):
         embedded [B, T, H]: the embedding of each row's next token; hidden [B, T, H]: the
         normed hidden state the row continues (the target's, or the head's own output).
         The caller commits the rows (`state.commit`) or forgets them (`state.truncate`)."""
-        if self.static is not None and self.static.accepts(embedded, state):
-            return self.static.run(embedded, hidden)
+        for runner in (self.static, self.batch_static):
+            if runner is not None and runner.accepts(embedded, state):
+                return runner.run(embedded, hidden, state)
         b, t, _ = embedded.shape
         ctx = ForwardContext.open(state, b, t, self.cfg.rope, embedded.dtype, embedded.device)
         x = self.fuse(embedded, hidden)

@@ -96,8 +96,10 @@ class TargetModel(nn.Module):
         self.arity = [layer_arity(layer) for layer in self.layers]
         self.dense = TorchDense(self.segments)
         self.moe_blocks = [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
-        # decode and verify blocks through compiled static-shape graphs (compiled.py)
+        # decode and verify blocks through compiled static-shape graphs (compiled.py): on
+        # the engine's state, and on a batch's slots (engine.batch_slots)
         self.static: StaticForward | None = None
+        self.batch_static: StaticForward | None = None
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -124,10 +126,12 @@ class TargetModel(nn.Module):
         all_logits: logits of every row (verify) instead of the last row only (prefill).
         routing: collects each sparse layer's expert ids (MoE targets; telemetry).
         """
-        if self.static is not None and self.static.accepts(ids, state, record_steps):
+        runner = next((r for r in (self.static, self.batch_static)
+                       if r is not None and r.accepts(ids, state, record_steps)), None)
+        if runner is not None:
             try:
-                logits, tapped, finite = self.static.run(ids, record_steps, taps, all_logits,
-                                                         routing)
+                logits, tapped, finite = runner.run(ids, state, record_steps, taps,
+                                                    all_logits, routing)
             except BaseException:
                 state.reset()
                 raise
