@@ -270,8 +270,8 @@ def run(services: dict[str, PlannerService], tasks: list[tuple[int, object]],
 def print_table(report: dict) -> None:
     forwards = "compiled" if report["compiled"] else "eager"
     print(f"the demo (fp32 CPU, {report['threads']} torch thread(s), {forwards} forwards) "
-          f"through the planner service: batched (max_batch {report['max_batch']}) against single (one at a "
-          "time, max_batch 1)")
+          f"through the planner service: batched (max_batch {report['max_batch']}) against "
+          "single (one at a time, max_batch 1)")
     print(f"closed-loop clients, {report['tasks']} held-out tasks per cell in "
           f"{report['rounds']} round(s), greedy under the request's grammar; mismatches: "
           "raw_text against the task alone (1 client, single)")

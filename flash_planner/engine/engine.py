@@ -19,9 +19,9 @@ from .cache import ContextOverflowError, InferenceState
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import EngineConfig
 from .methods import METHODS
-from .mtp_proposer import MTPProposer
 from .models.compiled import CompileReport, StaticForward, row_buckets
 from .models.compiled_drafts import StaticDrafter, StaticHead
+from .mtp_proposer import MTPProposer
 from .prefix import PrefixCache
 from .proposer import Proposer
 from .proposers import WHY_MISSING, ProposerBytes, build_proposers

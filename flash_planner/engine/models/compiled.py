@@ -320,8 +320,8 @@ class CompileReport:
         batches = f" x batches {list(self.batches)}" if self.batches != (1,) else ""
         return (f"compiled {' + '.join(self.parts)} ({self.backend}): buckets "
                 f"{list(self.buckets)}{batches}, {self.spans} layer graph calls per target "
-                f"forward, "
-                f"{self.graphs} graphs in {self.seconds:.1f} s (cache {self.cache_dir})")
+                f"forward, {self.graphs} graphs in {self.seconds:.1f} s (cache "
+                f"{self.cache_dir})")
 
 
 def layer_cache(state: InferenceState, layer: int, record: bool) -> tuple[torch.Tensor, ...]:
@@ -344,10 +344,11 @@ class StaticGraphs:
     window_rows)`, the graphs of one forward, key = (batch bucket, row bucket).
 
     Bound to one sequence's state (batches (1,)), or to a batch's slots (`slots.py`):
-    then a forward of slots 0..m-1 runs padded to the smallest of `batches` >= m. The padding batch rows are free slots: their rows are marked not
-    real (the GDN state and conv window stay as they were) and they write KV rows at
-    positions 0.. of their own slot, which the next request to take the slot prefills over
-    before anything reads them."""
+    then a forward of slots 0..m-1 runs padded to the smallest of `batches` >= m. The
+    padding batch rows are free slots: their rows are marked not real (the GDN state and
+    conv window stay as they were) and they write KV rows at positions 0.. of their own
+    slot, which the next request to take the slot prefills over before anything reads
+    them."""
 
     part = ""
     spans = 1
