@@ -178,11 +178,12 @@ class Engine:
         """Slots for max_batch running requests and one for prefilling a newcomer
         (batch.py), emptied, with the MTP head's slots for their forks (`slots.heads`, where
         the head is loaded). Allocated when first asked for this size and kept; where this
-        engine compiles, the forwards over them are compiled then (target, MTP head), and
-        the models run their forwards over these slots through them."""
+        engine compiles, the forwards over them are compiled then (target, MTP head, the
+        DFlash drafter's groups), and the models run their batched forwards through them."""
         slots = self._batch_slots.get(max_batch)
         mtp = self.proposers.get("mtp")
         mtp = mtp if isinstance(mtp, MTPProposer) else None
+        dflash = self.proposers.get("dflash")
         if slots is None:
             st, config = self.state, self.config
             slots = SlotStates(self.model_config, max_batch + 1, st.capacity, st.max_steps,
@@ -197,9 +198,17 @@ class Engine:
                                                     config.max_block, config.compile_cache,
                                                     (max_batch,))
                     report = report.plus(slots.heads.static.warm_up(progress))
+                if dflash is not None:          # groups of 2.. forks drafting together
+                    slots.drafts = StaticDrafter(dflash.drafter, dflash.embed,
+                                                 dflash.lm_head_weight, dflash.block_size,
+                                                 dflash.window.capacity, config.compile_cache,
+                                                 row_buckets(max_batch)[1:])
+                    report = report.plus(slots.drafts.warm_up(progress))
                 self.compile_report = self.compile_report.plus(report)
             self._batch_slots[max_batch] = slots
         self.model.batch_static = slots.static
+        if dflash is not None:
+            dflash.drafter.batch_static = slots.drafts
         if mtp is not None:
             mtp.head.batch_static = slots.heads.static
             slots.heads.whole.reset()

@@ -163,6 +163,11 @@ class DFlashProposer(Proposer):
         lead = asks[0].proposer
         drafter = lead.drafter
         prepared = [a.proposer._prepare(a.anchor) for a in asks]
+        compiled = drafter.batch_static
+        blocks = [(ids, a.start, kv, pos) for (ids, kv, pos), a in zip(prepared, asks)]
+        if compiled is not None and compiled.accepts_rows(blocks):
+            return [a.proposer._read(out, a.num, a.start)
+                    for out, a in zip(compiled.propose_rows(blocks), asks)]
         width = max(pos.shape[0] for _, _, pos in prepared)
         ids = torch.stack([p[0] for p in prepared])                      # [K, block]
         device = ids.device

@@ -61,15 +61,18 @@ class SlotStates:
         self.views = [self.whole.row(i) for i in range(batch)]
         # the compiled forwards over these slots (compiled.py's, with batch buckets), if any
         self.static: object | None = None
-        # a batch's: the MTP head's slots for its requests' forks (Engine.batch_slots)
+        # a batch's (Engine.batch_slots): the MTP head's slots for its requests' forks, and
+        # the DFlash drafter's compiled forwards for their drafts together
         self.heads: SlotStates | None = None
+        self.drafts: object | None = None
 
     @classmethod
     def around(cls, state: InferenceState) -> SlotStates:
         """One slot that is `state` itself (a batch of one keeps the engine's own state, and
         with it the compiled forwards bound to that state)."""
         slots = object.__new__(cls)
-        slots.whole, slots.views, slots.static, slots.heads = state, [state], None, None
+        slots.whole, slots.views, slots.static = state, [state], None
+        slots.heads = slots.drafts = None
         return slots
 
     @property

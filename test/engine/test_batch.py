@@ -312,9 +312,10 @@ def test_auto_requests_in_a_batch_draft_with_their_common_choice(engines, monkey
 def test_compiled_batches_equal_each_request_alone(checkpoints, make_engine, tmp_path_factory):
     """With compiled forwards, the batch's verifies run through graphs compiled at load per
     (batch bucket, row bucket) on its slots: every cycle compiled, including the padded
-    batch rows of 3 requests in bucket 4 and a lone request, nothing compiled after load,
-    and each request's tokens those it decodes alone on an eager engine (FP8 KV: each slot
-    calibrated on its own prompt)."""
+    batch rows of 3 requests in bucket 4 and a lone request, the MTP head's and the DFlash
+    drafter's batched drafts too, nothing compiled after load, and each request's tokens
+    those it decodes alone on an eager engine (FP8 KV: each slot calibrated on its own
+    prompt)."""
     from torch._dynamo.utils import counters
 
     from flash_planner.engine.config import cache_home
@@ -336,7 +337,11 @@ def test_compiled_batches_equal_each_request_alone(checkpoints, make_engine, tmp
         return _requests(eager, methods, [p.token_ids for p in plain], replay_block=2)[:6]
 
     alone = _alone(eager, requests())
+    head = compiled.proposers["mtp"].head.batch_static
+    drafts = compiled.proposers["dflash"].drafter.batch_static
+    assert head.batches == (4,) and drafts.keys == (2, 4)
     graphs, calls = counters["stats"]["unique_graphs"], static.calls
+    head_calls, draft_calls = head.calls, drafts.calls
     batch = Batch(compiled)
     assert batch.slots is compiled.batch_slots(4) and batch.slots.static is static
     todo = requests()
@@ -348,4 +353,6 @@ def test_compiled_batches_equal_each_request_alone(checkpoints, make_engine, tmp
         batch.step()
     assert [f.result().token_ids for f in futures] == [a.token_ids for a in alone]
     assert static.calls - calls == batch.stats.cycles > 0
+    # the MTP forks' drafts and the DFlash groups' ran compiled too
+    assert head.calls > head_calls and drafts.calls > draft_calls
     assert counters["stats"]["unique_graphs"] == graphs

@@ -315,7 +315,10 @@ class DFlashDrafter(nn.Module):
         if cfg.selects:
             self.candidate_selector = CandidateSelector(cfg.hidden_size, cfg.vocab_size,
                                                         cfg.selector_rank, cfg.selector_top_k)
-        self.static = None   # compiled proposals (compiled.StaticDrafter), when set
+        # compiled proposals (compiled_drafts.StaticDrafter), when set: one request's, and
+        # a batch's requests' together
+        self.static = None
+        self.batch_static = None
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype):
         return rope_cos_sin(positions, self.cfg.rope.rotary_dim, self.cfg.rope.theta, dtype)
