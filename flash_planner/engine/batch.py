@@ -46,6 +46,7 @@ from .proposer import DraftAsk, Proposer, draft_together
 from .proposers import fork_proposers
 from .slots import SlotStates
 from .speculative import Block
+from .telemetry import SharedPhase
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ class Batch:
         alone = m == 1 and self.slots.static is None
         state = running[0].decoding.state if alone else self.slots.rows(m)
         try:
-            with running[0].decoding.timer.phase("verify"):
+            with SharedPhase([r.decoding.timer for r in running], "verify"):
                 out = self.engine.model(ids, state, record_steps=t > 1, taps=tap_ids,
                                         all_logits=True)
         except Exception as exc:
@@ -289,9 +290,8 @@ class Batch:
             if isinstance(asked[id(r)], DraftAsk):
                 groups.setdefault(id(asked[id(r)].proposer.together_key()), []).append(r)
         for members in groups.values():
-            lead = members[0].decoding.timer
             try:
-                with lead.phase("draft"):
+                with SharedPhase([r.decoding.timer for r in members], "draft"):
                     drafts = draft_together([asked[id(r)] for r in members])
             except Exception as exc:
                 for r in members:

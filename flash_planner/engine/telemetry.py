@@ -31,6 +31,30 @@ class PhaseTimer:
         return self._phases[name]
 
 
+class SharedPhase:
+    """A phase several requests wait on together (a batch's verify, its drafts made in one
+    forward): its wall time added to each one's timer, so that each request's phases still
+    add up to the time it spent."""
+
+    __slots__ = ("timers", "name", "t0", "sync")
+
+    def __init__(self, timers: list[PhaseTimer], name: str):
+        self.timers, self.name, self.t0 = timers, name, 0.0
+        self.sync = any(t.sync for t in timers)
+
+    def __enter__(self) -> None:
+        if self.sync:
+            torch.cuda.synchronize()
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.sync:
+            torch.cuda.synchronize()
+        ms = (time.perf_counter() - self.t0) * 1000.0
+        for timer in self.timers:
+            timer.ms[self.name] += ms
+
+
 class _Phase:
     __slots__ = ("timer", "name", "t0")
 

@@ -89,6 +89,8 @@ def test_batched_requests_equal_each_request_alone(engines, kind, kv):
     for a, g, r in zip(alone, got, requests):
         assert g.token_ids == a.token_ids, (r.settings.method, r.proposer)
         assert g.finish_reason == a.finish_reason == "length"
+        # each request waited on the verifies it took part in (not only the first row's)
+        assert g.stats.phase_ms["verify"] > 0
     assert batch.stats.cycles < sum(len(a.token_ids) for a in alone)  # rows were batched
     assert batch.running == 0 and batch.waiting == 0
 
