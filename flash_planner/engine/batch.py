@@ -42,6 +42,7 @@ from .constraint import Constraint
 from .decoding import CancelToken, Decoding, GenerationResult, GenerationSettings, TokenCallback
 from .engine import Engine
 from .generate import start
+from .models.moe import RoutingRecord
 from .proposer import DraftAsk, Proposer, draft_together
 from .proposers import fork_proposers
 from .slots import SlotStates
@@ -219,10 +220,12 @@ class Batch:
         # where the slots have compiled forwards of their own)
         alone = m == 1 and self.slots.static is None
         state = running[0].decoding.state if alone else self.slots.rows(m)
+        model = self.engine.model
+        routing = RoutingRecord() if model.moe_blocks else None
         try:
             with SharedPhase([r.decoding.timer for r in running], "verify"):
-                out = self.engine.model(ids, state, record_steps=t > 1, taps=tap_ids,
-                                        all_logits=True)
+                out = model(ids, state, record_steps=t > 1, taps=tap_ids, all_logits=True,
+                            routing=routing)
         except Exception as exc:
             for r in running:
                 self._end(r, exc)
@@ -245,8 +248,13 @@ class Batch:
             if d.tap_ids:
                 taps = torch.cat([out.taps[tap_ids.index(j)][i:i + 1, :n] for j in d.tap_ids],
                                  dim=-1)
+            experts = None
+            if routing is not None:      # the experts its own rows chose, as alone
+                own = RoutingRecord()
+                own.ids = [x.view(m, t, -1)[i, :n] for x in routing.ids]
+                experts = own.distinct_per_layer(model.moe_blocks[0].num_experts).sum()
             try:
-                d.finish(out.logits[i, :n], None, taps)
+                d.finish(out.logits[i, :n], None, taps, experts)
             except Exception as exc:
                 ended.append((r, exc))
                 continue

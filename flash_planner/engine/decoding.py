@@ -264,10 +264,11 @@ class Decoding:
         return self.block
 
     def finish(self, raw: torch.Tensor, finite: torch.Tensor | None,
-               taps: torch.Tensor | None) -> None:
-        """Steps 3-4 of the drafted block over its rows of the verify (`decide`)."""
+               taps: torch.Tensor | None, experts: torch.Tensor | None = None) -> None:
+        """Steps 3-4 of the drafted block over its rows of the verify (`decide`); experts:
+        the distinct experts its rows chose, summed over sparse layers (MoE targets)."""
         self._after(decide(self.block, raw, finite, taps, self.proposer, self.policy,
-                           self.timer, self.constraint))
+                           self.timer, self.constraint, experts))
 
     def _after(self, cycle: Cycle) -> None:
         self.cycle, self.block = cycle, None
