@@ -75,7 +75,7 @@ def bench_depth(depth: int, workdir: Path, args) -> dict:
         log(f"depth {depth}: loading the {'compiled' if mode == 'on' else 'eager'} engine")
         engines[mode] = Engine.load(EngineConfig(
             model_path=str(path), device="cpu", dtype="fp32", max_context=512, method="none",
-            compile=mode), progress=lambda line: log("  " + line))
+            compile=mode, max_batch=1), progress=lambda line: log("  " + line))
     eager, compiled = greedy(engines["off"]), greedy(engines["on"])
     if eager != compiled:
         at = next(i for i, (a, b) in enumerate(zip(eager, compiled)) if a != b)
@@ -102,7 +102,9 @@ def bench_demo(args) -> dict:
     out = {}
     for mode in ("off", "on"):
         log(f"demo: loading the {'compiled' if mode == 'on' else 'eager'} planner")
-        engine = Engine.load(preset.engine_config(device="cpu", dtype="fp32", compile=mode),
+        # one plan at a time: the single-request forwards (no batch buckets compiled)
+        engine = Engine.load(preset.engine_config(device="cpu", dtype="fp32", compile=mode,
+                                                  max_batch=1),
                              progress=lambda line: log("  " + line))
         service = PlannerService(engine, catalog, PlannerConfig(
             refusal_hint=preset.refusal_hint))
