@@ -20,6 +20,10 @@ that error; the others go on. A failed verify forward fails every request in it 
 state is no longer reliable). A request that ends frees its slot: the last running slot is
 moved into it, so running slots stay rows 0..m-1.
 
+The slots belong to the engine (`Engine.batch_slots`); where it compiles, the verify, the
+MTP head's steps and the DFlash drafter's groups run through graphs compiled for the slots
+per batch bucket (models/compiled.py), a lone request included.
+
 The batch is driven by one thread (`step`, `run`); `submit` and cancellation may come from
 any thread.
 """
