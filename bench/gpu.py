@@ -35,6 +35,12 @@ Parts (each one table, all of them in one JSON file):
             and the fraction of the copy bandwidth the distinct chosen experts' bytes reach.
   profile   where a plan's time goes in fp32 and in bf16 (the demo, eager, auto, under
             torch.profiler): the ops with the most host time and their device time, per dtype.
+  batch     (by name only) 8 requests at once against one at the 27B's width slice (bf16):
+            a decode step (1 row each) and a verify (16 rows each, with its rollbacks) over
+            the slots of one batch state, every slot 64 tokens in, capacity 4,112 rows;
+            eager and through the batch's compiled graphs (CUDA graphs, batch buckets 1
+            and 8): ms of each, and the aggregate (8 x ms of one / ms of eight).
+            --small: tiny widths, eager only.
 bench/kernels.py has the hot-path kernels' table.
 
     python bench/gpu.py [--parts ceilings gemm thor] [--json-out FILE]   # a CUDA GPU
@@ -70,7 +76,9 @@ _spec.loader.exec_module(_bench_kernels)
 copy_bandwidth, timed_ms = _bench_kernels.copy_bandwidth, _bench_kernels.timed_ms
 graph_ms = _bench_kernels.graph_ms
 
-PARTS = ("ceilings", "gemm", "thor", "slices", "demo", "profile")
+PARTS = ("ceilings", "gemm", "thor", "slices", "demo", "profile", "batch")
+# `batch` compiles 10 more graphs at the 27B's width (minutes cold): asked for by name
+DEFAULT_PARTS = PARTS[:-1]
 SLICES = ("27B", "35B-A3B")
 DEMO_METHODS = ("auto", "dflash", "mtp", "none")
 ROWS = (1, 2, 4, 8, 16)
@@ -396,6 +404,54 @@ def _time_slice(cfg, model, dtype: torch.dtype, device: str, repeats: int, compi
     return times
 
 
+def batch_rows(device: str, small: bool, repeats: int, batch: int = 8,
+               forwards: tuple[str, ...] | None = None) -> list[dict]:
+    """The `batch` part: ms of `batch` requests' decode step and verify over slots of one
+    batch state against one request's, eager and (default: not --small) through the
+    compiled graphs of batch buckets 1 and `batch`; every step commits one row per slot."""
+    from weight_bytes import QWEN3_6_27B
+
+    from flash_planner.engine.models.compiled import StaticForward
+    from flash_planner.engine.slots import SlotStates
+    from flash_planner.kernels import dispatch
+
+    if small:   # the torch references: interpreted kernels would take seconds a forward
+        dispatch.set_backend("auto")
+    dtype = torch.float32 if small else torch.bfloat16
+    cfg, model = slice_model(dict(QWEN3_6_27B, num_hidden_layers=4, **(TINY if small else {})),
+                             "bf16", dtype, device)
+    context, max_block = 64, 16
+    slots = SlotStates(cfg, batch + 1, 4096 + max_block, max_block, dtype, dtype,
+                       torch.device(device))
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def ids(m: int, rows: int) -> torch.Tensor:
+        return torch.randint(0, cfg.vocab_size, (m, rows), generator=gen).to(device)
+
+    def step(m: int, rows: int) -> None:
+        model(ids(m, rows), slots.rows(m), record_steps=rows > 1, all_logits=rows > 1)
+        for view in slots.views[:m]:
+            view.commit(1)          # a verify keeps one row: its rollback runs too
+
+    out = []
+    with torch.inference_mode():
+        for view in slots.views[:batch]:
+            model(ids(1, context), view)
+            view.commit(context)
+        for forward in forwards or (("eager",) if small else ("eager", "graphs")):
+            if forward == "graphs":
+                model.batch_static = StaticForward(model, slots.whole, max_block,
+                                                   batches=(1, batch))
+                model.batch_static.warm_up()
+            for rows in (1, max_block):
+                ms = {m: timed_ms(lambda m=m, t=rows: step(m, t), repeats) for m in (1, batch)}
+                out.append({"slice": "27B", "forward": forward, "rows": rows, "batch": batch,
+                            "ms_one": ms[1], "ms_batch": ms[batch],
+                            "aggregate": batch * ms[1] / ms[batch]})
+        model.batch_static = None
+    return out
+
+
 def demo_service(device: str, dtype: str, compile_: str, small: bool):
     """(the demo's planner service over a freshly loaded engine, its load seconds); --small
     keeps the torch references (interpreted kernels would take minutes a plan)."""
@@ -645,6 +701,14 @@ def print_tables(report: dict) -> None:
         for r in report["sdpa"]:
             got = f"{r['ms']:.3f} ms" if r["ms"] is not None else f"refused: {r['error']}"
             print(f"  {r['dtype']:<9}{r['backend']:<10}{got}")
+    if report.get("batch"):
+        n = report["batch"][0]["batch"]
+        print(f"{n} requests at once against one, the 27B's width (4 layers), slots of one "
+              f"batch state\n{'forward':<9}{'rows':>5}{'ms, one':>10}{f'ms, {n}':>10}"
+              f"{'aggregate':>11}")
+        for r in report["batch"]:
+            print(f"{r['forward']:<9}{r['rows']:>5}{r['ms_one']:>10.3f}{r['ms_batch']:>10.3f}"
+                  f"{r['aggregate']:>10.2f}x")
     if report.get("thor"):
         print(f"Thor line: {THOR_GBPS:.0f} GB/s at the nvfp4 GEMMs' measured fraction "
               f"({100 * report['thor'][0]['fraction']:.0f}%, 1 row)")
@@ -657,8 +721,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--small", action="store_true",
                         help="tiny shapes on a CPU, kernels interpreted (default: off)")
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                        help="which tables (default: all)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(DEFAULT_PARTS),
+                        help="which tables (default: all but batch)")
     parser.add_argument("--tune", action="store_true",
                         help="measure the skinny GEMMs' configurations for the gemm part's "
                              "shapes first and use them (cached; CUDA only; default: off)")
@@ -723,6 +787,8 @@ def main(argv=None) -> int:
     if "profile" in args.parts:
         part("profile", profile_rows(device, args.small))
         part("sdpa", sdpa_rows(device))
+    if "batch" in args.parts:
+        part("batch", batch_rows(device, args.small, 3 if args.small else 20))
     print(f"{report['device']}; wall {time.perf_counter() - t0:.0f} s")
     print_tables(report)
     return 0

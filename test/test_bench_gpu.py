@@ -74,3 +74,18 @@ def test_the_full_run_needs_a_gpu_and_says_so_without_one():
         assert proc.returncode == 0 and "--small" in proc.stdout
     else:
         assert proc.returncode == 2 and "needs a CUDA GPU (use --small" in proc.stderr
+
+
+def test_the_batch_part_runs_small_when_asked_for(tmp_path):
+    """`batch` (not in the default parts: it compiles 10 more graphs on a GPU) times 8
+    requests at once against one over slots of one batch state."""
+    out = tmp_path / "batch.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--small", "--parts", "batch",
+                           "--json-out", str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["batch"]
+    assert {(r["forward"], r["rows"], r["batch"]) for r in rows} == {
+        ("eager", 1, 8), ("eager", 16, 8)}
+    assert all(r["ms_one"] > 0 and r["ms_batch"] > 0 and r["aggregate"] > 0 for r in rows)
+    assert "8 requests at once against one" in proc.stdout

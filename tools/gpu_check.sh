@@ -5,7 +5,8 @@
 #   tools/gpu_check.sh OUT_DIR STEP...     # run from the checkout's root, on the GPU machine
 #
 # Steps: info, kernels (the kernel tests, compiled for this GPU), cuda (the tests marked
-# `cuda`), gemm (bench/gpu.py ceilings gemm thor; TUNE=1 adds --tune), profile, demo, slices.
+# `cuda`), gemm (bench/gpu.py ceilings gemm thor; TUNE=1 adds --tune), profile, demo, slices,
+# batch (8 requests against one at the 27B's width).
 # A step's limit in seconds is T_<STEP> (upper case) where set. WHEELS names a folder of
 # wheels to install first (the planning dependencies the machine's Python lacks:
 # docs/development.md). The machine's own python3 runs everything, with this tree on
@@ -61,7 +62,8 @@ torch.cuda.get_device_name())'; echo ptxas: \${TRITON_PTXAS_BLACKWELL_PATH:-bund
         # the files that hold `cuda` tests (make test-gpu collects all of test/, which needs
         # the test extras this machine lacks)
         cuda) step cuda 120 "${pytest[@]}" -m cuda test/engine/test_parity.py \
-            test/engine/test_compiled.py test/engine/test_attention_backends.py ;;
+            test/engine/test_compiled.py test/engine/test_attention_backends.py \
+            test/engine/test_batch.py ;;
         gemm) step gemm 150 "$py" bench/gpu.py --parts ceilings gemm thor \
             ${TUNE:+--tune} --json-out "$out/gemm.json" ;;
         profile) step profile 90 "$py" bench/gpu.py --parts profile \
@@ -71,7 +73,8 @@ torch.cuda.get_device_name())'; echo ptxas: \${TRITON_PTXAS_BLACKWELL_PATH:-bund
             --json-out "$out/demo.json" ;;
         slices) step slices 200 "$py" bench/gpu.py --parts slices \
             --slices ${SLICES:-27B 35B-A3B} --json-out "$out/slices.json" ;;
+        batch) step batch 200 "$py" bench/gpu.py --parts batch --json-out "$out/batch.json" ;;
         *) echo "gpu_check.sh: unknown step '$name' (info kernels cuda gemm profile demo " \
-                "slices)" >&2; exit 2 ;;
+                "slices batch)" >&2; exit 2 ;;
     esac
 done

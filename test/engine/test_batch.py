@@ -319,8 +319,12 @@ def test_auto_requests_in_a_batch_draft_with_their_common_choice(engines, monkey
     assert len(chosen) > 3 and all(len(methods) == 1 for methods in chosen.values())
 
 
-def test_compiled_batches_equal_each_request_alone(checkpoints, make_engine, tmp_path_factory):
-    """With compiled forwards, the batch's verifies run through graphs compiled at load per
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU"))])
+def test_compiled_batches_equal_each_request_alone(checkpoints, make_engine, tmp_path_factory,
+                                                   device):
+    """With compiled forwards (CUDA graphs on a GPU), the batch's verifies run through
+    graphs compiled at load per
     (batch bucket, row bucket) on its slots: every cycle compiled, including the padded
     batch rows of 3 requests in bucket 4 and a lone request, the MTP head's and the DFlash
     drafter's batched drafts too, nothing compiled after load, and each request's tokens
@@ -333,7 +337,7 @@ def test_compiled_batches_equal_each_request_alone(checkpoints, make_engine, tmp
     target = checkpoints("hybrid", mtp=True, init=0.25)
     drafter = write_tiny_drafter(tmp_path_factory.mktemp("compiled"), target, block_size=2)
     common = dict(drafter_path=str(drafter), kv_dtype="fp8", method="auto", max_block=2,
-                  mtp_steps=1, prefill_chunk=16, max_batch=4,
+                  mtp_steps=1, prefill_chunk=16, max_batch=4, device=device,
                   compile_cache=str(cache_home() / "test_torch_compile"))
     eager = make_engine(target, compile="off", **common)
     compiled = make_engine(target, compile="on", **common)
