@@ -104,9 +104,11 @@ class Batch:
             # slots 0..max_batch-1 for running requests, the last for prefilling newcomers
             self.slots = engine.batch_slots(self.max_batch)
             # the forks' MTP caches are rows of one state (`slots.heads`), so their drafts
-            # go through the head together
+            # go through the head together; the lowest rows are taken first, so that the
+            # head runs over as few rows as the requests drafting with it need
             self._pool = [fork_proposers(engine.proposers, self.slots.heads, i)
-                          for i in range(self.max_batch)]
+                          for i in reversed(range(self.max_batch))]
+        self._rank = {id(p): -i for i, p in enumerate(self._pool)}
         self._active: list[_Running] = []    # running requests, by slot
         self._staged: _Running | None = None  # the newcomer prefilling on the staging slot
         self._waiting: collections.deque[BatchRequest] = collections.deque()
@@ -166,7 +168,7 @@ class Batch:
                                  request.cancel, request.proposer, None, request.constraint,
                                  request.prefix, proposers, request.arrived)
             except Exception as exc:          # a request the engine refuses: its error alone
-                self._pool.append(proposers)
+                self._give_back(proposers)
                 request.future.set_exception(exc)
                 continue
             if decoding.proposer is not None:
@@ -331,6 +333,11 @@ class Batch:
         for p in routers:
             p.route(common)
 
+    def _give_back(self, proposers: dict[str, Proposer]) -> None:
+        """A set of proposers back in the pool, which hands out the lowest rows first."""
+        self._pool.append(proposers)
+        self._pool.sort(key=lambda p: self._rank[id(p)])
+
     def _end(self, r: _Running, error: BaseException | None = None) -> None:
         """A request leaves: its slot emptied (the last running slot moved into it), its
         proposers back in the pool, its future resolved."""
@@ -338,7 +345,7 @@ class Batch:
         d.state.reset()
         if d.proposer is not None:
             d.proposer.set_picker(None)
-        self._pool.append(r.proposers)
+        self._give_back(r.proposers)
         if r is self._staged:
             self._staged = None
         elif r in self._active:

@@ -112,7 +112,12 @@ class MTPProposer(Proposer):
         device = asks[0].anchor.device
         firsts = [p._catch_up(a.anchor, a.start) for p, a in zip(heads, asks)]
         rows = [p.row for p in heads]
-        n, width = slots.batch, max(t.shape[0] for t, _ in firsts)
+        # eager: rows 0..n-1, the highest asking row's and those below it (the batch hands
+        # out the lowest rows first). Compiled: every row, each at its own length (the
+        # graphs' padding rows would write at positions 0.. of rows that may be live)
+        compiled = slots.static is not None and lead.head.batch_static is slots.static
+        n = slots.batch if compiled else max(rows) + 1
+        width = max(t.shape[0] for t, _ in firsts)
         hidden_size = firsts[0][1].shape[-1]
         tokens = torch.zeros(n, width, dtype=torch.long, device=device)
         hidden = torch.zeros(n, width, hidden_size, dtype=firsts[0][1].dtype, device=device)
@@ -121,7 +126,7 @@ class MTPProposer(Proposer):
             hidden[row, :tok.shape[0]] = h[0]
         out = lead.head(lead.embed(tokens), hidden, slots.rows(n, rows))
         last = torch.tensor([t.shape[0] - 1 for t, _ in firsts], device=device)
-        _settle(slots, {row: t.shape[0] for row, (t, _) in zip(rows, firsts)})
+        _settle(slots, n, {row: t.shape[0] for row, (t, _) in zip(rows, firsts)})
         now = out[:, -1:].clone()                                   # [n, 1, H] every row
         now[rows] = out[rows, last][:, None]
         drafts = [[p._draft(now[row:row + 1], a.start + 1)]
@@ -132,7 +137,7 @@ class MTPProposer(Proposer):
             for row, d in zip(rows, drafts):
                 nxt[row] = d[-1][0]
             now = lead.head(lead.embed(nxt)[:, None], now, slots.rows(n, list(going)))
-            _settle(slots, going)
+            _settle(slots, n, going)
             for i, (p, a, row) in enumerate(zip(heads, asks, rows)):
                 if row in going:
                     drafts[i].append(p._draft(now[row:row + 1], a.start + 1 + step))
@@ -242,8 +247,8 @@ class MTPProposer(Proposer):
         self.pending_tokens.extend(tokens)
 
 
-def _settle(slots: SlotStates, keep: dict[int, int]) -> None:
-    """After a forward over every row of `slots`: rows in `keep` keep that many rows, the
+def _settle(slots: SlotStates, n: int, keep: dict[int, int]) -> None:
+    """After a forward over rows 0..n-1 of `slots`: rows in `keep` keep that many rows, the
     others (padding) none."""
-    for index, view in enumerate(slots.views):
+    for index, view in enumerate(slots.views[:n]):
         view.keep(keep.get(index, 0))
