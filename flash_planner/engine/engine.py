@@ -185,26 +185,12 @@ class Engine:
         mtp = mtp if isinstance(mtp, MTPProposer) else None
         dflash = self.proposers.get("dflash")
         if slots is None:
-            st, config = self.state, self.config
+            st = self.state
             slots = SlotStates(self.model_config, max_batch + 1, st.capacity, st.max_steps,
                                st.kv.k.dtype, self.dtype, self.device)
             slots.heads = None if mtp is None else mtp.head_slots(max_batch)
             if self.compile_report is not None:
-                slots.static = StaticForward(self.model, slots.whole, config.max_block,
-                                             config.compile_cache, row_buckets(max_batch))
-                report = slots.static.warm_up(progress)
-                if slots.heads is not None:     # its forks draft together over every slot
-                    slots.heads.static = StaticHead(mtp.head, slots.heads.whole,
-                                                    config.max_block, config.compile_cache,
-                                                    (max_batch,))
-                    report = report.plus(slots.heads.static.warm_up(progress))
-                if dflash is not None:          # groups of 2.. forks drafting together
-                    slots.drafts = StaticDrafter(dflash.drafter, dflash.embed,
-                                                 dflash.lm_head_weight, dflash.block_size,
-                                                 dflash.window.capacity, config.compile_cache,
-                                                 row_buckets(max_batch)[1:])
-                    report = report.plus(slots.drafts.warm_up(progress))
-                self.compile_report = self.compile_report.plus(report)
+                self._compile_slots(slots, max_batch, mtp, dflash, progress)
             self._batch_slots[max_batch] = slots
         self.model.batch_static = slots.static
         if dflash is not None:
@@ -217,6 +203,27 @@ class Engine:
         for view in slots.views:
             view.reset()
         return slots
+
+    def _compile_slots(self, slots: SlotStates, max_batch: int, mtp: MTPProposer | None,
+                       dflash: Proposer | None,
+                       progress: Callable[[str], None] | None) -> None:
+        """The batch's compiled forwards over `slots`, warmed up now: the target's per batch
+        bucket, the MTP head's over every head slot (its forks draft together), the DFlash
+        drafter's per group of 2 or more requests."""
+        config = self.config
+        slots.static = StaticForward(self.model, slots.whole, config.max_block,
+                                     config.compile_cache, row_buckets(max_batch))
+        report = slots.static.warm_up(progress)
+        if slots.heads is not None:
+            slots.heads.static = StaticHead(mtp.head, slots.heads.whole, config.max_block,
+                                            config.compile_cache, (max_batch,))
+            report = report.plus(slots.heads.static.warm_up(progress))
+        if dflash is not None:
+            slots.drafts = StaticDrafter(dflash.drafter, dflash.embed, dflash.lm_head_weight,
+                                         dflash.block_size, dflash.window.capacity,
+                                         config.compile_cache, row_buckets(max_batch)[1:])
+            report = report.plus(slots.drafts.warm_up(progress))
+        self.compile_report = self.compile_report.plus(report)
 
     @property
     def memory(self) -> MemoryReport:
