@@ -62,6 +62,18 @@ def _requests(engine, methods, replay_from=None, new_tokens=(24, 9, 31, 16, 40, 
     return out
 
 
+def _join_midway(batch, requests, first: int, cycles: int):
+    """The first `first` requests submitted, `cycles` cycles run, then the rest: their
+    results once all have ended."""
+    futures = [batch.submit(r) for r in requests[:first]]
+    for _ in range(cycles):
+        batch.step()
+    futures += [batch.submit(r) for r in requests[first:]]
+    while not all(f.done() for f in futures):
+        batch.step()
+    return [f.result() for f in futures]
+
+
 def _alone(engine, requests):
     return [generate(engine, r.prompt, r.settings,
                      proposer=None if r.proposer is None else r.proposer.fork())
@@ -79,13 +91,7 @@ def test_batched_requests_equal_each_request_alone(engines, kind, kv):
     assert [a.token_ids for a in alone] == [p.token_ids for p in plain]
     batch = Batch(engine, max_batch=4)
     # half arrive now, the rest while those decode: they wait for slots, join mid-decode
-    futures = [batch.submit(r) for r in requests[:4]]
-    for _ in range(3):
-        batch.step()
-    futures += [batch.submit(r) for r in requests[4:]]
-    while not all(f.done() for f in futures):
-        batch.step()
-    got = [f.result() for f in futures]
+    got = _join_midway(batch, requests, 4, 3)
     for a, g, r in zip(alone, got, requests):
         assert g.token_ids == a.token_ids, (r.settings.method, r.proposer)
         assert g.finish_reason == a.finish_reason == "length"
@@ -358,14 +364,8 @@ def test_compiled_batches_equal_each_request_alone(checkpoints, make_engine, tmp
     head_calls, draft_calls = head.calls, drafts.calls
     batch = Batch(compiled)
     assert batch.slots is compiled.batch_slots(4) and batch.slots.static is static
-    todo = requests()
-    futures = [batch.submit(r) for r in todo[:3]]
-    for _ in range(2):
-        batch.step()
-    futures += [batch.submit(r) for r in todo[3:]]
-    while not all(f.done() for f in futures):
-        batch.step()
-    assert [f.result().token_ids for f in futures] == [a.token_ids for a in alone]
+    got = _join_midway(batch, requests(), 3, 2)
+    assert [g.token_ids for g in got] == [a.token_ids for a in alone]
     assert static.calls - calls == batch.stats.cycles > 0
     # the MTP forks' drafts and the DFlash groups' ran compiled too
     assert head.calls > head_calls and drafts.calls > draft_calls
