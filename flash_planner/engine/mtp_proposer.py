@@ -102,21 +102,21 @@ class MTPProposer(Proposer):
         row of them at once: first each request's rows of its last commit (padded to the
         longest), then each chain step one row each. The rows of a request that is not
         asking, or has all its drafts, are padding: written past its length and
-        discarded. Catch-up rows (cycles another proposer drafted) go one request at a
-        time first."""
+        discarded. Catch-up rows (cycles another proposer drafted) go first, together for
+        the requests whose caches are calibrated (`_catch_up_together`)."""
         slots: SlotStates = asks[0].proposer.slots
         heads = [a.proposer for a in asks]
         if not all(p._calibrates_first() for p in heads):
             return [p.propose(a.anchor, a.start, a.num) for p, a in zip(heads, asks)]
         lead = heads[0]
         device = asks[0].anchor.device
-        firsts = [p._catch_up(a.anchor, a.start) for p, a in zip(heads, asks)]
         rows = [p.row for p in heads]
         # eager: rows 0..n-1, the highest asking row's and those below it (the batch hands
         # out the lowest rows first). Compiled: every row, each at its own length (the
         # graphs' padding rows would write at positions 0.. of rows that may be live)
         compiled = slots.static is not None and lead.head.batch_static is slots.static
         n = slots.batch if compiled else max(rows) + 1
+        firsts = _catch_up_together(slots, n, heads, asks)
         width = max(t.shape[0] for t, _ in firsts)
         hidden_size = firsts[0][1].shape[-1]
         tokens = torch.zeros(n, width, dtype=torch.long, device=device)
@@ -164,6 +164,17 @@ class MTPProposer(Proposer):
         """Run the committed rows before the last commit's through the head (a catch-up);
         the last commit's (tokens [T], hidden [1, T, H]), each row's next token with the
         anchor last, for the head's first forward of this proposal."""
+        tokens, hidden, split = self._take_pending(anchor, start)
+        t0 = time.perf_counter()
+        self._commit_rows(tokens[:split], hidden[:, :split])
+        self.catchup_ms = (time.perf_counter() - t0) * 1000.0
+        return tokens[split:], hidden[:, split:]
+
+    def _take_pending(self, anchor: torch.Tensor, start: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The pending rows, taken: (each row's next token [T] with the anchor last, their
+        hidden [1, T, H], how many of them are a catch-up: the rows before the last
+        commit's)."""
         hidden = torch.cat(self.pending_hidden, dim=1)                 # [1, start-P, H]
         if hidden.shape[1] != start - self.state.length:
             raise RuntimeError(f"MTP head holds {self.state.length} positions and "
@@ -172,11 +183,8 @@ class MTPProposer(Proposer):
         tokens = torch.cat((torch.tensor(self.pending_tokens[1:], dtype=torch.long,
                                          device=anchor.device), anchor))
         split = hidden.shape[1] - self.pending_hidden[-1].shape[1]
-        t0 = time.perf_counter()
-        self._commit_rows(tokens[:split], hidden[:, :split])
-        self.catchup_ms = (time.perf_counter() - t0) * 1000.0
         self.pending_hidden, self.pending_tokens = [], []
-        return tokens[split:], hidden[:, split:]
+        return tokens, hidden, split
 
     @inference
     def prefix_state(self, prefix_ids: Sequence[int], taps: dict[int, torch.Tensor]
@@ -245,6 +253,44 @@ class MTPProposer(Proposer):
         n = len(tokens)
         self.pending_hidden.append(taps[:, :n])
         self.pending_tokens.extend(tokens)
+
+
+def _catch_up_together(slots: SlotStates, n: int, heads: list[MTPProposer],
+                       asks: Sequence[DraftAsk]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each fork's catch-up (`_catch_up`), those of forks whose caches are calibrated in
+    head forwards over rows 0..n-1 of `slots` together, a chunk of rows at a time (a cache
+    not yet calibrated is calibrated by its own first rows, alone); -> each fork's last
+    commit's (tokens, hidden), for the first forward of this proposal."""
+    taken = [p._take_pending(a.anchor, a.start) for p, a in zip(heads, asks)]
+    together = [i for i, (p, (_, _, split)) in enumerate(zip(heads, taken))
+                if split and (not p.state.kv.is_fp8 or all(p.state.kv.calibrated))]
+    for i, (p, (tokens, hidden, split)) in enumerate(zip(heads, taken)):
+        p.catchup_ms = 0.0
+        if split and i not in together:
+            t0 = time.perf_counter()
+            p._commit_rows(tokens[:split], hidden[:, :split])
+            p.catchup_ms = (time.perf_counter() - t0) * 1000.0
+    if together:
+        t0 = time.perf_counter()
+        lead, device = heads[together[0]], asks[0].anchor.device
+        longest = max(taken[i][2] for i in together)
+        for at in range(0, longest, lead.chunk):
+            width = min(lead.chunk, longest - at)
+            going = {heads[i].row: min(taken[i][2] - at, width) for i in together
+                     if taken[i][2] > at}
+            tokens = torch.zeros(n, width, dtype=torch.long, device=device)
+            hidden = torch.zeros(n, width, taken[together[0]][1].shape[-1],
+                                 dtype=taken[together[0]][1].dtype, device=device)
+            for i in together:
+                row, k = heads[i].row, going.get(heads[i].row, 0)
+                tokens[row, :k] = taken[i][0][at:at + k]
+                hidden[row, :k] = taken[i][1][0, at:at + k]
+            lead.head(lead.embed(tokens), hidden, slots.rows(n, list(going)))
+            _settle(slots, n, going)
+        ms = (time.perf_counter() - t0) * 1000.0
+        for i in together:        # each waited on the forwards of all
+            heads[i].catchup_ms = ms
+    return [(tokens[split:], hidden[:, split:]) for tokens, hidden, split in taken]
 
 
 def _settle(slots: SlotStates, n: int, keep: dict[int, int]) -> None:

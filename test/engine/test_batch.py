@@ -250,7 +250,8 @@ def test_mtp_drafts_made_together_equal_each_request_alone(checkpoints, make_eng
     """Forks whose MTP caches are rows of one state draft through the head together (the
     last commit's rows padded to the longest, then each chain step, a row each; a row that
     does not ask only pads): the drafts and the caches they leave are each request's alone,
-    over two cycles with different commits."""
+    over three cycles with different commits. Catch-ups (the prompt's rows; rows of a cycle
+    another proposer drafted) go through the head together once a cache is calibrated."""
     from flash_planner.engine.generate import prefill
     from flash_planner.engine.proposer import DraftAsk, draft_together
 
@@ -267,7 +268,7 @@ def test_mtp_drafts_made_together_equal_each_request_alone(checkpoints, make_eng
         for p in (together[i], alone[i]):
             p.begin(ids, taps)
         starts[i] = len(ids)
-    for cycle, nums in enumerate(((5, 0, 2, 4), (3, 0, 5, 1))):
+    for cycle, nums in enumerate(((5, 0, 2, 4), (3, 0, 5, 1), (2, 0, 4, 3))):
         asks = [together[i].ask(torch.tensor([7 + i + cycle]), starts[i], nums[i])
                 for i in (0, 2, 3)]
         assert all(isinstance(a, DraftAsk) for a in asks)
@@ -283,6 +284,13 @@ def test_mtp_drafts_made_together_equal_each_request_alone(checkpoints, make_eng
             for p in (together[i], alone[i]):
                 p.commit(rows, taps, a.start)
             starts[i] = a.start + n
+        for i, extra in ((0, 3), (3, 2)) if cycle == 1 else ():
+            # a cycle another proposer drafted: rows 0 and 3 catch up together next
+            taps = torch.randn(1, extra, engine.model_config.hidden_size,
+                               generator=torch.Generator().manual_seed(10 + i))
+            for p in (together[i], alone[i]):
+                p.commit([5 + j for j in range(extra)], taps, starts[i])
+            starts[i] += extra
     for i in (0, 2, 3):              # the same entries, to the rounding of a batched GEMM
         length = together[i].state.length
         a, b = (p.state.kv.k[:, :, :length] for p in (together[i], alone[i]))
