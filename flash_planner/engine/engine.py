@@ -19,8 +19,9 @@ from .cache import ContextOverflowError, InferenceState
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import EngineConfig
 from .methods import METHODS
-from .models.compiled import CompileReport, StaticForward, row_buckets
+from .models.compiled import CompileReport, StaticForward
 from .models.compiled_drafts import StaticDrafter, StaticHead
+from .models.static_graphs import row_buckets
 from .mtp_proposer import MTPProposer
 from .prefix import PrefixCache
 from .proposer import Proposer

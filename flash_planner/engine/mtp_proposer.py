@@ -114,8 +114,7 @@ class MTPProposer(Proposer):
         # eager: rows 0..n-1, the highest asking row's and those below it (the batch hands
         # out the lowest rows first). Compiled: every row, each at its own length (the
         # graphs' padding rows would write at positions 0.. of rows that may be live)
-        compiled = slots.static is not None and lead.head.batch_static is slots.static
-        n = slots.batch if compiled else max(rows) + 1
+        n = slots.batch if _head_compiled_over(slots, lead.head) else max(rows) + 1
         firsts = _catch_up_together(slots, n, heads, asks)
         width = max(t.shape[0] for t, _ in firsts)
         hidden_size = firsts[0][1].shape[-1]
@@ -149,8 +148,8 @@ class MTPProposer(Proposer):
         """Whether a batch's lone asking fork drafts through the head over every slot all
         the same: where that forward is compiled (a graph call per step, not an eager head
         forward of its row alone)."""
-        return (self.slots is not None and self.slots.static is not None
-                and self.head.batch_static is self.slots.static and self._calibrates_first())
+        return (self.slots is not None and _head_compiled_over(self.slots, self.head)
+                and self._calibrates_first())
 
     def _calibrates_first(self) -> bool:
         """Whether this proposal's rows meet a calibrated cache: an FP8 one is calibrated
@@ -253,6 +252,11 @@ class MTPProposer(Proposer):
         n = len(tokens)
         self.pending_hidden.append(taps[:, :n])
         self.pending_tokens.extend(tokens)
+
+
+def _head_compiled_over(slots: SlotStates, head: MTPHead) -> bool:
+    """Whether the head's forwards over `slots` run through graphs compiled for them."""
+    return slots.static is not None and head.batch_static is slots.static
 
 
 def _catch_up_together(slots: SlotStates, n: int, heads: list[MTPProposer],

@@ -13,21 +13,20 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from ..cache import InferenceState
-from .compiled import (
+from .compiled import key_mask, span_forward
+from .direct import check_direct
+from .layers import rope_cos_sin
+from .static_graphs import (
     CapturedGraph,
     CompileReport,
     StaticGraphs,
     batch_rows,
     compile_cache_dir,
     compile_graph,
-    key_mask,
     layer_cache,
     run_graph,
-    span_forward,
     warm_up_report,
 )
-from .direct import check_direct
-from .layers import rope_cos_sin
 
 
 class StaticHead(StaticGraphs):
