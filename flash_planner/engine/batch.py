@@ -219,7 +219,8 @@ class Batch:
             return
         m = len(running)
         rows = [blocks[id(r)].rows for r in running]
-        t = max(int(x.shape[0]) for x in rows)
+        lengths = [int(x.shape[0]) for x in rows]
+        t = max(lengths)
         ids = torch.stack([torch.cat((x, x[-1:].expand(t - x.shape[0]))) for x in rows])
         tap_ids = tuple(sorted({i for r in running for i in r.decoding.tap_ids}))
         # one request verifies on its own state (compiled where that is the engine's or
@@ -231,14 +232,14 @@ class Batch:
         try:
             with SharedPhase([r.decoding.timer for r in running], "verify"):
                 out = model(ids, state, record_steps=t > 1, taps=tap_ids, all_logits=True,
-                            routing=routing)
+                            routing=routing, real_rows=lengths if m > 1 else None)
         except Exception as exc:
             for r in running:
                 self._end(r, exc)
             return
         self.stats.cycles += 1
         self.stats.verify_rows += m * t
-        self.stats.block_rows += sum(int(x.shape[0]) for x in rows)
+        self.stats.block_rows += sum(lengths)
         ended: list[tuple[_Running, BaseException | None]] = []
         before = sum(len(r.decoding.published) for r in running)
         # each slot's rollback step, applied to all slots at once after their commits (one
@@ -249,7 +250,7 @@ class Batch:
                 r.decoding.state.defer_select = functools.partial(steps.__setitem__, i)
         for i, r in enumerate(running):
             d = r.decoding
-            n = int(rows[i].shape[0])
+            n = lengths[i]
             taps = None
             if d.tap_ids:
                 taps = torch.cat([out.taps[tap_ids.index(j)][i:i + 1, :n] for j in d.tap_ids],
@@ -257,7 +258,7 @@ class Batch:
             experts = None
             if routing is not None:      # the experts its own rows chose, as alone
                 own = RoutingRecord()
-                own.ids = [x.view(m, t, -1)[i, :n] for x in routing.ids]
+                own.ids = [_own_rows(x, lengths, i) for x in routing.ids]
                 experts = own.distinct_per_layer(model.moe_blocks[0].num_experts).sum()
             try:
                 d.finish(out.logits[i, :n], None, taps, experts)
@@ -360,3 +361,13 @@ class Batch:
             r.request.future.set_exception(error)
         else:
             r.request.future.set_result(d.result)
+
+
+def _own_rows(x: torch.Tensor, lengths: list[int], i: int) -> torch.Tensor:
+    """Batch row i's real rows of a per-row record of a verify: padded ([B*T, ...], a
+    compiled forward) or packed (the real rows alone, an eager one; packing.py)."""
+    t = max(lengths)
+    if x.shape[0] == len(lengths) * t:      # padded (packing without padding is the same)
+        return x.view(len(lengths), t, -1)[i, :lengths[i]]
+    start = sum(lengths[:i])
+    return x[start:start + lengths[i]]

@@ -148,7 +148,9 @@ class Engine:
         if config.dense_backend != "torch":
             checkpoint.model.set_dense(make_dense(
                 checkpoint.model, config.dense_backend, config.segment_cache,
-                max_tokens=max(config.prefill_chunk, config.max_block),
+                # a batch's verify runs its real rows as one sequence (models/packing.py)
+                max_tokens=max(config.prefill_chunk,
+                               config.max_block * config.resolve_max_batch(device)),
                 opt_tokens=config.max_block, progress=progress))
         state = InferenceState(checkpoint.config, capacity=config.max_context + config.max_block,
                                max_steps=config.max_block,

@@ -378,3 +378,26 @@ def test_compiled_batches_equal_each_request_alone(checkpoints, make_engine, tmp
     # the MTP forks' drafts and the DFlash groups' ran compiled too
     assert head.calls > head_calls and drafts.calls > draft_calls
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_a_batch_on_onnxruntime_segments_equals_each_request_alone(engines, tmp_path):
+    """A dense backend exported for one sequence (a batch of 1, dynamic tokens) runs a
+    batch's verify: the real rows of every request packed as one sequence."""
+    from flash_planner.engine.models.target import TorchDense
+    from flash_planner.engine.trt.backends import make_dense
+
+    engine = engines("hybrid", "fp32")
+    plain = _alone(engine, _requests(engine, ["none"]))
+    requests = _requests(engine, ["none", "replay"], [p.token_ids for p in plain])[:4]
+    engine.model.set_dense(make_dense(engine.model, "onnxruntime", tmp_path, max_tokens=64))
+    assert engine.model.dense.name == "onnxruntime"
+    try:
+        alone = _alone(engine, requests)
+        batch = Batch(engine, max_batch=4)
+        got = batch.run(requests)
+    finally:
+        engine.model.set_dense(TorchDense(engine.model.segments))
+    assert [g.token_ids for g in got] == [a.token_ids for a in alone]
+    assert [a.token_ids for a in alone] == [p.token_ids for p in plain[:4]]
+    # the replay requests' blocks were padded beside the plain ones' single rows
+    assert batch.stats.verify_rows > batch.stats.block_rows

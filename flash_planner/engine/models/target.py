@@ -10,6 +10,7 @@ layer i-1 `post_mixer` + layer i `pre_mixer`; the last = final `post_mixer` + no
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,7 @@ from .gdn import GatedDeltaNet
 from .inference import inference
 from .layers import MLP, RMSNorm
 from .moe import RoutingRecord, SparseMoeBlock
+from .packing import PackedRows
 from .segments import build_segments, layer_arity
 
 
@@ -117,14 +119,18 @@ class TargetModel(nn.Module):
     @inference
     def forward(self, ids: torch.Tensor, state: InferenceState, *, record_steps: bool = False,
                 taps: tuple[int, ...] = (), all_logits: bool = False,
-                routing: RoutingRecord | None = None) -> ForwardOutput:
+                routing: RoutingRecord | None = None,
+                real_rows: Sequence[int] | None = None) -> ForwardOutput:
         """Run ids [B, T] at the state's next positions; the caller commits rows afterwards.
 
         record_steps keeps per-step GDN checkpoints so `state.commit(n)` may keep fewer rows.
         taps: layer ids whose outputs to return (id L = output of decoder layer L; the last
         layer's after the final norm, which is what upstream drafters and MTP heads consume).
         all_logits: logits of every row (verify) instead of the last row only (prefill).
-        routing: collects each sparse layer's expert ids (MoE targets; telemetry).
+        routing: collects each sparse layer's expert ids (MoE targets; telemetry); of a batch
+        (B > 1), the real rows' alone, in batch order.
+        real_rows: of a batch, each row's real rows (the rest is padding): the eager dense
+        parts run on those alone (packing.py), and every row's logits are computed.
         """
         runner = next((r for r in (self.static, self.batch_static)
                        if r is not None and r.accepts(ids, state, record_steps)), None)
@@ -138,6 +144,8 @@ class TargetModel(nn.Module):
             return ForwardOutput(logits, tapped, finite)
         b, t = ids.shape
         n = len(self.layers)
+        packed = (PackedRows(real_rows or [t] * b, t, ids.device)
+                  if b > 1 or real_rows is not None else None)
         ctx = ForwardContext.open(state, b, t, self.cfg.rope, self.embed_tokens.weight.dtype,
                                   ids.device, record_steps)
         for block in self.moe_blocks:
@@ -145,21 +153,28 @@ class TargetModel(nn.Module):
         try:
             wanted = {layer: i for i, layer in enumerate(taps)}
             tapped: list[torch.Tensor] = [ids.new_zeros(0)] * len(taps)
-            outs = self.dense.run(0, ids)
+            outs = self.dense.run(0, ids if packed is None else packed.pack(ids))
             for i, layer in enumerate(self.layers):
                 n_mix = self.arity[i][0]
                 x, mix, post = outs[0], outs[1:1 + n_mix], outs[1 + n_mix:]
-                core = layer.mix(mix, ctx)
+                if packed is None:
+                    core = layer.mix(mix, ctx)
+                else:
+                    core = packed.pack(layer.mix(tuple(packed.unpack(m) for m in mix), ctx))
                 if i + 1 < n:
                     outs = self.dense.run(i + 1, x, core, *post)
                     if i in wanted:
-                        tapped[wanted[i]] = outs[0]
+                        tapped[wanted[i]] = outs[0] if packed is None else packed.unpack(outs[0])
                     continue
                 # The last segment is per-row: run it on the last row only unless every
-                # row's logits, or the last layer's output, are wanted.
-                rows = slice(None) if all_logits or i in wanted else slice(-1, None)
+                # row's logits, or the last layer's output, are wanted (or the rows are a
+                # batch's, packed).
+                rows = (slice(None) if all_logits or i in wanted or packed is not None
+                        else slice(-1, None))
                 x_out, logits = self.dense.run(n, x[:, rows], core[:, rows],
                                                *(p[:, rows] for p in post))
+                if packed is not None:
+                    x_out, logits = packed.unpack(x_out), packed.unpack(logits)
                 if i in wanted:  # as transformers' hidden_states[L]: after the final norm
                     tapped[wanted[i]] = self.norm(x_out)
             return ForwardOutput(logits if all_logits else logits[:, -1:], tapped)
