@@ -19,6 +19,7 @@ import torch
 from .config import ConfigError, ModelConfig
 from .models.mtp import MTPHead
 from .models.target import TargetModel
+from .models.vision import VISION_PREFIX, VisionConfig, VisionTower
 from .weights.bytes import bytes_per_forward, module_bytes
 from .weights.load import load_module, open_shard
 from .weights.scheme import UNQUANTIZED, WEIGHTS, Scheme, WeightFormatError, read_scheme
@@ -181,3 +182,22 @@ def load_tokenizer(path: Path):
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:  # transformers raises many types for a broken tokenizer
         raise CheckpointError(f"{path}: tokenizer files present but not loadable ({exc})") from exc
+
+
+def load_vision_tower(path: str | Path, dtype: torch.dtype = torch.float32,
+                      device: str | torch.device = "cpu") -> VisionTower:
+    """The checkpoint's vision tower (`model.visual.*`, full precision), checked like the
+    target's weights; a text-only checkpoint is refused naming its model type."""
+    path = Path(path).expanduser()
+    raw = _raw_config(path)
+    vision = raw.get("vision_config")
+    if vision is None:
+        raise CheckpointError(f"{path}: {raw.get('model_type', 'the model')} is a text-only "
+                              "model (config.json has no vision_config): it cannot take images")
+    try:
+        cfg = VisionConfig.from_hf_dict(vision, where=str(path / "config.json"))
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from exc
+    tower, _, _ = _load(VisionTower, cfg, lambda ours: VISION_PREFIX + ours, weight_map(path),
+                        dtype, device, UNQUANTIZED, "auto")
+    return tower
