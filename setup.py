@@ -43,11 +43,13 @@ setup(
     # compressed-tensors writes the tests' compressed-tensors checkpoints (its own packing);
     # gguf reads the real Qwen vocabulary out of llama.cpp's GGUF file (train/qwen_vocab.py)
     # serve: `flash-planner serve` (FastAPI + uvicorn, Prometheus metrics); openai: the
-    # official client the server's tests talk through
+    # official client the server's tests talk through; vision: images decoded and resized
+    # by Pillow (engine/images.py), the image processor's own resampling
     extras_require={"test": ["pytest", "pytest-xdist", "onnx", "onnxruntime", "onnxscript",
                              "ruff", "compressed-tensors>=0.20", "gguf>=0.10", "openai",
-                             "fastapi", "uvicorn", "prometheus_client"],
+                             "fastapi", "uvicorn", "prometheus_client", "pillow"],
                     "serve": ["fastapi", "uvicorn", "prometheus_client"],
+                    "vision": ["pillow"],
                     "bench": ["matplotlib", "gguf>=0.10"]},
     zip_safe=False,
     entry_points={
