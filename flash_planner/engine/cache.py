@@ -52,6 +52,7 @@ class StateCopy:
     calibrated: tuple[bool, ...]
     gdn_state: torch.Tensor
     gdn_conv: torch.Tensor
+    rope_shift: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -199,6 +200,9 @@ class InferenceState:
         self.length = 0
         self.pending = 0          # rows run by the last forward, not yet committed
         self.recorded = False     # whether that forward recorded per-step checkpoints
+        # rotary position of the next row minus its cache row: an image's tokens take fewer
+        # positions than rows (mRoPE), so the text after it is shifted back (<= 0)
+        self.rope_shift = 0
         # a batch's slot: its rollback step goes here, to roll every slot back at once
         self.defer_select: Callable[[int], None] | None = None
 
@@ -209,7 +213,7 @@ class InferenceState:
         view.__dict__.update(self.__dict__)
         view.kv = self.kv.rows(index, index + 1, [False] * len(self.kv.calibrated))
         view.gdn = self.gdn.rows(index, index + 1)
-        view.length, view.pending, view.recorded = 0, 0, False
+        view.length, view.pending, view.recorded, view.rope_shift = 0, 0, False, 0
         return view
 
     @property
@@ -223,6 +227,7 @@ class InferenceState:
         self.length = 0
         self.pending = 0
         self.recorded = False
+        self.rope_shift = 0
 
     def begin(self, num_tokens: int, record_steps: bool) -> int:
         """Open a forward over num_tokens rows; returns their first position."""
@@ -246,7 +251,7 @@ class InferenceState:
         kv, gdn, n = self.kv, self.gdn, self.length
         return StateCopy(n, kv.k[:, :, :n].clone(), kv.v[:, :, :n].clone(),
                          kv.k_scale.clone(), kv.v_scale.clone(), tuple(kv.calibrated),
-                         gdn.state.clone(), gdn.conv.clone())
+                         gdn.state.clone(), gdn.conv.clone(), self.rope_shift)
 
     def load(self, copy: StateCopy) -> None:
         """Hold exactly the rows of `copy`, as when it was saved; a copy, O(its bytes)."""
@@ -260,6 +265,7 @@ class InferenceState:
         gdn.state.copy_(copy.gdn_state)
         gdn.conv.copy_(copy.gdn_conv)
         self.length = n
+        self.rope_shift = copy.rope_shift
 
     def truncate(self, length: int) -> None:
         """Forget committed rows from `length` on. Only an attention-only state (the MTP

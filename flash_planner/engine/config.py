@@ -77,6 +77,11 @@ class RopeConfig:
 
     theta: float
     rotary_dim: int
+    # Qwen3.5/3.6 mRoPE: how many rotary pairs turn with an image token's (t, h, w) position,
+    # interleaved (pair j: h where j % 3 == 1 and j < 3 h, w where j % 3 == 2 and j < 3 w,
+    # t otherwise); None: 1-D only. Text has equal positions on all three axes, so for text
+    # it is plain 1-D RoPE either way.
+    mrope_section: tuple[int, int, int] | None = None
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any], head_dim: int, where: str) -> RopeConfig:
@@ -96,7 +101,16 @@ class RopeConfig:
                 f"{where}: partial_rotary_factor {factor} gives rotary dim {rotary_dim}, "
                 f"which must be even and within head_dim {head_dim}"
             )
-        return cls(theta=float(theta), rotary_dim=rotary_dim)
+        section = params.get("mrope_section")
+        if section is not None:
+            if (not isinstance(section, (list, tuple)) or len(section) != 3
+                    or not all(isinstance(v, int) and v >= 0 for v in section)
+                    or sum(section) != rotary_dim // 2):
+                raise ConfigError(f"{where}: mrope_section {section!r} must be three "
+                                  f"non-negative integers summing to {rotary_dim // 2}, the "
+                                  "rotary pairs")
+            section = tuple(section)
+        return cls(theta=float(theta), rotary_dim=rotary_dim, mrope_section=section)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,11 @@ class BatchRows:
         self.kv = whole.kv.rows(0, m, calibrated)
         self.gdn = whole.gdn.rows(0, m)
 
+    @property
+    def rope_shift(self) -> list[int]:
+        """Each slot's rotary shift (InferenceState.rope_shift), one per row."""
+        return [s.rope_shift for s in self.slots]
+
     def begin(self, num_tokens: int, record_steps: bool) -> list[int]:
         """`InferenceState.begin` of every slot; their first positions, one per row."""
         return [s.begin(num_tokens, record_steps) for s in self.slots]

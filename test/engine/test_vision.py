@@ -3,6 +3,7 @@ Qwen3.5 / Qwen3.5-MoE vision-language checkpoints written by `save_pretrained`."
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -85,3 +86,102 @@ def test_a_vision_config_names_the_field_it_cannot_use():
                                   ("hidden_size", 36, "head size divisible by 4")]:
         with pytest.raises(ConfigError, match=message):
             VisionConfig.from_hf_dict({**good, field: value}, "x")
+
+
+IMAGE_TOKEN = 7          # an id of the tiny vocabulary the prompts never use otherwise
+
+
+def _prompt(images, merge, text_ids):
+    """Text, image, text (, image, text): ids with each image's tokens, and their spans."""
+    from flash_planner.engine.mrope import ImageSpan
+
+    ids, spans = list(text_ids[0]), []
+    for image, text in zip(images, text_ids[1:]):
+        t, h, w = image.grid
+        grid = (t, h // merge, w // merge)
+        spans.append(ImageSpan(len(ids), grid))
+        ids += [IMAGE_TOKEN] * (grid[0] * grid[1] * grid[2]) + list(text)
+    return ids, spans
+
+
+@pytest.mark.parametrize("kind", ["hybrid_vl", "hybrid_moe_vl"])
+def test_the_target_over_images_equals_transformers_whole_chunked_and_decoding(wide_towers,
+                                                                              kind):
+    """Logits of a prompt with two images (tower embeddings in place of their tokens,
+    (t, h, w) rotary positions), in one forward and in chunks split inside an image, then a
+    decode step after it (rows shifted), equal transformers' forward with the same inputs."""
+    from flash_planner.engine.cache import InferenceState
+    from flash_planner.engine.checkpoint import load_checkpoint
+    from flash_planner.engine.images import ImageConfig, to_patches
+    from flash_planner.engine.mrope import prompt_positions
+
+    path, _ = wide_towers(kind)
+    theirs = _transformers_model(path)
+    theirs.config.image_token_id = IMAGE_TOKEN
+    theirs.model.config.image_token_id = IMAGE_TOKEN
+    tower = load_vision_tower(path)
+    ours = load_checkpoint(path, with_tokenizer=False).model
+    cfg = ImageConfig(patch_size=tower.cfg.patch_size, min_pixels=8 * 8, max_pixels=64 * 64)
+    rng = np.random.default_rng(1)
+    images = [to_patches(rng.integers(0, 256, size, dtype=np.uint8), cfg)
+              for size in ((40, 24, 3), (16, 56, 3))]
+    ids, spans = _prompt(images, tower.cfg.spatial_merge_size,
+                         [[11, 12, 13], [14, 15], [16, 17, 18, 19]])
+    patches = torch.cat([im.patches for im in images])
+    grids = [im.grid for im in images]
+    next_id = 20
+    with torch.no_grad():
+        kind_ids = torch.tensor([[int(i == IMAGE_TOKEN) for i in ids + [next_id]]])
+        want = theirs(input_ids=torch.tensor([ids + [next_id]]), pixel_values=patches,
+                      image_grid_thw=torch.tensor(grids),
+                      mm_token_type_ids=kind_ids).logits[0].float()
+        embeds = tower(patches, grids)
+    positions, shift = prompt_positions(len(ids), spans)
+    assert shift < 0
+    rows = torch.tensor([i for i, t in enumerate(ids) if t == IMAGE_TOKEN])
+    state = InferenceState(ours.cfg, capacity=64, max_steps=4, kv_dtype=torch.float32,
+                           compute_dtype=torch.float32, device=torch.device("cpu"))
+    whole = ours(torch.tensor([ids]), state, all_logits=True, image_rows=(rows, embeds),
+                 rope_positions=positions).logits[0]
+    torch.testing.assert_close(whole, want[:len(ids)], rtol=1e-4, atol=1e-4)
+    # in chunks, the first ending inside the first image
+    state.reset()
+    cut = spans[0].start + 3
+    for lo, hi in ((0, cut), (cut, len(ids))):
+        inside = (rows >= lo) & (rows < hi)
+        out = ours(torch.tensor([ids[lo:hi]]), state, all_logits=True,
+                   image_rows=(rows[inside] - lo, embeds[inside]),
+                   rope_positions=positions[:, lo:hi])
+        state.commit(hi - lo)
+    torch.testing.assert_close(out.logits[0, -1], want[len(ids) - 1], rtol=1e-4, atol=1e-4)
+    # a decode step: its row turns at row + shift
+    state.rope_shift = shift
+    step = ours(torch.tensor([[next_id]]), state).logits[0, -1]
+    torch.testing.assert_close(step, want[len(ids)], rtol=1e-4, atol=1e-4)
+
+
+def test_image_positions_refuse_overlaps_and_a_saved_state_keeps_its_shift(checkpoints):
+    from flash_planner.engine.cache import InferenceState
+    from flash_planner.engine.checkpoint import load_checkpoint
+    from flash_planner.engine.mrope import ImageSpan, prompt_positions
+
+    positions, shift = prompt_positions(9, [ImageSpan(1, (1, 2, 3))])
+    # text 0; the image's 2 x 3 tokens at 1 + (0, row, col); text after it from 1 + 3
+    assert positions.tolist() == [[0, 1, 1, 1, 1, 1, 1, 4, 5],
+                                  [0, 1, 1, 1, 2, 2, 2, 4, 5],
+                                  [0, 1, 2, 3, 1, 2, 3, 4, 5]]
+    assert shift == 6 - 9
+    with pytest.raises(ValueError, match="overlap another image"):
+        prompt_positions(20, [ImageSpan(2, (1, 2, 2)), ImageSpan(4, (1, 2, 2))])
+    with pytest.raises(ValueError, match="pass the prompt's 5 rows"):
+        prompt_positions(5, [ImageSpan(2, (1, 2, 2))])
+    cfg = load_checkpoint(checkpoints("hybrid_vl"), with_tokenizer=False).config
+    assert cfg.rope.mrope_section is not None
+    state = InferenceState(cfg, capacity=8, max_steps=2, kv_dtype=torch.float32,
+                           compute_dtype=torch.float32, device=torch.device("cpu"))
+    state.rope_shift = -3
+    copy = state.save()
+    state.reset()
+    assert state.rope_shift == 0
+    state.load(copy)
+    assert state.rope_shift == -3

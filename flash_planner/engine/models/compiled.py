@@ -271,9 +271,13 @@ class StaticForward(StaticGraphs):
 
     def accepts(self, ids: torch.Tensor, state: InferenceState, record_steps: bool) -> bool:
         """Whether this forward can run compiled (`fits`); a block of more than one row
-        only when it records its steps: prefill chunks stay eager."""
+        only when it records its steps: prefill chunks stay eager. A request after an image
+        (rotary positions shifted from its rows) runs eager: the graphs turn each row by its
+        cache position."""
         b, t = ids.shape
-        return self.fits(state, b, t) and (t == 1 or record_steps)
+        shift = state.rope_shift
+        return (self.fits(state, b, t) and (t == 1 or record_steps)
+                and not (any(shift) if isinstance(shift, list) else shift))
 
     def run(self, ids: torch.Tensor, state: object, record_steps: bool,
             taps: tuple[int, ...], all_logits: bool, routing: RoutingRecord | None):

@@ -9,7 +9,7 @@ import torch
 
 from ..cache import InferenceState
 from ..config import RopeConfig
-from .layers import rope_cos_sin
+from .layers import mrope_cos_sin, rope_cos_sin
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,12 @@ class ForwardContext:
 
     @classmethod
     def open(cls, state: InferenceState, batch: int, rows: int, rope: RopeConfig,
-             dtype: torch.dtype, device: torch.device, record_steps: bool = False
-             ) -> ForwardContext:
+             dtype: torch.dtype, device: torch.device, record_steps: bool = False,
+             rope_positions: torch.Tensor | None = None) -> ForwardContext:
         """Open a forward over `rows` rows at the state's next positions (`state.begin`:
-        one start for every row, or, for a batch of slots, one start per row)."""
+        one start for every row, or, for a batch of slots, one start per row). The rotary
+        positions are the rows' shifted by the state's `rope_shift`, or `rope_positions`
+        [3, rows] (t, h, w) of one sequence whose rows hold image tokens (mRoPE)."""
         start: int | Sequence[int] = state.begin(rows, record_steps)
         block = torch.arange(rows, device=device)
         if isinstance(start, int):
@@ -41,5 +43,15 @@ class ForwardContext:
             length = max(start) + rows
             key_pos = torch.arange(length, device=device)
             mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]
-        cos, sin = rope_cos_sin(positions, rope.rotary_dim, rope.theta, dtype)
+        if rope_positions is not None:
+            if rope.mrope_section is None or batch != 1:
+                raise ValueError("per-axis rotary positions need an mRoPE target and one "
+                                 "sequence")
+            cos, sin = mrope_cos_sin(rope_positions[:, None].to(device), rope.rotary_dim,
+                                     rope.theta, rope.mrope_section, dtype)
+        else:
+            shift = state.rope_shift
+            if isinstance(shift, list):
+                shift = torch.tensor(shift, device=device)[:, None]
+            cos, sin = rope_cos_sin(positions + shift, rope.rotary_dim, rope.theta, dtype)
         return cls(state, positions, cos, sin, record_steps, mask, length)

@@ -68,6 +68,25 @@ def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float,
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def mrope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float,
+                  section: tuple[int, int, int], dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, T, rotary_dim] for (t, h, w) positions [3, B, T] (RopeConfig's
+    `mrope_section`: rotary pair j turns with h where j % 3 == 1 and j < 3 * section[1],
+    with w where j % 3 == 2 and j < 3 * section[2], else with t)."""
+    pairs = rotary_dim // 2
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32,
+                                             device=positions.device) / rotary_dim))
+    j = torch.arange(pairs, device=positions.device)
+    axis = torch.zeros(pairs, dtype=torch.long, device=positions.device)
+    axis[(j % 3 == 1) & (j < 3 * section[1])] = 1
+    axis[(j % 3 == 2) & (j < 3 * section[2])] = 2
+    chosen = positions.float()[axis]                      # [pairs, B, T]: each pair's axis
+    freqs = chosen.permute(1, 2, 0) * inv_freq            # [B, T, pairs]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the first cos.shape[-1] dims of x [B, T, H, D]; the rest pass through."""
     r = cos.shape[-1]

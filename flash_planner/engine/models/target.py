@@ -116,11 +116,23 @@ class TargetModel(nn.Module):
         """Run the dense segments with another backend (same `run(index, *tensors)`)."""
         self.dense = runner
 
+    def _embed_images(self, ids: torch.Tensor, rows: torch.Tensor, vectors: torch.Tensor
+                      ) -> tuple[torch.Tensor, ...]:
+        """Segment 0 (eager, any dense backend) with an image's embeddings at `rows`."""
+        if ids.shape[0] != 1:
+            raise ValueError("image embeddings go into one sequence's block")
+        x = self.embed_tokens(ids).clone()
+        x[0, rows] = vectors.to(x.dtype)
+        mix, post = self.layers[0].pre_mixer(x)
+        return (x, *mix, *post)
+
     @inference
     def forward(self, ids: torch.Tensor, state: InferenceState, *, record_steps: bool = False,
                 taps: tuple[int, ...] = (), all_logits: bool = False,
                 routing: RoutingRecord | None = None,
-                real_rows: Sequence[int] | None = None) -> ForwardOutput:
+                real_rows: Sequence[int] | None = None,
+                image_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
+                rope_positions: torch.Tensor | None = None) -> ForwardOutput:
         """Run ids [B, T] at the state's next positions; the caller commits rows afterwards.
 
         record_steps keeps per-step GDN checkpoints so `state.commit(n)` may keep fewer rows.
@@ -131,9 +143,15 @@ class TargetModel(nn.Module):
         (B > 1), the real rows' alone, in batch order.
         real_rows: of a batch, each row's real rows (the rest is padding): the eager dense
         parts run on those alone (packing.py), and every row's logits are computed.
+        image_rows: (rows [K], embeddings [K, hidden]) of one sequence's block whose tokens
+        are an image's (the vision tower's output in place of the token embedding);
+        rope_positions: [3, T] the block's (t, h, w) rotary positions (mRoPE, images).
+        Both run eager.
         """
+        plain = image_rows is None and rope_positions is None
         runner = next((r for r in (self.static, self.batch_static)
-                       if r is not None and r.accepts(ids, state, record_steps)), None)
+                       if plain and r is not None and r.accepts(ids, state, record_steps)),
+                      None)
         if runner is not None:
             try:
                 logits, tapped, finite = runner.run(ids, state, record_steps, taps,
@@ -147,13 +165,16 @@ class TargetModel(nn.Module):
         packed = (PackedRows(real_rows or [t] * b, t, ids.device)
                   if b > 1 or real_rows is not None else None)
         ctx = ForwardContext.open(state, b, t, self.cfg.rope, self.embed_tokens.weight.dtype,
-                                  ids.device, record_steps)
+                                  ids.device, record_steps, rope_positions)
         for block in self.moe_blocks:
             block.record = routing
         try:
             wanted = {layer: i for i, layer in enumerate(taps)}
             tapped: list[torch.Tensor] = [ids.new_zeros(0)] * len(taps)
-            outs = self.dense.run(0, ids if packed is None else packed.pack(ids))
+            if image_rows is not None:
+                outs = self._embed_images(ids, *image_rows)
+            else:
+                outs = self.dense.run(0, ids if packed is None else packed.pack(ids))
             for i, layer in enumerate(self.layers):
                 n_mix = self.arity[i][0]
                 x, mix, post = outs[0], outs[1:1 + n_mix], outs[1 + n_mix:]

@@ -1,0 +1,53 @@
+"""Rotary positions of a prompt with images (Qwen3.5/3.6 mRoPE).
+
+Each token has a (t, h, w) position. A text token's three are equal: one more than the
+position before it. An image's tokens (one per merged block of its (t, h, w) patch grid,
+in raster order) sit at (start + frame, start + row, start + column), `start` being the
+position after the text before it; the text after the image continues at start +
+max(rows, columns). So an image takes fewer positions than tokens, and every row after it
+turns by its cache row plus a shift (`InferenceState.rope_shift`: the last position + 1
+minus the rows, <= 0), which the decode steps carry on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """An image's tokens in a prompt: from row `start`, its merged grid (t, h, w)."""
+    start: int
+    grid: tuple[int, int, int]         # in merged tokens: (t, patches h / m, patches w / m)
+
+    @property
+    def tokens(self) -> int:
+        t, h, w = self.grid
+        return t * h * w
+
+
+def prompt_positions(length: int, spans: Sequence[ImageSpan]) -> tuple[torch.Tensor, int]:
+    """(t, h, w) positions [3, length] of a prompt of `length` rows with these images (in
+    order, not overlapping), and the rotary shift of the rows after it."""
+    parts, row, position = [], 0, 0
+    for span in spans:
+        if span.start < row or span.start + span.tokens > length:
+            raise ValueError(f"image tokens at rows {span.start}..{span.start + span.tokens - 1}"
+                             f" overlap another image or pass the prompt's {length} rows")
+        text = span.start - row
+        parts.append(torch.arange(position, position + text).expand(3, text))
+        position += text
+        t, h, w = span.grid
+        frame, r, c = torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w),
+                                     indexing="ij")
+        parts.append(torch.stack((frame, r, c)).reshape(3, -1) + position)
+        position += max(h, w)
+        row = span.start + span.tokens
+    text = length - row
+    parts.append(torch.arange(position, position + text).expand(3, text))
+    positions = torch.cat(parts, dim=1)
+    shift = int(positions.max()) + 1 - length if length else 0
+    return positions, shift
