@@ -46,6 +46,7 @@ from .constraint import Constraint
 from .decoding import CancelToken, Decoding, GenerationResult, GenerationSettings, TokenCallback
 from .engine import Engine
 from .generate import start
+from .images import ImagePatches
 from .models.moe import RoutingRecord
 from .proposer import DraftAsk, Proposer, draft_together
 from .proposers import fork_proposers
@@ -66,6 +67,7 @@ class BatchRequest:
     constraint: Constraint | None = None
     prefix: Sequence[int] | None = None
     proposer: Proposer | None = None     # tests: a replay proposer of the request's own
+    images: Sequence[ImagePatches] = ()  # a vision-language target's, one per image run
     arrived: float = field(default_factory=time.monotonic)
     future: Future = field(default_factory=Future)
 
@@ -166,7 +168,8 @@ class Batch:
                 decoding = start(self.engine, self.slots.view(slot),
                                  request.prompt, request.settings, request.on_token,
                                  request.cancel, request.proposer, None, request.constraint,
-                                 request.prefix, proposers, request.arrived)
+                                 request.prefix, proposers, request.arrived,
+                                 request.images)
             except Exception as exc:          # a request the engine refuses: its error alone
                 self._give_back(proposers)
                 request.future.set_exception(exc)

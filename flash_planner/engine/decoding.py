@@ -24,6 +24,7 @@ from .chat import check_reasoning_effort
 from .constraint import Constraint, masked
 from .engine import Engine
 from .methods import METHODS
+from .mrope import PromptImages
 from .prefill import prefill_prompt
 from .proposer import DraftAsk, Proposer
 from .sampling import Sampling
@@ -174,8 +175,9 @@ class Decoding:
                  settings: GenerationSettings, on_token: TokenCallback | None,
                  cancel: CancelToken | None, proposer: Proposer | None, policy,
                  constraint: Constraint | None, prefix: Sequence[int] | None, t0: float,
-                 deadline: float | None):
+                 deadline: float | None, images: PromptImages | None = None):
         self.engine, self.state, self.ids, self.settings = engine, state, ids, settings
+        self.images = images            # a vision-language target's images in the prompt
         self.on_token, self.cancel = on_token, cancel
         self.proposer, self.policy = proposer, policy
         self.constraint, self.prefix = constraint, prefix
@@ -208,7 +210,8 @@ class Decoding:
         """Prefill (a step per chunk), then the first token, published."""
         self.state.reset()
         logits, taps = yield from prefill_prompt(self.engine, self.state, self.ids,
-                                                 self.prefix, self.proposer, self.stats)
+                                                 self.prefix, self.proposer, self.stats,
+                                                 self.images)
         if self.proposer is not None:
             self.proposer.begin(self.ids, taps)
         self.stats.prefill_ms = now_ms() - self.t0

@@ -30,6 +30,7 @@ from .sampling import GREEDY, SamplingParams
 from .slots import SlotStates
 from .threads import Threads, apply_threads
 from .trt.backends import make_dense
+from .vision_input import vision_input
 from .weights import tuning
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ class Engine:
                              else None)
         # the checkpoint's own sampling defaults (generation_config.json; `sampling: model`)
         self.generation_defaults = read_generation_defaults(Path(config.model_path))
+        # a vision-language checkpoint's images (its tower loads on the first one)
+        self.vision = vision_input(Path(config.model_path), dtype, device)
 
     @property
     def seed_tap_ids(self) -> tuple[int, ...]:

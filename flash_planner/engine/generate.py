@@ -32,6 +32,7 @@ from .decoding import (
     decode_text,
 )
 from .engine import Engine
+from .images import ImagePatches
 from .prefill import prefill, prefill_chunks, run_to_end
 from .proposer import Proposer
 from .sampling import SampledAcceptance
@@ -89,7 +90,8 @@ def start(engine: Engine, state: InferenceState, prompt: Sequence[int] | str | l
           constraint: Constraint | None = None,
           prefix: Sequence[int] | None = None,
           proposers: dict[str, Proposer] | None = None,
-          arrived: float | None = None) -> Decoding:
+          arrived: float | None = None,
+          images: Sequence[ImagePatches] = ()) -> Decoding:
     """A checked request, ready to prefill on `state`: the arguments of `generate`, plus the
     proposers to draw the request's method from (a batch slot's own; default the engine's)
     and when it arrived (time.monotonic(); its deadline counts from then)."""
@@ -109,12 +111,18 @@ def start(engine: Engine, state: InferenceState, prompt: Sequence[int] | str | l
     if constraint is not None and settings.ignore_eos:
         raise ValueError("ignore_eos cannot be combined with a grammar constraint: the "
                          "grammar ends the answer with EOS")
+    prompt_images = None
+    if images:
+        if engine.vision is None:
+            raise ValueError(f"{engine.config.model_path} is a text-only model (no vision "
+                             "tower): it cannot take images")
+        prompt_images = engine.vision.prompt(ids, images)
     policy = policy or make_policy(engine, settings)
     policy.reset(ids)
     if constraint is not None:
         constraint.reset(ids)
     return Decoding(engine, state, ids, settings, on_token, cancel, proposer, policy,
-                    constraint, prefix, t0, deadline)
+                    constraint, prefix, t0, deadline, prompt_images)
 
 
 def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
@@ -124,7 +132,8 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
              proposer: Proposer | None = None,
              policy: StrictAcceptance | RelaxedThinking | None = None,
              constraint: Constraint | None = None,
-             prefix: Sequence[int] | None = None) -> GenerationResult:
+             prefix: Sequence[int] | None = None,
+             images: Sequence[ImagePatches] = ()) -> GenerationResult:
     """Greedy (or, with `settings.sampling`, sampled) decoding of `prompt`, speculative
     when a proposer is available, on the engine's own state.
 
@@ -132,10 +141,11 @@ def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],
     `policy` overrides the acceptance policy the settings describe; `constraint` (a fresh
     one per request, e.g. `JsonSchemaGrammar.constraint()`) restricts the answer to a
     grammar; `prefix`, ids the prompt starts with (a system prompt), is prefilled apart and
-    its state kept in the engine's prefix cache (`prefix.py`).
+    its state kept in the engine's prefix cache (`prefix.py`); `images` (a vision-language
+    target's, `images.to_patches`), one per run of image tokens in the prompt, in order.
     """
     decoding = start(engine, engine.state, prompt, settings, on_token, cancel, proposer,
-                     policy, constraint, prefix)
+                     policy, constraint, prefix, images=images)
     return run_alone(decoding)
 
 

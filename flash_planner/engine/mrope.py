@@ -51,3 +51,43 @@ def prompt_positions(length: int, spans: Sequence[ImageSpan]) -> tuple[torch.Ten
     positions = torch.cat(parts, dim=1)
     shift = int(positions.max()) + 1 - length if length else 0
     return positions, shift
+
+
+@dataclass(frozen=True)
+class PromptImages:
+    """A prompt's images as the target takes them: each image's token rows, the vision
+    tower's embeddings for them (in row order), every row's (t, h, w) rotary position and
+    the shift of the rows after the prompt."""
+    rows: torch.Tensor              # [K] the image tokens' rows
+    embeddings: torch.Tensor        # [K, hidden]
+    positions: torch.Tensor         # [3, prompt length]
+    shift: int
+
+    def block(self, lo: int, hi: int) -> tuple[tuple[torch.Tensor, torch.Tensor] | None,
+                                               torch.Tensor]:
+        """What a forward of rows lo..hi-1 takes: (its image rows within the block and their
+        embeddings, or None) and its rotary positions [3, hi - lo]."""
+        inside = (self.rows >= lo) & (self.rows < hi)
+        image_rows = ((self.rows[inside] - lo, self.embeddings[inside])
+                      if bool(inside.any()) else None)
+        return image_rows, self.positions[:, lo:hi]
+
+
+def image_spans(ids: Sequence[int], image_token_id: int, counts: Sequence[int]
+                ) -> list[int]:
+    """The first row of each image's run of `image_token_id` in `ids`, checked against the
+    images' token counts (in order)."""
+    runs, row = [], 0
+    while row < len(ids):
+        if ids[row] != image_token_id:
+            row += 1
+            continue
+        start = row
+        while row < len(ids) and ids[row] == image_token_id:
+            row += 1
+        runs.append((start, row - start))
+    if [n for _, n in runs] != list(counts):
+        raise ValueError(f"the prompt holds image token runs of {[n for _, n in runs]} tokens "
+                         f"for images of {list(counts)} tokens: each image needs exactly its "
+                         "own run of image tokens, in order")
+    return [start for start, _ in runs]

@@ -16,6 +16,7 @@ import torch
 
 from .cache import InferenceState
 from .engine import Engine
+from .mrope import PromptImages
 from .prefix import take
 from .proposer import Proposer
 from .telemetry import GenerationStats, now_ms
@@ -27,8 +28,11 @@ Chunks = Generator[None, None, tuple[torch.Tensor, Taps]]
 
 
 def prefill_chunks(engine: Engine, state: InferenceState, ids: list[int],
-                   tap_ids: tuple[int, ...] = (), tail: int = 0) -> Chunks:
-    """`prefill` on `state`, yielding after each chunk; returns what `prefill` returns."""
+                   tap_ids: tuple[int, ...] = (), tail: int = 0,
+                   images: PromptImages | None = None, offset: int = 0) -> Chunks:
+    """`prefill` on `state`, yielding after each chunk; returns what `prefill` returns.
+    images: the whole prompt's (`ids` are its rows from `offset` on); a chunk may end
+    inside an image. The rows after the prompt then turn with the images' shift."""
     chunk = engine.config.prefill_chunk
     tokens = torch.tensor([ids], dtype=torch.long, device=engine.device)
     tail_from = len(ids) - min(tail, len(ids))
@@ -38,12 +42,20 @@ def prefill_chunks(engine: Engine, state: InferenceState, ids: list[int],
             yield
         piece = tokens[:, start:start + chunk]
         want = tap_ids if tap_ids and start + piece.shape[1] > tail_from else ()
-        out = engine.model(piece, state, taps=want)
+        if images is None:
+            out = engine.model(piece, state, taps=want)
+        else:
+            lo = offset + start
+            image_rows, positions = images.block(lo, lo + piece.shape[1])
+            out = engine.model(piece, state, taps=want, image_rows=image_rows,
+                               rope_positions=positions)
         state.commit(piece.shape[1])
         logits = out.logits
         if want:
             kept.append(torch.cat(out.taps, dim=-1)[:, max(0, tail_from - start):])
     taps = torch.cat(kept, dim=1) if kept else None
+    if images is not None:
+        state.rope_shift = images.shift
     return logits[0, -1], taps
 
 
@@ -74,11 +86,11 @@ def _split_taps(taps: Taps, layers: Sequence[int]) -> dict[int, torch.Tensor]:
 
 def prefill_prompt(engine: Engine, state: InferenceState, ids: list[int],
                    prefix: Sequence[int] | None, proposer: Proposer | None,
-                   stats: GenerationStats) -> Chunks:
+                   stats: GenerationStats, images: PromptImages | None = None) -> Chunks:
     """`prefill_chunks`, with a declared prefix first: restored from the engine's prefix
-    cache when it holds it, else prefilled (and kept). The suffix follows. A prompt that does
-    not start with the prefix's ids (its tokenization merged across the join) is prefilled
-    whole."""
+    cache when it holds it, else prefilled (and kept). The suffix follows, images included.
+    A prompt that does not start with the prefix's ids (its tokenization merged across the
+    join), or whose first image starts inside the prefix, is prefilled whole."""
     tap_ids = proposer.tap_ids if proposer is not None else ()
     tail = proposer.seed_rows if proposer is not None else 0
     n = len(prefix) if prefix else 0
@@ -86,8 +98,11 @@ def prefill_prompt(engine: Engine, state: InferenceState, ids: list[int],
         log.info("the prompt is not longer than its declared %d-token prefix or does not "
                  "start with it at a token boundary: prefilling it whole", n)
         n = 0
+    if n and images is not None and int(images.rows.min()) < n:
+        log.info("an image starts inside the declared %d-token prefix: prefilling it whole", n)
+        n = 0
     if not n:
-        return (yield from prefill_chunks(engine, state, ids, tap_ids, tail))
+        return (yield from prefill_chunks(engine, state, ids, tap_ids, tail, images))
     stats.prefix_tokens = n
     rows = min(tail, len(ids)) - (len(ids) - n)          # seed rows the prefix must give
     cache = engine.prefix_cache
@@ -115,7 +130,7 @@ def prefill_prompt(engine: Engine, state: InferenceState, ids: list[int],
     if proposer is not None:
         proposer.use_prefix_state(states)
     yield
-    logits, taps = yield from prefill_chunks(engine, state, ids[n:], tap_ids, tail)
+    logits, taps = yield from prefill_chunks(engine, state, ids[n:], tap_ids, tail, images, n)
     if rows > 0 and tap_ids:
         head = torch.cat([prefix_taps[t][:, -rows:] for t in tap_ids], dim=-1)
         taps = head if taps is None else torch.cat((head, taps), dim=1)

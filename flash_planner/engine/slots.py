@@ -102,7 +102,8 @@ class SlotStates:
     @torch.inference_mode()
     def move(self, src: int, dst: int) -> None:
         """Slot src's committed rows into slot dst (then free): its KV rows and FP8 scales,
-        GDN state and conv window. O(its bytes), once when a request leaves the batch."""
+        GDN state and conv window, rotary shift. O(its bytes), once when a request leaves
+        the batch."""
         a, b = self.views[src], self.views[dst]
         if a.pending:
             raise RuntimeError(f"slot {src} has {a.pending} uncommitted rows")
@@ -115,6 +116,6 @@ class SlotStates:
             kv.v_scale[:, dst].copy_(kv.v_scale[:, src])
         gdn.state[:, dst].copy_(gdn.state[:, src])
         gdn.conv[:, dst].copy_(gdn.conv[:, src])
-        b.length, b.pending, b.recorded = n, 0, False
+        b.length, b.pending, b.recorded, b.rope_shift = n, 0, False, a.rope_shift
         b.kv.calibrated[:] = a.kv.calibrated
         a.reset()

@@ -1,0 +1,92 @@
+"""A vision-language target's images, from patches to what its prefill takes.
+
+`VisionInput` belongs to an engine whose checkpoint has a vision tower (`vision_config`):
+it loads the tower on the first image (a text-only deployment never pays its memory),
+keeps the embeddings of recent images keyed by their content (a robot re-sends the same
+frame for a retry), and turns a prompt's image token runs and their images into
+`PromptImages` (mrope.py) for `prefill.py`.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .images import ImageConfig, ImagePatches
+from .models.vision import VisionTower
+from .mrope import ImageSpan, PromptImages, image_spans, prompt_positions
+
+
+class VisionInput:
+    def __init__(self, path: Path, image_token_id: int, dtype: torch.dtype,
+                 device: torch.device, cache_entries: int = 16):
+        self.path = path
+        self.image_token_id = image_token_id
+        self.dtype, self.device = dtype, device
+        self.cache_entries = cache_entries
+        self._tower: VisionTower | None = None
+        self._lock = threading.Lock()
+        self._cache: collections.OrderedDict[str, torch.Tensor] = collections.OrderedDict()
+        self.image_config = ImageConfig.load(path)
+        self.hits = 0                       # images whose embeddings came from the cache
+
+    @property
+    def tower(self) -> VisionTower:
+        with self._lock:
+            if self._tower is None:
+                from .checkpoint import load_vision_tower
+
+                self._tower = load_vision_tower(self.path, self.dtype, self.device)
+            return self._tower
+
+    def embed(self, image: ImagePatches) -> torch.Tensor:
+        """The tower's tokens for one image [tokens, hidden], from the cache when the same
+        patches were embedded lately."""
+        key = hashlib.blake2b(image.patches.numpy().tobytes() + repr(image.grid).encode(),
+                              digest_size=16).hexdigest()
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return hit
+        with torch.inference_mode():
+            out = self.tower(image.patches.to(self.device), [image.grid])
+        with self._lock:
+            self._cache[key] = out
+            while len(self._cache) > self.cache_entries:
+                self._cache.popitem(last=False)
+        return out
+
+    def prompt(self, ids: Sequence[int], images: Sequence[ImagePatches]) -> PromptImages:
+        """The prompt's images as its prefill takes them; each image needs its own run of
+        image tokens in `ids`, in order."""
+        m = self.tower.cfg.spatial_merge_size
+        starts = image_spans(ids, self.image_token_id, [im.tokens for im in images])
+        spans = [ImageSpan(s, (im.grid[0], im.grid[1] // m, im.grid[2] // m))
+                 for s, im in zip(starts, images)]
+        positions, shift = prompt_positions(len(ids), spans)
+        rows = torch.cat([torch.arange(s.start, s.start + s.tokens) for s in spans])
+        embeddings = torch.cat([self.embed(im) for im in images])
+        return PromptImages(rows.to(self.device), embeddings, positions.to(self.device), shift)
+
+
+def vision_input(path: Path, dtype: torch.dtype, device: torch.device) -> VisionInput | None:
+    """The engine's `VisionInput` when the checkpoint at `path` has a vision tower."""
+    import json
+
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None                     # loading the target has already said what is wrong
+    if not isinstance(raw, dict) or raw.get("vision_config") is None:
+        return None
+    token = raw.get("image_token_id")
+    if not isinstance(token, int):
+        return None                     # a tower without an image token: no way to place it
+    return VisionInput(path, token, dtype, device)
