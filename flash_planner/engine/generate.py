@@ -100,6 +100,11 @@ def start(engine: Engine, state: InferenceState, prompt: Sequence[int] | str | l
     arrived = time.monotonic() if arrived is None else arrived
     deadline = None if settings.deadline_s is None else arrived + settings.deadline_s
     ids = encode_prompt(engine, prompt, settings.enable_thinking, settings.reasoning_effort)
+    if images:
+        if engine.vision is None:
+            raise ValueError(f"{engine.config.model_path} is a text-only model (no vision "
+                             "tower): it cannot take images")
+        ids = engine.vision.expand(ids, images)
     engine.check_fits(len(ids), settings.max_new_tokens)
     if not settings.speculative:
         proposer = None
@@ -111,12 +116,7 @@ def start(engine: Engine, state: InferenceState, prompt: Sequence[int] | str | l
     if constraint is not None and settings.ignore_eos:
         raise ValueError("ignore_eos cannot be combined with a grammar constraint: the "
                          "grammar ends the answer with EOS")
-    prompt_images = None
-    if images:
-        if engine.vision is None:
-            raise ValueError(f"{engine.config.model_path} is a text-only model (no vision "
-                             "tower): it cannot take images")
-        prompt_images = engine.vision.prompt(ids, images)
+    prompt_images = engine.vision.prompt(ids, images) if images else None
     policy = policy or make_policy(engine, settings)
     policy.reset(ids)
     if constraint is not None:

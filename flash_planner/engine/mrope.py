@@ -73,19 +73,40 @@ class PromptImages:
         return image_rows, self.positions[:, lo:hi]
 
 
+def _runs(ids: Sequence[int], token: int) -> list[tuple[int, int]]:
+    """(first row, length) of each run of `token` in `ids`."""
+    runs, row = [], 0
+    while row < len(ids):
+        if ids[row] != token:
+            row += 1
+            continue
+        start = row
+        while row < len(ids) and ids[row] == token:
+            row += 1
+        runs.append((start, row - start))
+    return runs
+
+
+def expand_image_tokens(ids: Sequence[int], image_token_id: int, counts: Sequence[int]
+                        ) -> list[int]:
+    """`ids` with each image's single image token (what a chat template renders) repeated
+    to the image's token count; ids whose runs already have those counts as they are."""
+    runs = _runs(ids, image_token_id)
+    if [n for _, n in runs] == list(counts) or not all(n == 1 for _, n in runs) \
+            or len(runs) != len(counts):
+        return list(ids)                  # expanded already, or image_spans says what's wrong
+    out, row = [], 0
+    for (start, _), count in zip(runs, counts):
+        out += list(ids[row:start]) + [image_token_id] * count
+        row = start + 1
+    return out + list(ids[row:])
+
+
 def image_spans(ids: Sequence[int], image_token_id: int, counts: Sequence[int]
                 ) -> list[int]:
     """The first row of each image's run of `image_token_id` in `ids`, checked against the
     images' token counts (in order)."""
-    runs, row = [], 0
-    while row < len(ids):
-        if ids[row] != image_token_id:
-            row += 1
-            continue
-        start = row
-        while row < len(ids) and ids[row] == image_token_id:
-            row += 1
-        runs.append((start, row - start))
+    runs = _runs(ids, image_token_id)
     if [n for _, n in runs] != list(counts):
         raise ValueError(f"the prompt holds image token runs of {[n for _, n in runs]} tokens "
                          f"for images of {list(counts)} tokens: each image needs exactly its "

@@ -19,7 +19,7 @@ import torch
 
 from .images import ImageConfig, ImagePatches
 from .models.vision import VisionTower
-from .mrope import ImageSpan, PromptImages, image_spans, prompt_positions
+from .mrope import ImageSpan, PromptImages, expand_image_tokens, image_spans, prompt_positions
 
 
 class VisionInput:
@@ -62,6 +62,11 @@ class VisionInput:
             while len(self._cache) > self.cache_entries:
                 self._cache.popitem(last=False)
         return out
+
+    def expand(self, ids: Sequence[int], images: Sequence[ImagePatches]) -> list[int]:
+        """`ids` with one image token per image (a chat template's) expanded to each
+        image's token count (`mrope.expand_image_tokens`)."""
+        return expand_image_tokens(ids, self.image_token_id, [im.tokens for im in images])
 
     def prompt(self, ids: Sequence[int], images: Sequence[ImagePatches]) -> PromptImages:
         """The prompt's images as its prefill takes them; each image needs its own run of

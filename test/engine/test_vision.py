@@ -204,7 +204,11 @@ def test_image_positions_refuse_overlaps_and_a_saved_state_keeps_its_shift(check
 VISION_PROMPTS = [([11, 12, 13], [((40, 24), [14, 15])]),
                   ([21, 22], [((16, 56), [23]), ((24, 24), [24, 25, 26])]),
                   ([31, 32, 33, 34], [((48, 48), [35, 36])]),
-                  ([41], [((8, 40), [42, 43]), ((32, 16), [44])])]
+                  ([41], [((8, 40), [42, 43]), ((32, 16), [44])]),
+                  ([51, 52], [((100, 60), [53])]),           # scaled down into the budget
+                  ([61, 62, 63], [((6, 6), [64, 65])]),      # scaled up to its least
+                  ([71], [((24, 72), [72]), ((72, 24), [73, 74])]),
+                  ([81, 82], [((33, 47), [83, 84, 85])])]
 
 
 def _vision_requests(path, tower):
@@ -252,6 +256,11 @@ def test_greedy_tokens_after_images_equal_transformers_and_every_method_is_lossl
             spec = generate(engine, ids, GenerationSettings(n, ignore_eos=True, method=method),
                             images=images)
             assert spec.token_ids == want, method
+        # one image token per image, as a chat template renders them: expanded
+        collapsed = [i for k, i in enumerate(ids) if i != IMAGE_TOKEN or ids[k - 1] != i]
+        assert len(collapsed) == len(ids) - sum(im.tokens for im in images) + len(images)
+        assert generate(engine, collapsed, GenerationSettings(n, ignore_eos=True),
+                        images=images).token_ids == want
         replay = ReplayProposer(want, engine.model_config.vocab_size, block_size=6, seed=3)
         spec = generate(engine, ids, GenerationSettings(n, ignore_eos=True), proposer=replay,
                         images=images)
@@ -265,9 +274,10 @@ def test_greedy_tokens_after_images_equal_transformers_and_every_method_is_lossl
     assert engine.vision.hits > 0        # the same frames again: their embeddings cached
     # batched: requests with images beside each other, each as alone
     batch = Batch(engine, max_batch=2)
+    methods = ("none", "dflash", "mtp", "auto") * 2
     got = batch.run([BatchRequest(ids, GenerationSettings(n, ignore_eos=True, method=m),
                                   images=images)
-                     for (ids, images), m in zip(requests, ("none", "dflash", "mtp", "auto"))])
+                     for (ids, images), m in zip(requests, methods)])
     assert [g.token_ids for g in got] == plain
 
 
