@@ -10,7 +10,7 @@ LINT_PATHS := flash_planner kernels test bench launch tools setup.py
 
 DEMO_TASK  ?= bring the red cup from the kitchen table to the sink
 
-.PHONY: all venv ros-env thor-deps thor-image test test-gpu demo demo-model bench bench-peer bench-ros bench-batch bench-gpu kernels-report lint lint-fix clean distclean
+.PHONY: all venv ros-env thor-deps thor-image test test-gpu demo demo-model bench bench-peer bench-ros bench-batch bench-vision bench-gpu kernels-report lint lint-fix clean distclean
 
 all: test
 
@@ -104,6 +104,9 @@ bench-ros: ros-env
 # closed-loop clients on the same held-out tasks, per method (several minutes on 2 cores).
 bench-batch: $(STAMP)
 	$(VENV)/bin/python bench/batch.py
+
+bench-vision: $(STAMP)
+	$(VENV)/bin/python bench/vision.py
 
 # Every declared Triton kernel specialization compiled for sm_90 and sm_110 (no GPU needed):
 # registers, spills, shared memory, cubin size, tensor-core instructions.

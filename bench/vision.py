@@ -1,0 +1,111 @@
+"""The vision tower's cost per image: preprocessing and tower time at the published widths.
+
+A Qwen3.5/3.6 tower (`engine/models/vision.py`) with random weights (std 0.02) at the
+27B's and the 35B-A3B's dimensions: depth 27, width 1152, MLP 4304, 16 heads, 16-pixel
+patches merged 2 x 2 (transformers' `Qwen3_5VisionConfig` defaults, which third-party
+copies of both checkpoints' configs repeat; not checked against the published files),
+the merger projecting to the language model's width (5120 / 2048). For each square image
+size: the patches (`engine/images.py`: resize, normalise, patchify; the pixel budget wide
+enough to keep the size), the tower's time (median of `--repeats`), and the image tokens
+the prompt gets, which the target then prefills like any other rows.
+
+    python bench/vision.py [--sizes 224,448,896] [--repeats 3] [--threads 0] [--json]
+    python bench/vision.py --small --json     (tests: a 2-block narrow tower, small images)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+from flash_planner.engine.images import ImageConfig, to_patches
+from flash_planner.engine.models.vision import VisionConfig, VisionTower
+from flash_planner.engine.threads import apply_threads
+
+TOWER = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16,
+             num_position_embeddings=2304, hidden_act="gelu_pytorch_tanh")
+# the language model's width the merger projects to
+TARGETS = {"Qwen3.6-27B": 5120, "Qwen3.6-35B-A3B": 2048}
+SMALL = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, patch_size=16,
+             num_position_embeddings=64, hidden_act="gelu_pytorch_tanh")
+
+
+def tower(dims: dict, out: int, seed: int = 0) -> VisionTower:
+    cfg = VisionConfig.from_hf_dict({**dims, "out_hidden_size": out}, "bench")
+    model = VisionTower(cfg).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.02 + (p.dim() == 1))
+    return model
+
+
+def measure(model: VisionTower, size: int, repeats: int) -> dict:
+    cfg = ImageConfig(patch_size=model.cfg.patch_size, merge_size=model.cfg.spatial_merge_size,
+                      min_pixels=16 * 16, max_pixels=max(size * size, 16 * 16))
+    image = np.random.default_rng(size).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    t0 = time.perf_counter()
+    patches = to_patches(image, cfg)
+    prep_ms = (time.perf_counter() - t0) * 1e3
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = model(patches.patches, [patches.grid])
+            times.append((time.perf_counter() - t0) * 1e3)
+    return {"size": size, "patches": int(patches.patches.shape[0]), "tokens": patches.tokens,
+            "out": list(out.shape), "preprocess_ms": prep_ms,
+            "tower_ms": statistics.median(times), "repeats": repeats}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default=None, help="square image sides in pixels "
+                        "(default 224,448,896)")
+    parser.add_argument("--repeats", type=int, default=None, help="tower runs per size "
+                        "(median; default 3)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: the "
+                        "engine's auto)")
+    parser.add_argument("--small", action="store_true", help="a quick run (tests)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        sizes = [int(s) for s in (args.sizes or ("32,64" if args.small else "224,448,896"))
+                 .split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--sizes takes comma-separated integers, got {args.sizes!r}")
+    if not sizes or any(s < 16 for s in sizes):
+        parser.error("--sizes must name sides of at least 16 pixels")
+    repeats = args.repeats or (1 if args.small else 3)
+    if repeats < 1 or args.threads < 0:
+        parser.error("--repeats must be >= 1 and --threads >= 0")
+    threads = apply_threads(args.threads, torch.device("cpu"))
+    rows = []
+    for name, out in TARGETS.items():
+        model = tower(SMALL if args.small else TOWER, out)
+        measure(model, min(sizes), 1)                     # first calls, untimed
+        for size in sizes:
+            print(f"{name}: {size} x {size}", file=sys.stderr, flush=True)
+            rows.append({"model": name, **measure(model, size, repeats)})
+    report = {"small": args.small, "threads": threads.intra_op, "rows": rows}
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"vision tower, random weights, {threads.intra_op} torch thread(s), fp32 CPU")
+    print(f"{'model':<18}{'image':>10}{'patches':>9}{'tokens':>8}{'prep ms':>9}"
+          f"{'tower ms':>10}{'ms/token':>10}")
+    for r in rows:
+        print(f"{r['model']:<18}{r['size']:>6} px{r['patches']:>9}{r['tokens']:>8}"
+              f"{r['preprocess_ms']:>9.1f}{r['tower_ms']:>10.1f}"
+              f"{r['tower_ms'] / r['tokens']:>10.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
