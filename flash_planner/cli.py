@@ -229,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the prompt as token ids")
     gen.add_argument("--chat", action="store_true",
                      help="render --prompt as a user message with the chat template")
+    gen.add_argument("--image", action="append", default=[], metavar="FILE",
+                     help="an image (PNG, JPEG, ...) for a vision-language model, before the "
+                     "--chat text (repeatable, in order); with --prompt-ids, one run of image "
+                     "tokens per image")
     gen.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                      help="tokens generated at most (default: %(default)s)")
     gen.add_argument("--ignore-eos", action="store_true", help="generate until max-new-tokens")
@@ -369,12 +373,15 @@ def _generate(args: argparse.Namespace, model: str, show_text: bool = True) -> i
                                   sampling=_sampling(args, engine, "greedy"),
                                   **_spec_settings(args, preset))
     prompt = args.prompt_ids if getattr(args, "prompt_ids", None) else args.prompt
+    files = getattr(args, "image", [])
+    images = _read_images(engine, files)
     if getattr(args, "chat", False):
-        prompt = [{"role": "user", "content": args.prompt}]
+        prompt = [{"role": "user", "content": args.prompt if not files else
+                   [{"type": "image"} for _ in files] + [{"type": "text", "text": args.prompt}]}]
     stream = (lambda ids, delta: print(delta, end="", flush=True)) \
         if show_text and not args.json else None
     try:
-        result = generate(engine, prompt, settings, on_token=stream)
+        result = generate(engine, prompt, settings, on_token=stream, images=images)
     except NonFiniteLogits as exc:   # the model's fault, as `plan` finds it at warm-up
         print(f"flash-planner: error: {engine.config.model_path}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -387,6 +394,30 @@ def _generate(args: argparse.Namespace, model: str, show_text: bool = True) -> i
         print(("\n" if show_text else "") + f"[{_summary(result.stats)}, "
               f"finish={result.finish_reason}; {engine.memory}]")
     return EXIT_OK
+
+
+def _read_images(engine, files: list[str]) -> list:
+    """--image files as the engine's vision tower takes them; a clear error for a file that
+    is not an image, or a model without a tower."""
+    if not files:
+        return []
+    if engine.vision is None:
+        raise UsageError(f"--image: {engine.config.model_path} is a text-only model (no "
+                         "vision tower): it cannot take images")
+    from .engine.images import to_patches
+
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:
+        raise UsageError("--image needs Pillow: pip install 'flash_planner[vision]'") from None
+    out = []
+    for name in files:
+        try:
+            with Image.open(name) as image:
+                out.append(to_patches(image, engine.vision.image_config))
+        except (OSError, UnidentifiedImageError, ValueError) as exc:
+            raise UsageError(f"--image {name}: not a readable image ({exc})") from None
+    return out
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -144,31 +144,69 @@ def encode_chat_parts(tokenizer, messages: list[dict[str, Any]],
     boundary by construction (template text and contents are encoded apart), so the ids
     before a message are a prefix every prompt with the same messages before it shares."""
     extra = _checked_vars(template_vars, tokenizer)
-    contents = [m.get("content") for m in messages]
-    for i, content in enumerate(contents):
-        if not isinstance(content, str):
-            raise ValueError(f"message {i} has no text content (got "
-                             f"{type(content).__name__}); chat prompts take text messages")
+    texts = [_texts(i, m.get("content")) for i, m in enumerate(messages)]
     nonce = secrets.token_hex(8)
-    while any(nonce in c for c in contents):  # a task cannot guess it; stay exact anyway
+    while any(nonce in t for ts in texts for t in ts):   # a task cannot guess it; stay exact
         nonce = secrets.token_hex(8)
-    marks = [f"\ue000{nonce}:{i}\ue001" for i in range(len(messages))]
-    masked = [{**m, "content": mark} for m, mark in zip(messages, marks)]
+    masked = []
+    for i, m in enumerate(messages):
+        content = m["content"]
+        if isinstance(content, str):
+            masked.append({**m, "content": _mark(nonce, i, 0)})
+            continue
+        parts, j = [], 0
+        for part in content:          # text parts marked, image parts for the template
+            if part["type"] == "text":
+                parts.append({**part, "text": _mark(nonce, i, j)})
+                j += 1
+            else:
+                parts.append(part)
+        masked.append({**m, "content": parts})
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     rendered = _render(tokenizer, masked, {**kwargs, **extra})
     ids: list[int] = []
     starts: list[int] = []
     rest = rendered
-    for i, (mark, content) in enumerate(zip(marks, contents)):
-        before, found, rest = rest.partition(mark)
-        if not found or mark in rest:
-            raise TemplateError(
-                f"the chat template does not place message {i}'s content verbatim exactly "
-                "once, so its text cannot be kept apart from the template's control tokens")
-        ids += _template_ids(tokenizer, before)
-        starts.append(len(ids))
-        ids += encode_text(tokenizer, content)
+    for i, message_texts in enumerate(texts):
+        for j, text in enumerate(message_texts):
+            mark = _mark(nonce, i, j)
+            before, found, rest = rest.partition(mark)
+            if not found or mark in rest:
+                raise TemplateError(
+                    f"the chat template does not place message {i}'s content verbatim "
+                    "exactly once, so its text cannot be kept apart from the template's "
+                    "control tokens")
+            ids += _template_ids(tokenizer, before)
+            if j == 0:
+                starts.append(len(ids))
+            ids += encode_text(tokenizer, text)
     return ids + _template_ids(tokenizer, rest), starts
+
+
+def _mark(nonce: str, message: int, part: int) -> str:
+    return f"\ue000{nonce}:{message}:{part}\ue001"
+
+
+def _texts(i: int, content: Any) -> list[str]:
+    """A message's texts: its content, or the text parts of a list of parts (OpenAI's
+    shape: {"type": "text", "text": ...} and {"type": "image"}, the images rendered by the
+    template as its vision tokens)."""
+    if isinstance(content, str):
+        return [content]
+    if not isinstance(content, list):
+        raise ValueError(f"message {i} has no text content (got {type(content).__name__}); "
+                         "chat prompts take text, or a list of text and image parts")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind != "image":
+            raise ValueError(f"message {i} part {j}: expected {{'type': 'text', 'text': "
+                             f"...}} or {{'type': 'image'}}, got {part!r:.80}")
+    if not texts:
+        raise ValueError(f"message {i} has no text part: an image needs words beside it")
+    return texts
 
 
 def _render(tokenizer, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:

@@ -78,16 +78,24 @@ class ImageConfig:
         return cls(**values, **channels, rescale_factor=float(rescale))
 
     @classmethod
-    def load(cls, path: str | Path) -> ImageConfig:
-        """From a model directory's preprocessor_config.json (the defaults without one)."""
+    def load(cls, path: str | Path, **tower: int) -> ImageConfig:
+        """From a model directory's preprocessor_config.json (the defaults without one);
+        `tower`: the vision tower's patch_size, merge_size and temporal_patch_size, which
+        the file may leave out and must not contradict."""
         file = Path(path) / PREPROCESSOR_FILE
-        if not file.is_file():
-            return cls()
-        try:
-            raw = json.loads(file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"{file}: not readable JSON ({exc})") from exc
-        return cls.from_dict(raw, str(file))
+        raw: dict = {}
+        if file.is_file():
+            try:
+                raw = json.loads(file.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ConfigError(f"{file}: not readable JSON ({exc})") from exc
+            if not isinstance(raw, dict):
+                raise ConfigError(f"{file}: expected a JSON object")
+        for key, value in tower.items():
+            if raw.get(key, value) != value:
+                raise ConfigError(f"{file}: {key} {raw[key]} contradicts the vision tower's "
+                                  f"{value} (config.json vision_config)")
+        return cls.from_dict({**tower, **raw}, str(file))
 
     @property
     def factor(self) -> int:

@@ -24,7 +24,7 @@ from .mrope import ImageSpan, PromptImages, expand_image_tokens, image_spans, pr
 
 class VisionInput:
     def __init__(self, path: Path, image_token_id: int, dtype: torch.dtype,
-                 device: torch.device, cache_entries: int = 16):
+                 device: torch.device, image_config: ImageConfig, cache_entries: int = 16):
         self.path = path
         self.image_token_id = image_token_id
         self.dtype, self.device = dtype, device
@@ -32,7 +32,7 @@ class VisionInput:
         self._tower: VisionTower | None = None
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[str, torch.Tensor] = collections.OrderedDict()
-        self.image_config = ImageConfig.load(path)
+        self.image_config = image_config
         self.hits = 0                       # images whose embeddings came from the cache
 
     @property
@@ -92,6 +92,12 @@ def vision_input(path: Path, dtype: torch.dtype, device: torch.device) -> Vision
     if not isinstance(raw, dict) or raw.get("vision_config") is None:
         return None
     token = raw.get("image_token_id")
-    if not isinstance(token, int):
+    vision = raw["vision_config"]
+    if not isinstance(token, int) or not isinstance(vision, dict):
         return None                     # a tower without an image token: no way to place it
-    return VisionInput(path, token, dtype, device)
+    # the tower's own patch layout, where the processor's file leaves it out
+    tower = {key: vision[name] for key, name in (("patch_size", "patch_size"),
+                                                 ("merge_size", "spatial_merge_size"),
+                                                 ("temporal_patch_size", "temporal_patch_size"))
+             if isinstance(vision.get(name), int)}
+    return VisionInput(path, token, dtype, device, ImageConfig.load(path, **tower))

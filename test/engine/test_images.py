@@ -57,3 +57,12 @@ def test_bad_images_and_configs_are_named():
         ImageConfig.from_dict({"image_std": [1, 2]}, "p.json")
     with pytest.raises(ConfigError, match="least pixels"):
         ImageConfig.from_dict({"min_pixels": 100, "max_pixels": 10}, "p.json")
+
+
+def test_a_processor_file_that_contradicts_the_tower_is_refused(tmp_path):
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"patch_size": 14}))
+    with pytest.raises(ConfigError, match="patch_size 14 contradicts the vision tower's 16"):
+        ImageConfig.load(tmp_path, patch_size=16, merge_size=2)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0, 0, 0]}))
+    cfg = ImageConfig.load(tmp_path, patch_size=16, merge_size=2)      # left out: the tower's
+    assert (cfg.patch_size, cfg.merge_size, cfg.mean) == (16, 2, (0.0, 0.0, 0.0))

@@ -294,3 +294,95 @@ def test_an_image_for_a_text_only_model_or_without_its_tokens_is_refused(
     text_only = make_engine(checkpoints("hybrid"))
     with pytest.raises(ValueError, match="text-only model .* cannot take images"):
         generate(text_only, [1, 2, 3], GenerationSettings(4), images=images)
+
+
+VISION_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}"
+    "{{ m['content'] }}{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ p['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def chat_vl(wide_towers, tmp_path_factory):
+    """The hybrid VL copy with a chat template that renders image parts as Qwen's vision
+    tokens (added to its tokenizer), its image token the added `<|image_pad|>`."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    source, _ = wide_towers("hybrid_vl")
+    path = tmp_path_factory.mktemp("chat_vl")
+    for item in source.iterdir():
+        if item.is_file():
+            shutil.copy(item, path / item.name)
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.add_special_tokens({"additional_special_tokens": [
+        "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]})
+    tok.chat_template = VISION_TEMPLATE
+    tok.save_pretrained(path)
+    config = json.loads((path / "config.json").read_text())
+    config["image_token_id"] = tok.convert_tokens_to_ids("<|image_pad|>")
+    assert config["image_token_id"] < config["text_config"]["vocab_size"]
+    (path / "config.json").write_text(json.dumps(config))
+    return path, config["image_token_id"]
+
+
+def test_chat_messages_with_image_parts_and_the_cli_equal_transformers(
+        chat_vl, make_engine, tmp_path, capsys):
+    """A user message of image parts and text: the template's vision tokens, the image
+    token expanded to the image's count, the text kept plain; greedy tokens equal
+    transformers' generate on those ids; `flash-planner generate --chat --image` the same."""
+    import json
+
+    from PIL import Image
+
+    from flash_planner.cli import main
+    from flash_planner.engine.generate import GenerationSettings, encode_prompt, generate
+    from flash_planner.engine.images import to_patches
+
+    path, pad = chat_vl
+    engine = make_engine(path, prefill_chunk=8)
+    pixels = np.random.default_rng(5).integers(0, 256, (40, 24, 3), dtype=np.uint8)
+    file = tmp_path / "frame.png"
+    Image.fromarray(pixels).save(file)
+    image = to_patches(Image.open(file), engine.vision.image_config)
+    text = "put the <|image_pad|> cup left of the plate in the sink"   # specials stay text
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+    rendered = engine.vision.expand(encode_prompt(engine, messages), [image])
+    assert rendered.count(pad) == image.tokens          # the text's "<|image_pad|>" is not one
+    start = engine.tokenizer.convert_tokens_to_ids("<|vision_start|>")
+    assert rendered[rendered.index(start) + 1:][:image.tokens] == [pad] * image.tokens
+    n = 8
+    got = generate(engine, messages, GenerationSettings(n, ignore_eos=True), images=[image])
+    theirs = _transformers_model(path)
+    with torch.no_grad():
+        want = theirs.generate(
+            input_ids=torch.tensor([rendered]), pixel_values=image.patches,
+            image_grid_thw=torch.tensor([image.grid]),
+            mm_token_type_ids=torch.tensor([[int(i == pad) for i in rendered]]),
+            max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, len(rendered):].tolist()
+    assert got.token_ids == want
+    capsys.readouterr()
+    assert main(["generate", "--model", str(path), "--chat", "--prompt", text, "--image",
+                 str(file), "--max-new-tokens", str(n), "--ignore-eos", "--json",
+                 "--device", "cpu", "--prefill-chunk", "8"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == want
+    (tmp_path / "notes.txt").write_text("not an image")
+    assert main(["generate", "--model", str(path), "--chat", "--prompt", text, "--image",
+                 str(tmp_path / "notes.txt"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "--image" in err and "not a readable image" in err
+
+
+def test_the_cli_refuses_an_image_for_a_text_only_model(hybrid_dir, tmp_path, capsys):
+    from PIL import Image
+
+    from flash_planner.cli import main
+
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(tmp_path / "f.png")
+    assert main(["generate", "--model", str(hybrid_dir), "--chat", "--prompt", "go",
+                 "--image", str(tmp_path / "f.png"), "--device", "cpu"]) == 2
+    assert "text-only model" in capsys.readouterr().err
