@@ -105,6 +105,9 @@ def start(engine: Engine, state: InferenceState, prompt: Sequence[int] | str | l
             raise ValueError(f"{engine.config.model_path} is a text-only model (no vision "
                              "tower): it cannot take images")
         ids = engine.vision.expand(ids, images)
+    elif engine.vision is not None and engine.vision.image_token_id in ids:
+        raise ValueError("the prompt holds image tokens (an image part or its token id) but "
+                         "no image was given")
     engine.check_fits(len(ids), settings.max_new_tokens)
     if not settings.speculative:
         proposer = None

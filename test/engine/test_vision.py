@@ -288,6 +288,8 @@ def test_an_image_for_a_text_only_model_or_without_its_tokens_is_refused(
     path, _ = wide_towers("hybrid_vl")
     engine = make_engine(path, prefill_chunk=8)
     (ids, images), = _vision_requests(path, engine.vision.tower)[:1]
+    with pytest.raises(ValueError, match="holds image tokens .* but no image was given"):
+        generate(engine, ids, GenerationSettings(4))
     with pytest.raises(ValueError, match="image token runs of \\[\\] tokens for images of"):
         generate(engine, [i for i in ids if i != IMAGE_TOKEN], GenerationSettings(4),
                  images=images)
