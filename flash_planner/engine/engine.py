@@ -42,22 +42,25 @@ class MemoryReport:
     gdn_state: int
     checkpoints: int
     weights_per_forward: int = 0   # what one target forward reads (decode is bound by it)
+    vision: int = 0                # the vision tower, once loaded, and its cached embeddings
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.gdn_state + self.checkpoints
+        return self.weights + self.kv_cache + self.gdn_state + self.checkpoints + self.vision
 
     def as_dict(self) -> dict[str, int]:
         return {"weights": self.weights, "kv_cache": self.kv_cache,
                 "gdn_state": self.gdn_state, "checkpoints": self.checkpoints,
-                "total": self.total, "weights_per_forward": self.weights_per_forward}
+                "vision": self.vision, "total": self.total,
+                "weights_per_forward": self.weights_per_forward}
 
     def __str__(self) -> str:
         mib = 1 << 20
+        vision = f", vision {self.vision / mib:.1f} MiB" if self.vision else ""
         return (f"weights {self.weights / mib:.1f} MiB, KV {self.kv_cache / mib:.1f} MiB, "
                 f"GDN state {self.gdn_state / mib:.1f} MiB, step checkpoints "
-                f"{self.checkpoints / mib:.1f} MiB, total {self.total / mib:.1f} MiB; one "
-                f"target forward reads {self.weights_per_forward / mib:.1f} MiB of weights")
+                f"{self.checkpoints / mib:.1f} MiB{vision}, total {self.total / mib:.1f} MiB; "
+                f"one target forward reads {self.weights_per_forward / mib:.1f} MiB of weights")
 
 
 def read_generation_defaults(path: Path) -> SamplingParams:
@@ -240,7 +243,8 @@ class Engine:
                             kv_cache=held.kv + extra.kv + sum(s.kv for s in slots),
                             gdn_state=held.gdn_state + sum(s.gdn_state for s in slots),
                             checkpoints=held.checkpoints + sum(s.checkpoints for s in slots),
-                            weights_per_forward=self.checkpoint.bytes_per_forward)
+                            weights_per_forward=self.checkpoint.bytes_per_forward,
+                            vision=self.vision.nbytes if self.vision is not None else 0)
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Refuse, before any work, a request the preallocated context cannot hold."""

@@ -44,6 +44,16 @@ class VisionInput:
                 self._tower = load_vision_tower(self.path, self.dtype, self.device)
             return self._tower
 
+    @property
+    def nbytes(self) -> int:
+        """The tower's weights once loaded, and the cached embeddings."""
+        with self._lock:
+            tower = self._tower
+            cached = sum(t.nbytes for t in self._cache.values())
+        if tower is None:
+            return cached
+        return cached + sum(p.nbytes for p in tower.parameters())
+
     def embed(self, image: ImagePatches) -> torch.Tensor:
         """The tower's tokens for one image [tokens, hidden], from the cache when the same
         patches were embedded lately."""

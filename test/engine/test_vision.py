@@ -237,6 +237,7 @@ def test_greedy_tokens_after_images_equal_transformers_and_every_method_is_lossl
     drafter = write_tiny_drafter(tmp_path / "drafter", path)
     engine = make_engine(path, drafter_path=str(drafter), method="auto", mtp_steps=3,
                          prefill_chunk=8, prefix_cache=True)   # chunks end inside images
+    assert engine.memory.vision == 0              # the tower loads on the first image
     n = 16
     requests = _vision_requests(path, engine.vision.tower)
     plain = []
@@ -272,6 +273,12 @@ def test_greedy_tokens_after_images_equal_transformers_and_every_method_is_lossl
             assert cached.token_ids == want
         assert cached.stats.prefix_hit
     assert engine.vision.hits > 0        # the same frames again: their embeddings cached
+    tower = sum(p.nbytes for p in engine.vision.tower.parameters())
+    memory = engine.memory
+    assert memory.vision > tower and memory.total == sum(
+        getattr(memory, k) for k in ("weights", "kv_cache", "gdn_state", "checkpoints",
+                                     "vision"))
+    assert "vision" in str(memory)
     # batched: requests with images beside each other, each as alone
     batch = Batch(engine, max_batch=2)
     methods = ("none", "dflash", "mtp", "auto") * 2
