@@ -230,9 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true",
                      help="render --prompt as a user message with the chat template")
     gen.add_argument("--image", action="append", default=[], metavar="FILE",
-                     help="an image (PNG, JPEG, ...) for a vision-language model, before the "
-                     "--chat text (repeatable, in order); with --prompt-ids, one run of image "
-                     "tokens per image")
+                     help="an image for a vision-language model, before the --chat text "
+                     "(repeatable); with --prompt-ids, one image token (run) per image")
     gen.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                      help="tokens generated at most (default: %(default)s)")
     gen.add_argument("--ignore-eos", action="store_true", help="generate until max-new-tokens")
@@ -355,8 +354,7 @@ def _summary(stats) -> str:
 
 
 def _one_request(args: argparse.Namespace) -> None:
-    """A command that runs one request: the engine's own state, no slots for others (nor
-    their compiled forwards), unless --max-batch says otherwise."""
+    """A one-request command: the engine's own state, no batch slots, unless --max-batch."""
     if getattr(args, "max_batch", None) is None:
         args.max_batch = 1
 
@@ -364,6 +362,7 @@ def _one_request(args: argparse.Namespace) -> None:
 def _generate(args: argparse.Namespace, model: str, show_text: bool = True) -> int:
     """Generate and print the text (unless `show_text` is off), then the run's summary."""
     from .engine.generate import GenerationSettings, generate
+    from .engine.images import read_image
     from .engine.speculative import NonFiniteLogits
 
     _one_request(args)
@@ -374,7 +373,8 @@ def _generate(args: argparse.Namespace, model: str, show_text: bool = True) -> i
                                   **_spec_settings(args, preset))
     prompt = args.prompt_ids if getattr(args, "prompt_ids", None) else args.prompt
     files = getattr(args, "image", [])
-    images = _read_images(engine, files)
+    config = engine.require_vision().image_config if files else None   # exit 2: text-only
+    images = [read_image(name, config, f"--image {name}") for name in files]
     if getattr(args, "chat", False):
         prompt = [{"role": "user", "content": args.prompt if not files else
                    [{"type": "image"} for _ in files] + [{"type": "text", "text": args.prompt}]}]
@@ -394,30 +394,6 @@ def _generate(args: argparse.Namespace, model: str, show_text: bool = True) -> i
         print(("\n" if show_text else "") + f"[{_summary(result.stats)}, "
               f"finish={result.finish_reason}; {engine.memory}]")
     return EXIT_OK
-
-
-def _read_images(engine, files: list[str]) -> list:
-    """--image files as the engine's vision tower takes them; a clear error for a file that
-    is not an image, or a model without a tower."""
-    if not files:
-        return []
-    if engine.vision is None:
-        raise UsageError(f"--image: {engine.config.model_path} is a text-only model (no "
-                         "vision tower): it cannot take images")
-    from .engine.images import to_patches
-
-    try:
-        from PIL import Image, UnidentifiedImageError
-    except ImportError:
-        raise UsageError("--image needs Pillow: pip install 'flash_planner[vision]'") from None
-    out = []
-    for name in files:
-        try:
-            with Image.open(name) as image:
-                out.append(to_patches(image, engine.vision.image_config))
-        except (OSError, UnidentifiedImageError, ValueError) as exc:
-            raise UsageError(f"--image {name}: not a readable image ({exc})") from None
-    return out
 
 
 def _plan(args: argparse.Namespace) -> int:

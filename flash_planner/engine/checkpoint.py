@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .config import ConfigError, ModelConfig
+from .config import ConfigError, ModelConfig, read_json_object
 from .models.mtp import MTPHead
 from .models.target import TargetModel
 from .models.vision import VISION_PREFIX, VisionConfig, VisionTower
@@ -47,6 +47,7 @@ class Checkpoint:
     scheme: Scheme = UNQUANTIZED          # how the checkpoint stores its Linears
     weights: str = "auto"                 # the `weights` setting it was loaded with
     quantized: dict[str, int] = field(default_factory=dict)  # layout label -> Linears
+    raw_config: dict = field(default_factory=dict)   # config.json as read (vision_config...)
 
     @property
     def weight_bytes(self) -> int:
@@ -67,13 +68,7 @@ def _raw_config(path: Path) -> dict:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise CheckpointError(f"{path}: no config.json (is this a Hugging Face model directory?)")
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{cfg_file}: not readable JSON ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{cfg_file}: expected a JSON object")
-    return raw
+    return read_json_object(cfg_file, CheckpointError)
 
 
 def _parse_config(path: Path, raw: dict) -> ModelConfig:
@@ -147,7 +142,7 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
         log.warning("%s: %d tensors not used by the text model, e.g. %s", path, len(ignored),
                     ignored[0])
     tokenizer = load_tokenizer(path) if with_tokenizer else None
-    return Checkpoint(path, cfg, model, tokenizer, mtp, scheme, weights, dict(counts))
+    return Checkpoint(path, cfg, model, tokenizer, mtp, scheme, weights, dict(counts), raw)
 
 
 def load_mtp_head(checkpoint: Checkpoint, dtype: torch.dtype,
@@ -185,11 +180,13 @@ def load_tokenizer(path: Path):
 
 
 def load_vision_tower(path: str | Path, dtype: torch.dtype = torch.float32,
-                      device: str | torch.device = "cpu") -> VisionTower:
+                      device: str | torch.device = "cpu", raw: dict | None = None
+                      ) -> VisionTower:
     """The checkpoint's vision tower (`model.visual.*`, full precision), checked like the
-    target's weights; a text-only checkpoint is refused naming its model type."""
+    target's weights; a text-only checkpoint is refused naming its model type. `raw`: its
+    config.json when already read."""
     path = Path(path).expanduser()
-    raw = _raw_config(path)
+    raw = _raw_config(path) if raw is None else raw
     vision = raw.get("vision_config")
     if vision is None:
         raise CheckpointError(f"{path}: {raw.get('model_type', 'the model')} is a text-only "

@@ -12,6 +12,7 @@ field.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -69,6 +70,17 @@ def _positive(value: Any, name: str, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{where}: field '{name}' must be a positive integer, got {value!r}")
     return value
+
+
+def read_json_object(file: Path, error: type[Exception] = ConfigError) -> dict:
+    """A JSON file holding an object; `error` naming the file when it is not one."""
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{file}: not readable JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise error(f"{file}: expected a JSON object")
+    return raw
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from .sampling import GREEDY, SamplingParams
 from .slots import SlotStates
 from .threads import Threads, apply_threads
 from .trt.backends import make_dense
-from .vision_input import vision_input
+from .vision_input import VisionInput, vision_input
 from .weights import tuning
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class Engine:
         # the checkpoint's own sampling defaults (generation_config.json; `sampling: model`)
         self.generation_defaults = read_generation_defaults(Path(config.model_path))
         # a vision-language checkpoint's images (its tower loads on the first one)
-        self.vision = vision_input(Path(config.model_path), dtype, device)
+        self.vision = vision_input(checkpoint.path, checkpoint.raw_config, dtype, device)
 
     @property
     def seed_tap_ids(self) -> tuple[int, ...]:
@@ -245,6 +245,13 @@ class Engine:
                             checkpoints=held.checkpoints + sum(s.checkpoints for s in slots),
                             weights_per_forward=self.checkpoint.bytes_per_forward,
                             vision=self.vision.nbytes if self.vision is not None else 0)
+
+    def require_vision(self) -> VisionInput:
+        """The engine's images, or the error every front door gives a text-only model."""
+        if self.vision is None:
+            raise ValueError(f"{self.config.model_path} is a text-only model (no vision "
+                             "tower): it cannot take images")
+        return self.vision
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Refuse, before any work, a request the preallocated context cannot hold."""

@@ -101,10 +101,7 @@ def start(engine: Engine, state: InferenceState, prompt: Sequence[int] | str | l
     deadline = None if settings.deadline_s is None else arrived + settings.deadline_s
     ids = encode_prompt(engine, prompt, settings.enable_thinking, settings.reasoning_effort)
     if images:
-        if engine.vision is None:
-            raise ValueError(f"{engine.config.model_path} is a text-only model (no vision "
-                             "tower): it cannot take images")
-        ids = engine.vision.expand(ids, images)
+        ids = engine.require_vision().expand(ids, images)
     elif engine.vision is not None and engine.vision.image_token_id in ids:
         raise ValueError("the prompt holds image tokens (an image part or its token id) but "
                          "no image was given")

@@ -17,7 +17,6 @@ Pillow decodes and resizes (its bicubic filter is the processor's); the rest is 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import ConfigError
+from .config import ConfigError, read_json_object
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
 # the processor's defaults where a file leaves a field out (Qwen2-VL's image processor)
@@ -83,14 +82,7 @@ class ImageConfig:
         `tower`: the vision tower's patch_size, merge_size and temporal_patch_size, which
         the file may leave out and must not contradict."""
         file = Path(path) / PREPROCESSOR_FILE
-        raw: dict = {}
-        if file.is_file():
-            try:
-                raw = json.loads(file.read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise ConfigError(f"{file}: not readable JSON ({exc})") from exc
-            if not isinstance(raw, dict):
-                raise ConfigError(f"{file}: expected a JSON object")
+        raw = read_json_object(file) if file.is_file() else {}
         for key, value in tower.items():
             if raw.get(key, value) != value:
                 raise ConfigError(f"{file}: {key} {raw[key]} contradicts the vision tower's "
@@ -137,14 +129,33 @@ class ImagePatches:
         return t * h * w // self.merge_unit
 
 
-def to_patches(image, cfg: ImageConfig) -> ImagePatches:
-    """A Pillow image, or an RGB uint8 array [H, W, 3], -> its patches and grid."""
+def read_image(source: str | Path | bytes, cfg: ImageConfig, label: str | None = None
+               ) -> ImagePatches:
+    """An image file (or its bytes: PNG, JPEG, ...) -> its patches; a ValueError naming the
+    source (or `label`, e.g. the flag that gave it) when it is not a readable image."""
+    import io
+
+    Image = _pillow()
+    where = label or ("the image bytes" if isinstance(source, bytes) else str(source))
+    try:
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
+            return to_patches(image, cfg)
+    except OSError as exc:            # Pillow's UnidentifiedImageError is one
+        raise ValueError(f"{where}: not a readable image ({exc})") from None
+
+
+def _pillow():
     try:
         from PIL import Image
     except ImportError:
-        raise RuntimeError("images need Pillow: pip install 'flash_planner[vision]' "
-                           "(or pillow)") from None
+        raise ValueError("images need Pillow: pip install 'flash_planner[vision]' "
+                         "(or pillow)") from None
+    return Image
 
+
+def to_patches(image, cfg: ImageConfig) -> ImagePatches:
+    """A Pillow image, or an RGB uint8 array [H, W, 3], -> its patches and grid."""
+    Image = _pillow()
     if isinstance(image, np.ndarray):
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
             raise ValueError(f"an image array must be uint8 [H, W, 3] (RGB), got "

@@ -23,9 +23,9 @@ from .mrope import ImageSpan, PromptImages, expand_image_tokens, image_spans, pr
 
 
 class VisionInput:
-    def __init__(self, path: Path, image_token_id: int, dtype: torch.dtype,
+    def __init__(self, path: Path, raw: dict, image_token_id: int, dtype: torch.dtype,
                  device: torch.device, image_config: ImageConfig, cache_entries: int = 16):
-        self.path = path
+        self.path, self.raw = path, raw          # the checkpoint's directory and config.json
         self.image_token_id = image_token_id
         self.dtype, self.device = dtype, device
         self.cache_entries = cache_entries
@@ -41,7 +41,8 @@ class VisionInput:
             if self._tower is None:
                 from .checkpoint import load_vision_tower
 
-                self._tower = load_vision_tower(self.path, self.dtype, self.device)
+                self._tower = load_vision_tower(self.path, self.dtype, self.device,
+                                                self.raw)
             return self._tower
 
     @property
@@ -91,18 +92,12 @@ class VisionInput:
         return PromptImages(rows.to(self.device), embeddings, positions.to(self.device), shift)
 
 
-def vision_input(path: Path, dtype: torch.dtype, device: torch.device) -> VisionInput | None:
-    """The engine's `VisionInput` when the checkpoint at `path` has a vision tower."""
-    import json
-
-    try:
-        raw = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return None                     # loading the target has already said what is wrong
-    if not isinstance(raw, dict) or raw.get("vision_config") is None:
-        return None
+def vision_input(path: Path, raw: dict, dtype: torch.dtype, device: torch.device
+                 ) -> VisionInput | None:
+    """The engine's `VisionInput` when the checkpoint at `path` (its config.json `raw`) has a
+    vision tower."""
     token = raw.get("image_token_id")
-    vision = raw["vision_config"]
+    vision = raw.get("vision_config")
     if not isinstance(token, int) or not isinstance(vision, dict):
         return None                     # a tower without an image token: no way to place it
     # the tower's own patch layout, where the processor's file leaves it out
@@ -110,4 +105,4 @@ def vision_input(path: Path, dtype: torch.dtype, device: torch.device) -> Vision
                                                  ("merge_size", "spatial_merge_size"),
                                                  ("temporal_patch_size", "temporal_patch_size"))
              if isinstance(vision.get(name), int)}
-    return VisionInput(path, token, dtype, device, ImageConfig.load(path, **tower))
+    return VisionInput(path, raw, token, dtype, device, ImageConfig.load(path, **tower))

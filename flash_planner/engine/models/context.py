@@ -50,8 +50,9 @@ class ForwardContext:
             cos, sin = mrope_cos_sin(rope_positions[:, None].to(device), rope.rotary_dim,
                                      rope.theta, rope.mrope_section, dtype)
         else:
-            shift = state.rope_shift
+            shift = state.rope_shift         # one per slot of a batch; 0 without images
             if isinstance(shift, list):
-                shift = torch.tensor(shift, device=device)[:, None]
-            cos, sin = rope_cos_sin(positions + shift, rope.rotary_dim, rope.theta, dtype)
+                shift = torch.tensor(shift, device=device)[:, None] if any(shift) else 0
+            turned = positions + shift if not isinstance(shift, int) or shift else positions
+            cos, sin = rope_cos_sin(turned, rope.rotary_dim, rope.theta, dtype)
         return cls(state, positions, cos, sin, record_steps, mask, length)
