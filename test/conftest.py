@@ -111,3 +111,12 @@ def make_engine():
         return Engine.load(EngineConfig(**settings))
 
     return make
+
+@pytest.fixture(scope="session")
+def vl_chat_dir(checkpoints, tmp_path_factory):
+    """A tiny vision-language checkpoint a planner can chat with (vision_chat.py): the chat
+    template renders image parts, the tower's weights are widened."""
+    from vision_chat import vision_chat_copy
+
+    return vision_chat_copy(checkpoints("hybrid_vl"), tmp_path_factory.mktemp("vl_chat"),
+                            widen=True)[0]

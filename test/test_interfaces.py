@@ -43,6 +43,10 @@ TELEMETRY = [
     ("bool", "prefix_hit"),
     ("int32", "prefix_tokens"),
     ("float64", "prefix_restore_ms"),
+    ("int32", "images"),
+    ("int32", "image_tokens"),
+    ("float64", "vision_ms"),
+    ("float64", "image_age_ms"),
     ("string", "finish_reason"),
 ]
 PLAN = {
@@ -50,6 +54,7 @@ PLAN = {
         ("string", "task"),
         ("string", "context"),
         ("string[]", "scene"),
+        ("sensor_msgs/Image[]", "images"),
         ("int32", "max_new_tokens"),
         ("bool", "enable_thinking"),
         ("string", "sampling"),
@@ -147,8 +152,9 @@ def test_cmakelists_generates_exactly_the_interface_files():
         "find_package(ament_cmake REQUIRED)",
         "find_package(rosidl_default_generators REQUIRED)",
         "find_package(builtin_interfaces REQUIRED)",
+        "find_package(sensor_msgs REQUIRED)",
         "rosidl_generate_interfaces(${PROJECT_NAME}",
-        "DEPENDENCIES builtin_interfaces",
+        "DEPENDENCIES builtin_interfaces sensor_msgs",
         "ament_export_dependencies(rosidl_default_runtime)",
         "ament_package()",
     ):
@@ -205,7 +211,7 @@ def test_package_xml_declares_an_interface_package():
     assert pkg["build_type"] == "ament_cmake"
     assert pkg["groups"] == ["rosidl_interface_packages"]
     assert pkg["buildtool_depend"] == ["ament_cmake", "rosidl_default_generators"]
-    assert pkg["depend"] == ["builtin_interfaces"]
+    assert pkg["depend"] == ["builtin_interfaces", "sensor_msgs"]
     assert "rosidl_default_runtime" in pkg["exec_depend"]
     assert "ament_lint_auto" in pkg["test_depend"]
     # The Python package depends on it at run time.

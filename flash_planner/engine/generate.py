@@ -116,13 +116,22 @@ def start(engine: Engine, state: InferenceState, prompt: Sequence[int] | str | l
     if constraint is not None and settings.ignore_eos:
         raise ValueError("ignore_eos cannot be combined with a grammar constraint: the "
                          "grammar ends the answer with EOS")
-    prompt_images = engine.vision.prompt(ids, images) if images else None
+    prompt_images, hits, t_vision = None, 0, now_ms()
+    if images:
+        hits = engine.vision.hits
+        prompt_images = engine.vision.prompt(ids, images)
+    vision_ms = now_ms() - t_vision
     policy = policy or make_policy(engine, settings)
     policy.reset(ids)
     if constraint is not None:
         constraint.reset(ids)
-    return Decoding(engine, state, ids, settings, on_token, cancel, proposer, policy,
-                    constraint, prefix, t0, deadline, prompt_images)
+    decoding = Decoding(engine, state, ids, settings, on_token, cancel, proposer, policy,
+                        constraint, prefix, t0, deadline, prompt_images)
+    if images:
+        stats = decoding.stats
+        stats.images, stats.image_tokens = len(images), int(prompt_images.rows.numel())
+        stats.vision_ms, stats.image_cache_hits = vision_ms, engine.vision.hits - hits
+    return decoding
 
 
 def generate(engine: Engine, prompt: Sequence[int] | str | list[dict],

@@ -31,6 +31,9 @@ PREPROCESSOR_FILE = "preprocessor_config.json"
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 MAX_ASPECT = 200
+# the most pixels an image file may hold before it is decoded (a 4096 x 4096 frame);
+# front doors pass their own limit (planning/images.py)
+DECODE_PIXELS = 4096 * 4096
 
 
 @dataclass(frozen=True)
@@ -129,19 +132,36 @@ class ImagePatches:
         return t * h * w // self.merge_unit
 
 
-def read_image(source: str | Path | bytes, cfg: ImageConfig, label: str | None = None
-               ) -> ImagePatches:
+def read_image(source: str | Path | bytes, cfg: ImageConfig, label: str | None = None,
+               max_pixels: int = DECODE_PIXELS) -> ImagePatches:
     """An image file (or its bytes: PNG, JPEG, ...) -> its patches; a ValueError naming the
-    source (or `label`, e.g. the flag that gave it) when it is not a readable image."""
+    source (or `label`, e.g. the flag that gave it) when it is not a readable image or holds
+    more than `max_pixels` (checked from its header, before anything is decoded)."""
     import io
+    import warnings
 
     Image = _pillow()
     where = label or ("the image bytes" if isinstance(source, bytes) else str(source))
     try:
-        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
+        with warnings.catch_warnings():       # Pillow's bomb warning: `max_pixels` decides
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            opened = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
+        with opened as image:
+            if image.width * image.height > max_pixels:
+                raise ValueError(f"{where}: the image is {image.width} x {image.height} "
+                                 f"pixels, the limit is {max_pixels} pixels")
             return to_patches(image, cfg)
-    except OSError as exc:            # Pillow's UnidentifiedImageError is one
+    except Image.UnidentifiedImageError:   # an OSError whose text names a BytesIO
+        raise ValueError(f"{where}: not a readable image (no format Pillow reads, or a "
+                         "header it refuses, e.g. 0 x 0 pixels)") from None
+    except OSError as exc:                 # truncated, corrupt
         raise ValueError(f"{where}: not a readable image ({exc})") from None
+    except Image.DecompressionBombError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    except ValueError as exc:
+        message = str(exc)
+        raise ValueError(message if message.startswith(where) else f"{where}: {message}"
+                         ) from None
 
 
 def _pillow():

@@ -107,6 +107,12 @@ class GenerationStats:
     grammar_cut_drafts: int | None = None
     thinking_budget_hit: bool | None = None
     seed: int | None = None         # sampled requests: the seed that reproduces them
+    # a vision-language target's images: how many, their tokens in the prompt, the vision
+    # tower's time for them (part of the prefill and TTFT), how many came from its cache
+    images: int = 0
+    image_tokens: int = 0
+    vision_ms: float = 0.0
+    image_cache_hits: int = 0
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -171,6 +177,10 @@ class GenerationStats:
                 "seed": self.seed,
                 "acceptance_rate": round(self.accepted / self.drafted, 4)
                 if self.drafted else 0.0}),
+            **({} if not self.images else {
+                "images": self.images, "image_tokens": self.image_tokens,
+                "vision_ms": round(self.vision_ms, 3),
+                "image_cache_hits": self.image_cache_hits}),
             "constrained": self.forced_tokens is not None,
             **({} if self.forced_tokens is None else {
                 "forced_tokens": self.forced_tokens,

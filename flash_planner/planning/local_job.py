@@ -76,7 +76,8 @@ def completion_job(ticket) -> LocalJob:
     telemetry = {"queue_wait_ms": round((time.monotonic() - ticket.submitted) * 1000, 3)}
     work = BatchRequest(job.prompt, job.settings, on_token=job.on_token,
                         cancel=ticket.cancel_token,
-                        constraint=job.constraint() if job.constraint else None)
+                        constraint=job.constraint() if job.constraint else None,
+                        images=job.images)
 
     def read(out: GenerationResult) -> PlanResult:
         telemetry.update(out.stats.as_dict())
@@ -100,8 +101,10 @@ def plan_job(service, ticket, words: RequestWords, telemetry: dict,
     try:
         ids, prefix = service.prompt(request.task, request.context,
                                      service.thinking(request), request.scene,
-                                     service.effort(request))
-        service.engine.check_fits(len(ids), max_new)
+                                     service.effort(request), len(request.images))
+        # each image's one token becomes its tokens (the engine expands them)
+        service.engine.check_fits(
+            len(ids) + sum(image.tokens - 1 for image in request.images), max_new)
         constraint = None
         if service.grammar is not None:
             budget = max(0, max_new - config.answer_reserve)
@@ -116,7 +119,7 @@ def plan_job(service, ticket, words: RequestWords, telemetry: dict,
     # first_step_ms counts from here, as the engine's clock does
     listener = Listener(ticket, StepStream(service.catalog, words))
     work = BatchRequest(ids, settings, on_token=listener, cancel=ticket.cancel_token,
-                        constraint=constraint, prefix=prefix)
+                        constraint=constraint, prefix=prefix, images=request.images)
 
     def read(out: GenerationResult) -> PlanResult:
         telemetry.update(out.stats.as_dict())

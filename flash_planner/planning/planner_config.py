@@ -9,6 +9,7 @@ from typing import Any
 from ..engine.chat import check_reasoning_effort
 from ..engine.grammar import MAX_STRING_TOKENS
 from ..engine.sampling import Sampling, resolve_sampling
+from .images import ImageLimits
 from .remote import BACKENDS, RemoteConfig
 from .request import MAX_CONTEXT_CHARS, MAX_TASK_CHARS
 
@@ -21,6 +22,8 @@ class PlannerConfig:
     policy: str = "queue"
     max_task_chars: int = MAX_TASK_CHARS
     max_context_chars: int = MAX_CONTEXT_CHARS
+    # a request's images: how many, how large as sent, whether URLs are fetched
+    images: ImageLimits = ImageLimits()
     max_new_tokens: int = 512
     enable_thinking: bool = True
     # passed to chat templates that take it (Qwen3.8's: xhigh, medium, low) unless a request

@@ -34,7 +34,12 @@ def user_prompt(task: str, context: str = "", scene=()) -> str:
 
 
 def build_messages(catalog: SkillCatalog, task: str, context: str = "",
-                   refusal_hint: bool = False, scene=()) -> list[dict]:
-    """Chat messages for the tokenizer's template (thinking on/off is the template's flag)."""
+                   refusal_hint: bool = False, scene=(), images: int = 0) -> list[dict]:
+    """Chat messages for the tokenizer's template (thinking on/off is the template's flag);
+    `images` image parts open the user's message, before the task, so that the system
+    prompt stays the fixed prefix."""
+    text = user_prompt(task, context, scene)
+    user = text if not images else (
+        [{"type": "image"}] * images + [{"type": "text", "text": text}])
     return [{"role": "system", "content": system_prompt(catalog, refusal_hint)},
-            {"role": "user", "content": user_prompt(task, context, scene)}]
+            {"role": "user", "content": user}]

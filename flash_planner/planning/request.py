@@ -21,8 +21,8 @@ MAX_CONTEXT_CHARS = 4000
 MAX_SCENE_NAMES = 256
 MAX_SCENE_ENTRY_CHARS = 120
 
-REQUEST_FIELDS = ("id", "task", "context", "scene", "max_new_tokens", "enable_thinking",
-                  "deadline_s", "speculative", "method", "sampling", "seed",
+REQUEST_FIELDS = ("id", "task", "context", "scene", "images", "max_new_tokens",
+                  "enable_thinking", "deadline_s", "speculative", "method", "sampling", "seed",
                   "reasoning_effort")
 
 
@@ -110,6 +110,10 @@ class PlanRequest:
     # the scene's objects and places (perception): names, each optionally with short forms
     # after `|`; what `grounded: scene` arguments are taken from
     scene: tuple[str, ...] = ()
+    # camera images for a vision-language target, shown before the task: as a front door
+    # received them (planning/images.ImageSource, encoded bytes, data URLs, RGB arrays);
+    # once the service has checked them, their patches (engine/images.ImagePatches)
+    images: tuple[Any, ...] = ()
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     max_new_tokens: int | None = None      # None: the service's default
     enable_thinking: bool | None = None    # None: the service's default
@@ -178,7 +182,7 @@ class PlanRequest:
     @classmethod
     def from_text(cls, text: str | bytes) -> PlanRequest:
         """A `~/task` message: plain task text, or a JSON object {"id", "task", "context",
-        "scene", ...} (`REQUEST_FIELDS`)."""
+        "scene", "images" (data URLs), ...} (`REQUEST_FIELDS`)."""
         if isinstance(text, bytes):
             text = _check_text(text, "message", len(text) + 1, required=False)
         if text.lstrip().startswith("{"):

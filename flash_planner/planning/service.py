@@ -41,9 +41,11 @@ from ..engine.chat import (
 from ..engine.engine import Engine
 from ..engine.generate import CancelToken, GenerationSettings
 from ..engine.grammar import JsonGrammarCompiler
+from ..engine.images import ImagePatches
 from ..engine.sampling import Sampling, resolve_sampling
 from .feedback import FeedbackCallback, Listener, PlanFeedback
 from .grounding import RequestWords
+from .images import oldest_ms, request_images
 from .local_job import LocalJob, completion_job, failed, plan_job
 from .parse import PlanError, PlanRefused, parse_plan
 from .plan_grammar import PlanGrammar, answer_schema
@@ -74,6 +76,7 @@ class Completion:
     settings: GenerationSettings
     constraint: Callable[[], Any] | None = None
     on_token: Callable[[list[int], str], None] | None = None
+    images: tuple[ImagePatches, ...] = ()      # one per image part of the messages
 
 
 class PlanTicket:
@@ -88,6 +91,7 @@ class PlanTicket:
         self.submitted = time.monotonic()
         self.cancel_reason = "cancelled"
         self.invalid_field: str | None = None   # the field that made submit refuse it
+        self.image_age_ms: float | None = None  # its camera frame's age when submitted
         self._done = threading.Event()
         self._result: PlanResult | None = None
         # in flight: the engine's future and how to read it, or a remote attempt's
@@ -167,15 +171,28 @@ class PlannerService:
         return warm_up(self)
 
     def prompt(self, task: str, context: str, thinking: bool, scene=(),
-               reasoning_effort: str | None = None) -> tuple[list[int], list[int]]:
+               reasoning_effort: str | None = None, images: int = 0
+               ) -> tuple[list[int], list[int]]:
         """The request's prompt ids and its fixed prefix: every id before the task's message
         (the system prompt with the catalog), a token boundary by construction.
-        `reasoning_effort` goes to the chat template (None: the template's default)."""
-        messages = build_messages(self.catalog, task, context, self.config.refusal_hint,
-                                  scene)
-        ids, starts = encode_chat_parts(self.engine.tokenizer, messages, thinking,
-                                        {"reasoning_effort": reasoning_effort})
-        return ids, ids[:starts[-1]]
+        `reasoning_effort` goes to the chat template (None: the template's default);
+        `images` image parts open the task's message (one image token each, expanded by
+        the engine)."""
+        def encode(images: int) -> tuple[list[int], list[int]]:
+            messages = build_messages(self.catalog, task, context, self.config.refusal_hint,
+                                      scene, images)
+            ids, starts = encode_chat_parts(self.engine.tokenizer, messages, thinking,
+                                            {"reasoning_effort": reasoning_effort})
+            return ids, ids[:starts[-1]]
+
+        ids, prefix = encode(images)
+        if images:   # the prefix ends where the task's message begins, before its images:
+            # the ids the text-only prompt's prefix shares (one cached prefix for both)
+            text_prefix = encode(0)[1]
+            n = next((i for i, (a, b) in enumerate(zip(ids, text_prefix)) if a != b),
+                     min(len(ids), len(text_prefix)))
+            prefix = ids[:n]
+        return ids, prefix
 
     def _grammar_state(self) -> str:
         if self.grammar is None:
@@ -259,6 +276,9 @@ class PlannerService:
                                                        self.config.max_context_chars)
             ticket.request = request = replace(request, sampling=self._sampling(request))
             self._check_effort(request)
+            if request.images:
+                ticket.image_age_ms = oldest_ms(request.images)
+                ticket.request = request = replace(request, images=self._images(request))
         except RequestError as exc:
             ticket.invalid_field = exc.field
             self._finish(ticket, failed(request, f"invalid request: {exc}", rejected=True))
@@ -279,6 +299,14 @@ class PlannerService:
         if reason is not None:
             self._finish(ticket, failed(request, reason))
         return ticket
+
+    def _images(self, request: PlanRequest) -> tuple[ImagePatches, ...]:
+        """The request's images as the engine's patches, or RequestError naming the field."""
+        if self.config.backend == "remote":
+            raise RequestError("images: the remote backend (planner.backend remote) does "
+                               "not take images; plan them with backend local or "
+                               "remote_or_local", "images")
+        return request_images(request.images, self.engine, self.config.images)
 
     def _admission(self, request: PlanRequest, preempted: list[PlanTicket]) -> str | None:
         """Why the request cannot be queued now (None: it can). Called under the lock."""
@@ -395,12 +423,15 @@ class PlannerService:
         request = ticket.request
         waited = time.monotonic() - ticket.submitted
         telemetry = ticket.telemetry = {"queue_wait_ms": round(waited * 1000, 3)}
+        if ticket.image_age_ms is not None:
+            telemetry["image_age_ms"] = round(ticket.image_age_ms, 3)
         deadline = self._deadline(request)
         if deadline is not None and waited >= deadline:
             return self._resolve(ticket, failed(
                 request, f"deadline of {deadline} s passed while queued",
                 finish_reason="deadline", telemetry=telemetry))
-        if self.remote is not None and not ticket.remote_tried:
+        # a request with images plans here: the remote takes text only
+        if self.remote is not None and not ticket.remote_tried and not request.images:
             ticket.remote_tried, ticket.stage = True, "remote"
             ticket.future = Future()
             threading.Thread(target=self._remote_attempt, args=(ticket, deadline),

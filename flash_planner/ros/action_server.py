@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..planning.request import PlanResult
+from ..planning.request import PlanRequest, PlanResult, RequestError
 from ..planning.service import PlanFeedback, UnknownRequestError
 from . import convert
 
@@ -69,7 +69,9 @@ class FeedbackThrottle:
 class PlanActionServer:
     """Owns one rclpy ActionServer for Plan; `service()` gives the serving planner service."""
 
-    def __init__(self, node, service: Callable, name: str, feedback_period_s: float = 0.0):
+    def __init__(self, node, service: Callable, name: str, feedback_period_s: float = 0.0,
+                 with_frame: Callable[[PlanRequest], PlanRequest] = lambda r: r):
+        """`with_frame` adds the image topic's latest frame to a goal's request (node.py)."""
         from rclpy.action import ActionServer
         from rclpy.callback_groups import ReentrantCallbackGroup
 
@@ -77,6 +79,7 @@ class PlanActionServer:
 
         self._node, self._service, self._type = node, service, Plan
         self._feedback_period_s = feedback_period_s
+        self._with_frame = with_frame
         self._idle = threading.Condition()  # guards the three fields below
         self._running = 0
         self._submitted: dict[str, object] = {}     # request id -> the service it went to
@@ -136,11 +139,15 @@ class PlanActionServer:
         if early:  # cancelled before execution began
             return PlanResult(request_id, goal_handle.request.task, False,
                               error="cancelled before it started", finish_reason="cancelled")
-        request = convert.goal_to_request(goal_handle.request, request_id)
         try:
             service = self._service()
+            request = self._with_frame(convert.goal_to_request(goal_handle.request,
+                                                               request_id))
         except convert.NotServing as exc:
-            return convert.refused(str(exc), request.task, request_id)
+            return convert.refused(str(exc), goal_handle.request.task, request_id)
+        except RequestError as exc:        # an image that cannot be read, no usable frame
+            return convert.refused(f"invalid request: {exc}", goal_handle.request.task,
+                                   request_id)
         feedback = FeedbackThrottle(lambda fb: self._feedback(goal_handle, fb),
                                     self._feedback_period_s)
         ticket = service.submit(request, feedback.put)

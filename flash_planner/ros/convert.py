@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from ..planning.request import PlanRequest, PlanResult
+import numpy as np
+
+from ..planning.request import PlanRequest, PlanResult, RequestError
 
 if TYPE_CHECKING:  # the service module pulls in the engine (torch); only its type is needed
     from ..planning.service import PlanFeedback
@@ -34,7 +36,14 @@ TELEMETRY_MAP: dict[str, tuple[str, type]] = {
     "prefix_hit": ("prefix_hit", bool),
     "prefix_tokens": ("prefix_tokens", int),
     "prefix_restore_ms": ("prefix_restore_ms", float),
+    "images": ("images", int),
+    "image_tokens": ("image_tokens", int),
+    "vision_ms": ("vision_ms", float),
 }
+# sensor_msgs/Image encodings a goal or the image topic may use: channels, and where R, G
+# and B are among them
+ENCODINGS = {"rgb8": (3, [0, 1, 2]), "bgr8": (3, [2, 1, 0]), "rgba8": (4, [0, 1, 2]),
+             "bgra8": (4, [2, 1, 0]), "mono8": (1, [0, 0, 0])}
 PHASE_FIELDS = {"draft_ms_per_cycle": "draft", "verify_ms_per_cycle": "verify"}
 TERMINAL = ("succeed", "canceled", "abort")  # ServerGoalHandle method names
 
@@ -56,11 +65,38 @@ def goal_request_id(uuid: Any) -> str:
     return bytes(bytearray(int(b) for b in uuid)).hex()
 
 
+def image_pixels(msg: Any, where: str) -> np.ndarray:
+    """A sensor_msgs/Image as RGB pixels uint8 [H, W, 3], or RequestError naming `where`
+    and what is wrong (encoding, size, row step, data length)."""
+    encoding = str(msg.encoding)
+    if encoding.lower() not in ENCODINGS:
+        raise RequestError(f"{where}.encoding {encoding!r} is not supported; send one of "
+                           f"{', '.join(ENCODINGS)}", where)
+    channels, rgb = ENCODINGS[encoding.lower()]
+    height, width, step = int(msg.height), int(msg.width), int(msg.step)
+    if height < 1 or width < 1:
+        raise RequestError(f"{where} is {width} x {height} pixels: nothing to see", where)
+    if step < width * channels:
+        raise RequestError(f"{where}.step {step} is shorter than a row of {width} {encoding} "
+                           f"pixels ({width * channels} bytes)", where)
+    data = np.frombuffer(msg.data, np.uint8)
+    if data.size < step * height:
+        raise RequestError(f"{where}.data holds {data.size} bytes, {height} rows of {step} "
+                           f"need {step * height}", where)
+    rows = data[:step * height].reshape(height, step)[:, :width * channels]
+    return np.ascontiguousarray(rows.reshape(height, width, channels)[:, :, rgb])
+
+
 def goal_to_request(goal: Any, request_id: str) -> PlanRequest:
-    """A Plan goal (task, context, scene, max_new_tokens, enable_thinking, sampling, seed) as a
-    PlanRequest; "" and 0 mean the node's defaults."""
+    """A Plan goal (task, context, scene, images, max_new_tokens, enable_thinking, sampling,
+    seed) as a PlanRequest; "" and 0 mean the node's defaults. RequestError names an image
+    that cannot be read."""
+    from ..planning.images import ImageSource
+
+    images = tuple(ImageSource(image_pixels(m, f"goal.images[{i}]"), f"goal.images[{i}]")
+                   for i, m in enumerate(goal.images))
     return PlanRequest(task=goal.task, context=goal.context, scene=tuple(goal.scene),
-                       id=request_id,
+                       images=images, id=request_id,
                        max_new_tokens=int(goal.max_new_tokens) or None,
                        enable_thinking=bool(goal.enable_thinking),
                        sampling=str(goal.sampling) or None, seed=int(goal.seed) or None)
@@ -75,6 +111,7 @@ def telemetry_fields(telemetry: dict[str, Any], finish_reason: str = "") -> dict
     phases = telemetry.get("phase_ms_per_cycle") or {}
     for field, phase in PHASE_FIELDS.items():
         out[field] = float(phases.get(phase, 0.0))
+    out["image_age_ms"] = float(telemetry.get("image_age_ms", -1.0))
     out["finish_reason"] = str(finish_reason)
     return out
 

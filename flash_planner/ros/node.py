@@ -1,12 +1,13 @@
 """Entry point of ``planner_node``: the ``flash_planner`` lifecycle node.
 
-Created: parameters, ``~/task``, ``~/plan`` (topic and action), ``~/telemetry`` and
-/diagnostics, which exist in every lifecycle state (a request while not active is refused
-with the reason; a failed model load reads as ERROR on /diagnostics). configure: parameters
--> configs, load the engine and skill catalog, build the planner service, warm up. activate:
-start serving. deactivate: stop serving (running and queued requests end with the reason);
-cleanup frees the model; shutdown does both. rclpy is imported inside `planner_node_class`
-and `main` only: this module imports without ROS 2.
+Created: parameters, ``~/task``, ``~/plan`` (topic and action), ``~/telemetry``,
+/diagnostics and the image topic's subscription (``planner.image_topic``), which exist in
+every lifecycle state (a request while not active is refused with the reason; a failed model
+load reads as ERROR on /diagnostics). configure: parameters -> configs, load the engine and
+skill catalog, build the planner service, warm up. activate: start serving. deactivate: stop
+serving (running and queued requests end with the reason); cleanup frees the model; shutdown
+does both. rclpy is imported inside `planner_node_class` and `main` only: this module imports
+without ROS 2.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def planner_node_class():
 
     from . import convert, params
     from .action_server import PlanActionServer
+    from .camera import LatestFrame
     from .diagnostics import (
         BatchRate,
         Budgets,
@@ -91,10 +93,14 @@ def planner_node_class():
             self._diagnostics = DiagnosticsPublisher(
                 self, self._diagnose, values["diagnostics.period_s"],
                 values["diagnostics.hardware_id"] or socket.gethostname())
-            self._topics = PlanTopics(self, self._service, depths, self._on_result)
+            self._camera = (LatestFrame(self, values["planner.image_topic"],
+                                        values["planner.image_max_age_s"])
+                            if values["planner.image_topic"] else None)
+            self._topics = PlanTopics(self, self._service, depths, self._on_result,
+                                      self._with_frame)
             self._action = PlanActionServer(
                 self, self._service, f"{self.get_fully_qualified_name()}/plan",
-                values["planner.feedback_period_ms"] / 1000.0)
+                values["planner.feedback_period_ms"] / 1000.0, self._with_frame)
             self._autostart_timer = None
             if values["autostart"]:
                 self._autostart_timer = self.create_timer(
@@ -113,6 +119,10 @@ def planner_node_class():
                 raise convert.NotServing(convert.not_serving_reason(
                     self._phase, self.get_fully_qualified_name()))
             return planner
+
+        def _with_frame(self, request):
+            """`request` with the image topic's latest frame (RequestError: none usable)."""
+            return request if self._camera is None else self._camera.attach(request)
 
         def on_configure(self, state):
             self._phase = "configuring"
@@ -205,6 +215,8 @@ def planner_node_class():
             self.stop_planner()
             self._action.close()
             self._topics.close()
+            if self._camera is not None:
+                self._camera.close()
             self._diagnostics.close()
             super().destroy_node()
 

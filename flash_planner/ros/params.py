@@ -129,6 +129,18 @@ PARAMS: tuple[Param, ...] = (
     _p("planner.max_task_chars", 2000, "Longest task text accepted.", range=(1, 1_000_000)),
     _p("planner.max_context_chars", 4000, "Longest context text accepted.",
        range=(1, 1_000_000)),
+    _p("planner.image_topic", "", "A sensor_msgs/Image topic (a camera) whose latest frame "
+       "is attached to every request, after a goal's own images; '' = none."),
+    _p("planner.image_max_age_s", 2.0, "The image topic's frame may be at most this old when "
+       "a request arrives (else the request is refused, naming its age); 0 = any age.",
+       range=(0.0, 3600.0)),
+    _p("planner.max_images", 4, "Images per request at most (a goal's and the topic's).",
+       range=(1, 64)),
+    _p("planner.max_image_pixels", 4096 * 4096, "Pixels of one image as sent at most "
+       "(checked before it is decoded; the model sees it resized to its own budget).",
+       range=(1, 1 << 30)),
+    _p("planner.max_image_bytes", 8 << 20, "Bytes of one encoded image (PNG, JPEG) at most.",
+       range=(1, 1 << 30)),
     _p("planner.queue_policy", "queue", "While busy: queue, preempt the running request, or "
        "reject.", choices=("queue", "preempt", "reject")),
     _p("planner.queue_depth", 4, "Requests waiting at most; more are rejected.",
@@ -242,6 +254,7 @@ def build_configs(values: dict[str, Any]):
 
     Zero / "auto" values defer to the model preset. Raises ValueError naming the parameter.
     """
+    from ..planning.images import ImageLimits
     from ..planning.presets import default_skills_path
     from ..planning.request import sampling_spec
     from ..planning.service import PlannerConfig
@@ -278,6 +291,9 @@ def build_configs(values: dict[str, Any]):
         queue_depth=v["planner.queue_depth"], policy=v["planner.queue_policy"],
         max_task_chars=v["planner.max_task_chars"],
         max_context_chars=v["planner.max_context_chars"],
+        images=ImageLimits(max_images=v["planner.max_images"],
+                           max_pixels=v["planner.max_image_pixels"],
+                           max_bytes=v["planner.max_image_bytes"]),
         max_new_tokens=v["planner.max_new_tokens"], enable_thinking=v["planner.enable_thinking"],
         reasoning_effort=v["planner.reasoning_effort"] or preset.reasoning_effort,
         constrain=v["planner.constrain"], answer_reserve=v["planner.answer_reserve"],

@@ -21,7 +21,9 @@ class PlanTopics:
     """Publishers and the subscription of the node; `service()` gives the serving planner."""
 
     def __init__(self, node, service: Callable, depths: dict[str, int],
-                 on_result: Callable[[PlanResult], None]):
+                 on_result: Callable[[PlanResult], None],
+                 with_frame: Callable[[PlanRequest], PlanRequest] = lambda r: r):
+        """`with_frame` adds the image topic's latest frame to a request (node.py)."""
         from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
         from std_msgs.msg import String
 
@@ -31,6 +33,7 @@ class PlanTopics:
             return QoSProfile(depth=depth, reliability=ReliabilityPolicy.RELIABLE, **kw)
 
         self._node, self._service, self._on_result = node, service, on_result
+        self._with_frame = with_frame
         self._string, self._telemetry_type = String, PlanTelemetry
         self._lock = threading.Lock()
         self._plan = node.create_publisher(
@@ -45,6 +48,7 @@ class PlanTopics:
         try:
             request = PlanRequest.from_text(msg.data)
             service = self._service()
+            request = self._with_frame(request)
         except RequestError as exc:
             self._node.get_logger().warning(f"ignored a ~/task message: {exc}")
             self._on_result(convert.rejected_task(str(exc), msg.data))

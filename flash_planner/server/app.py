@@ -36,6 +36,7 @@ from starlette.exceptions import HTTPException
 from ..engine.chat import TemplateError, check_template_vars
 from ..engine.generate import GenerationSettings
 from ..engine.grammar import GrammarError, JsonGrammarCompiler
+from ..planning.images import request_images
 from ..planning.request import PlanRequest, PlanResult, RequestError
 from ..planning.service import Completion, PlannerService
 from ..planning.warmup import WarmUpError
@@ -48,6 +49,7 @@ from .openai_api import (
     chunk_body,
     completion_body,
     parse_chat,
+    text_chars,
 )
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ SCHEMA_ANSWER_RESERVE = 160
 class ServerState:
     model_name: str
     api_key: str | None = None
-    max_body_bytes: int = 1 << 20
+    max_body_bytes: int = 16 << 20       # images come as data URLs inside bodies
     max_prompt_chars: int = 32_000
     default_max_tokens: int = 512
     service: PlannerService | None = None
@@ -218,7 +220,7 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
         body = await body_of(request)
         service = state.ready()
         chat = parse_chat(body, state.model_name)
-        chars = sum(len(m["content"]) for m in chat.messages)
+        chars = text_chars(chat.messages)
         if chars > state.max_prompt_chars:
             raise ApiError(413, f"the prompt is {chars} characters, the limit is "
                            f"{state.max_prompt_chars}", param="messages",
@@ -226,10 +228,15 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
         if chat.reasoning_effort is not None:
             _check_effort(service, chat)
         grammar = state.grammar(chat.schema) if chat.schema is not None else None
+        try:
+            images = request_images(chat.images, service.engine, service.config.images) \
+                if chat.images else ()
+        except RequestError as exc:
+            raise bad(str(exc), exc.field) from None
         cid = "chatcmpl-" + uuid.uuid4().hex[:24]
         if chat.stream:
-            return await _chat_stream(service, chat, cid, grammar)
-        ticket = service.submit_completion(cid, _completion(chat, grammar))
+            return await _chat_stream(service, chat, cid, grammar, images)
+        ticket = service.submit_completion(cid, _completion(chat, grammar, images))
         result = await asyncio.to_thread(ticket.result)
         _check_ran(result, ticket)
         metrics.observe("/v1/chat/completions", 200, result.telemetry)
@@ -247,7 +254,7 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
             raise bad(f"reasoning_effort {chat.reasoning_effort!r}: {exc}",
                       "reasoning_effort") from None
 
-    def _completion(chat: ChatRequest, grammar, on_token=None) -> Completion:
+    def _completion(chat: ChatRequest, grammar, images, on_token=None) -> Completion:
         max_new = chat.max_tokens or state.default_max_tokens
         settings = GenerationSettings(
             max_new_tokens=max_new, stop_strings=chat.stop, enable_thinking=chat.enable_thinking,
@@ -257,7 +264,7 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
         if grammar is not None:
             budget = max_new - min(SCHEMA_ANSWER_RESERVE, max_new // 2)
             constraint = functools.partial(grammar.constraint, think_budget=budget)
-        return Completion(chat.messages, settings, constraint, on_token)
+        return Completion(chat.messages, settings, constraint, on_token, images)
 
     def _check_ran(result: PlanResult, ticket) -> None:
         if result.success:
@@ -268,10 +275,11 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
             raise bad(result.error.removeprefix("cannot generate: "), "messages")
         raise ApiError(500, result.error, "server_error")
 
-    async def _chat_stream(service, chat: ChatRequest, cid: str, grammar):
+    async def _chat_stream(service, chat: ChatRequest, cid: str, grammar, images):
         relay = _Relay()
         ticket = service.submit_completion(
-            cid, _completion(chat, grammar, lambda ids, delta: relay.put("delta", delta)))
+            cid, _completion(chat, grammar, images,
+                             lambda ids, delta: relay.put("delta", delta)))
         if ticket.done():
             _check_ran(ticket.result(), ticket)
         relay.when_done(ticket)

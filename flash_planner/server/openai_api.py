@@ -2,12 +2,13 @@
 stream-chunk shapes, and errors in OpenAI's shape. No web framework here (app.py is the
 HTTP side), so every rule is testable as a function.
 
-Implemented: `model`, `messages` (system / user / assistant; content a string or text
-parts), `max_tokens` / `max_completion_tokens`, `stop`, `stream` (+ `stream_options.
-include_usage`), `seed`, `temperature`, `top_p`, `presence_penalty`, `frequency_penalty`,
-and, as vLLM accepts them, `top_k`, `min_p`, `repetition_penalty` and
-`chat_template_kwargs.enable_thinking`; `reasoning_effort` (top level, as OpenAI's API has
-it, or `chat_template_kwargs.reasoning_effort`): passed to a chat template that takes it
+Implemented: `model`, `messages` (system / user / assistant; content a string, or text
+and `image_url` parts: data URLs, http(s) only where the server allows them), `max_tokens` /
+`max_completion_tokens`, `stop`, `stream` (+ `stream_options.include_usage`), `seed`,
+`temperature`, `top_p`, `presence_penalty`, `frequency_penalty`, and, as vLLM accepts them,
+`top_k`, `min_p`, `repetition_penalty` and `chat_template_kwargs.enable_thinking`;
+`reasoning_effort` (top level, as OpenAI's API has it, or
+`chat_template_kwargs.reasoning_effort`): passed to a chat template that takes it
 (Qwen3.8's), a 400 naming it for one that does not (app.py); `response_format` text /
 json_object / json_schema (compiled by our grammar into the speculative loop). Refused with
 400 naming the field: `n` > 1, `tools` / `functions`, `logprobs`, `logit_bias` and any other
@@ -23,6 +24,7 @@ from typing import Any
 
 from ..engine.chat import check_reasoning_effort
 from ..engine.sampling import Sampling, SamplingParams
+from ..planning.images import ImageSource
 
 KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "stream",
          "stream_options", "seed", "temperature", "top_p", "top_k", "min_p",
@@ -57,7 +59,7 @@ def bad(message: str, param: str | None = None) -> ApiError:
 @dataclass(frozen=True)
 class ChatRequest:
     model: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     max_tokens: int | None
     stop: tuple[str, ...]
     stream: bool
@@ -66,20 +68,39 @@ class ChatRequest:
     schema: dict[str, Any] | None      # a JSON schema the answer must follow, or None
     enable_thinking: bool | None
     reasoning_effort: str | None = None    # for the chat template; None: its default
+    images: tuple[ImageSource, ...] = ()   # the image_url parts' URLs, in order
 
 
-def _text(content: Any, where: str) -> str:
+def _content(content: Any, where: str, images: list[ImageSource]) -> str | list[dict]:
+    """A message's content: its text, or its parts for the chat template (text parts, and
+    an image part for each `image_url` part, whose URL joins `images`)."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
-        parts = []
-        for i, part in enumerate(content):
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad(f"{where}[{i}]: only text content parts are supported",
-                          f"{where}[{i}]")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise bad(f"{where} must be a string or a list of text parts", where)
+    if not isinstance(content, list) or not all(isinstance(p, dict) for p in content):
+        raise bad(f"{where} must be a string or a list of content parts", where)
+    parts: list[dict] = []
+    for i, part in enumerate(content):
+        at = f"{where}[{i}]"
+        if part.get("type") == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif part.get("type") == "image_url":
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else None
+            if not isinstance(url, str):
+                raise bad(f"{at}.image_url.url must be a string (a data URL)", at)
+            images.append(ImageSource(url, f"{at}.image_url"))
+            parts.append({"type": "image"})
+        else:
+            raise bad(f"{at}: only text and image_url content parts are supported", at)
+    if not any(part["type"] == "image" for part in parts):
+        return "".join(part["text"] for part in parts)
+    return parts
+
+
+def text_chars(messages: list[dict]) -> int:
+    """The characters of the messages' text (image parts count none)."""
+    return sum(len(m["content"]) if isinstance(m["content"], str) else
+               sum(len(p.get("text", "")) for p in m["content"]) for m in messages)
 
 
 def _int(body: dict, name: str, low: int) -> int | None:
@@ -109,13 +130,13 @@ def parse_chat(body: Any, served_model: str) -> ChatRequest:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise bad("messages must be a non-empty list", "messages")
-    messages = []
+    messages, images = [], []
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise bad(f"messages[{i}].role must be one of {ROLES}", f"messages[{i}].role")
         role = "system" if m["role"] == "developer" else m["role"]
-        messages.append({"role": role, "content": _text(m.get("content"),
-                                                        f"messages[{i}].content")})
+        messages.append({"role": role, "content": _content(m.get("content"),
+                                                           f"messages[{i}].content", images)})
     if _int(body, "n", 1) not in (None, 1):
         raise bad("n must be 1: this server returns one choice", "n")
     max_tokens = _int(body, "max_completion_tokens", 1) or _int(body, "max_tokens", 1)
@@ -155,7 +176,7 @@ def parse_chat(body: Any, served_model: str) -> ChatRequest:
     return ChatRequest(model, messages, max_tokens, stops, stream,
                        bool(options.get("include_usage")), sampling,
                        _schema(body.get("response_format")), thinking,
-                       _reasoning_effort(body, kwargs))
+                       _reasoning_effort(body, kwargs), tuple(images))
 
 
 def _reasoning_effort(body: dict, kwargs: Any) -> str | None:

@@ -32,7 +32,7 @@ def wide_towers(checkpoints, tmp_path_factory):
     import json
     import shutil
 
-    from safetensors.torch import load_file, save_file
+    from vision_chat import widen_tower
 
     made = {}
 
@@ -43,12 +43,7 @@ def wide_towers(checkpoints, tmp_path_factory):
             for item in source.iterdir():
                 if item.is_file():
                     shutil.copy(item, path / item.name)
-            tensors = load_file(path / "model.safetensors")
-            gen = torch.Generator().manual_seed(1)
-            for name, t in tensors.items():
-                if name.startswith("model.visual."):
-                    tensors[name] = torch.randn(t.shape, generator=gen) * 0.2 + (t.dim() == 1)
-            save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+            widen_tower(path)
             config = json.loads((path / "config.json").read_text())
             config["image_token_id"] = IMAGE_TOKEN
             (path / "config.json").write_text(json.dumps(config))
@@ -305,38 +300,14 @@ def test_an_image_for_a_text_only_model_or_without_its_tokens_is_refused(
         generate(text_only, [1, 2, 3], GenerationSettings(4), images=images)
 
 
-VISION_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}"
-    "{{ m['content'] }}{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}"
-    "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ p['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
 @pytest.fixture(scope="module")
 def chat_vl(wide_towers, tmp_path_factory):
-    """The hybrid VL copy with a chat template that renders image parts as Qwen's vision
-    tokens (added to its tokenizer), its image token the added `<|image_pad|>`."""
-    import json
-    import shutil
-
-    from transformers import AutoTokenizer
+    """The hybrid VL copy (its tower widened) with a chat template that renders image parts
+    as Qwen's vision tokens, its image token the added `<|image_pad|>` (vision_chat.py)."""
+    from vision_chat import vision_chat_copy
 
     source, _ = wide_towers("hybrid_vl")
-    path = tmp_path_factory.mktemp("chat_vl")
-    for item in source.iterdir():
-        if item.is_file():
-            shutil.copy(item, path / item.name)
-    tok = AutoTokenizer.from_pretrained(path)
-    tok.add_special_tokens({"additional_special_tokens": [
-        "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]})
-    tok.chat_template = VISION_TEMPLATE
-    tok.save_pretrained(path)
-    config = json.loads((path / "config.json").read_text())
-    config["image_token_id"] = tok.convert_tokens_to_ids("<|image_pad|>")
-    assert config["image_token_id"] < config["text_config"]["vocab_size"]
-    (path / "config.json").write_text(json.dumps(config))
-    return path, config["image_token_id"]
+    return vision_chat_copy(source, tmp_path_factory.mktemp("chat_vl"))
 
 
 def test_chat_messages_with_image_parts_and_the_cli_equal_transformers(

@@ -28,6 +28,7 @@ FULL_TELEMETRY = {
     "phase_ms_per_cycle": {"draft": 1.25, "verify": 5.5, "accept": 0.1, "commit": 0.05,
                            "other": 0.4},
     "first_step_ms": 52.5, "prefix_hit": True, "prefix_tokens": 450, "prefix_restore_ms": 0.8,
+    "images": 2, "image_tokens": 96, "vision_ms": 41.5, "image_age_ms": 120.25,
 }
 
 
@@ -58,6 +59,8 @@ def test_telemetry_fields_cover_the_message():
     assert fields["request_id"] == "r1" and fields["total_latency_ms"] == 120.0
     assert fields["first_step_ms"] == 52.5 and fields["prefix_hit"] is True
     assert fields["prefix_tokens"] == 450 and fields["prefix_restore_ms"] == 0.8
+    assert (fields["images"], fields["image_tokens"]) == (2, 96)
+    assert (fields["vision_ms"], fields["image_age_ms"]) == (41.5, 120.25)
 
 
 def test_missing_telemetry_is_zero():
@@ -67,6 +70,7 @@ def test_missing_telemetry_is_zero():
     assert fields["cycles"] == 0 and fields["finish_reason"] == ""
     assert fields["draft_ms_per_cycle"] == 0.0
     assert fields["prefix_hit"] is False and fields["first_step_ms"] == 0.0
+    assert fields["images"] == 0 and fields["image_age_ms"] == -1.0    # no camera frame
 
 
 def test_result_fields_success_and_failure():
@@ -95,14 +99,15 @@ def test_feedback_fields():
 
 
 def test_goal_to_request_reads_every_goal_field():
-    assert {name for _, name in ACTION["goal"]} == {"task", "context", "scene",
+    assert {name for _, name in ACTION["goal"]} == {"task", "context", "scene", "images",
                                                     "max_new_tokens", "enable_thinking",
                                                     "sampling", "seed"}
     goal = SimpleNamespace(task="pick up the cup", context="cup on table", max_new_tokens=0,
-                           enable_thinking=False, sampling="", seed=0, scene=["red cup|cup"])
+                           enable_thinking=False, sampling="", seed=0, scene=["red cup|cup"],
+                           images=[])
     req = convert.goal_to_request(goal, "abc")
     assert (req.task, req.context, req.id) == ("pick up the cup", "cup on table", "abc")
-    assert req.scene == ("red cup|cup",)
+    assert req.scene == ("red cup|cup",) and req.images == ()
     assert req.max_new_tokens is None and req.enable_thinking is False
     assert req.sampling is None and req.seed is None            # the node's defaults
     goal.max_new_tokens, goal.enable_thinking = 64, True
@@ -114,6 +119,55 @@ def test_goal_to_request_reads_every_goal_field():
     goal.sampling = '{"temperature": 0.7'
     with pytest.raises(RequestError, match="sampling is not valid JSON"):
         convert.goal_to_request(goal, "abc").checked(100, 100)
+
+
+def _image_msg(pixels, encoding, pad=0, override=None):
+    """A sensor_msgs/Image's fields for RGB `pixels` [H, W, 3] in `encoding`, each row
+    padded by `pad` bytes."""
+    import numpy as np
+
+    channels = {"rgb8": pixels, "bgr8": pixels[:, :, ::-1],
+                "rgba8": np.concatenate([pixels, pixels[:, :, :1]], axis=2),
+                "bgra8": np.concatenate([pixels[:, :, ::-1], pixels[:, :, :1]], axis=2),
+                "mono8": pixels[:, :, :1]}[encoding]
+    h, w, c = channels.shape
+    rows = np.zeros((h, w * c + pad), np.uint8)
+    rows[:, :w * c] = channels.reshape(h, w * c)
+    fields = dict(height=h, width=w, encoding=encoding, step=w * c + pad,
+                  data=rows.tobytes())
+    return SimpleNamespace(**{**fields, **(override or {})})
+
+
+@pytest.mark.parametrize("encoding", list(convert.ENCODINGS))
+def test_a_camera_image_of_each_encoding_and_row_padding_becomes_its_rgb_pixels(encoding):
+    import numpy as np
+
+    rgb = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    want = rgb if encoding != "mono8" else np.repeat(rgb[:, :, :1], 3, axis=2)
+    for pad in (0, 3):
+        got = convert.image_pixels(_image_msg(rgb, encoding, pad), "goal.images[0]")
+        assert got.dtype == np.uint8 and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("override, match", [
+    ({"encoding": "yuv422"}, "goal.images\\[1\\].encoding 'yuv422' is not supported; "
+                             "send one of rgb8"),
+    ({"encoding": "16UC1"}, "encoding '16UC1' is not supported"),
+    ({"width": 0, "height": 0, "step": 0, "data": b""}, "is 0 x 0 pixels: nothing to see"),
+    ({"step": 20}, "step 20 is shorter than a row of 7 rgb8 pixels \\(21 bytes\\)"),
+    ({"data": bytes(50)}, "data holds 50 bytes, 5 rows of 21 need 105"),
+])
+def test_a_bad_camera_image_is_refused_naming_the_goal_field(override, match):
+    import numpy as np
+
+    msg = _image_msg(np.zeros((5, 7, 3), np.uint8), "rgb8", override=override)
+    with pytest.raises(RequestError, match=match) as caught:
+        convert.image_pixels(msg, "goal.images[1]")
+    assert caught.value.field == "goal.images[1]"
+    goal = SimpleNamespace(task="t", context="", max_new_tokens=0, enable_thinking=False,
+                           sampling="", seed=0, scene=[], images=[msg])
+    with pytest.raises(RequestError, match="goal.images\\[0\\]"):
+        convert.goal_to_request(goal, "abc")
 
 
 def test_goal_request_id_is_the_uuid_hex():
