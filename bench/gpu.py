@@ -35,6 +35,10 @@ Parts (each one table, all of them in one JSON file):
             and the fraction of the copy bandwidth the distinct chosen experts' bytes reach.
   profile   where a plan's time goes in fp32 and in bf16 (the demo, eager, auto, under
             torch.profiler): the ops with the most host time and their device time, per dtype.
+  vision    the vision tower's time per image (224, 448, 896 px) at the 27B's and the
+            35B-A3B's dimensions (bench/vision.py's, random weights, bf16): the image's
+            part of a TTFT (its tokens then prefill at the slices' per-row cost).
+            --small: bench/vision.py's 2-block narrow tower on 32 and 64 px, fp32.
   batch     (by name only) 8 requests at once against one at the 27B's width slice (bf16):
             a decode step (1 row each) and a verify (16 rows each, with its rollbacks) over
             the slots of one batch state, every slot 64 tokens in, capacity 4,112 rows;
@@ -76,7 +80,7 @@ _spec.loader.exec_module(_bench_kernels)
 copy_bandwidth, timed_ms = _bench_kernels.copy_bandwidth, _bench_kernels.timed_ms
 graph_ms = _bench_kernels.graph_ms
 
-PARTS = ("ceilings", "gemm", "thor", "slices", "demo", "profile", "batch")
+PARTS = ("ceilings", "gemm", "thor", "slices", "demo", "profile", "vision", "batch")
 # `batch` compiles 10 more graphs at the 27B's width (minutes cold): asked for by name
 DEFAULT_PARTS = PARTS[:-1]
 SLICES = ("27B", "35B-A3B")
@@ -629,6 +633,20 @@ def sdpa_rows(device: str) -> list[dict]:
     return rows
 
 
+def vision_rows(device: str, small: bool) -> list[dict]:
+    import vision
+
+    dims, sizes = (vision.SMALL, (32, 64)) if small else (vision.TOWER, (224, 448, 896))
+    dtype = torch.float32 if small else torch.bfloat16
+    out = []
+    for name, width in vision.TARGETS.items():
+        model = vision.tower(dims, width, device=device, dtype=dtype)
+        vision.measure(model, min(sizes), 1)                  # first calls, untimed
+        for size in sizes:
+            out.append({"model": name, **vision.measure(model, size, 2 if small else 10)})
+    return out
+
+
 def print_tables(report: dict) -> None:
     c = report.get("ceilings")
     if c:
@@ -709,6 +727,11 @@ def print_tables(report: dict) -> None:
         for r in report["batch"]:
             print(f"{r['forward']:<9}{r['rows']:>5}{r['ms_one']:>10.3f}{r['ms_batch']:>10.3f}"
                   f"{r['aggregate']:>10.2f}x")
+    if report.get("vision"):
+        print(f"vision tower per image, random weights\n{'model':<18}{'image':>10}{'tokens':>8}"
+              f"{'tower ms':>10}")
+        for r in report["vision"]:
+            print(f"{r['model']:<18}{r['size']:>6} px{r['tokens']:>8}{r['tower_ms']:>10.2f}")
     if report.get("thor"):
         print(f"Thor line: {THOR_GBPS:.0f} GB/s at the nvfp4 GEMMs' measured fraction "
               f"({100 * report['thor'][0]['fraction']:.0f}%, 1 row)")
@@ -787,6 +810,8 @@ def main(argv=None) -> int:
     if "profile" in args.parts:
         part("profile", profile_rows(device, args.small))
         part("sdpa", sdpa_rows(device))
+    if "vision" in args.parts:
+        part("vision", vision_rows(device, args.small))
     if "batch" in args.parts:
         part("batch", batch_rows(device, args.small, 3 if args.small else 20))
     print(f"{report['device']}; wall {time.perf_counter() - t0:.0f} s")

@@ -36,14 +36,20 @@ SMALL = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, patch_
              num_position_embeddings=64, hidden_act="gelu_pytorch_tanh")
 
 
-def tower(dims: dict, out: int, seed: int = 0) -> VisionTower:
+def tower(dims: dict, out: int, seed: int = 0, device: str = "cpu",
+          dtype: torch.dtype = torch.float32) -> VisionTower:
     cfg = VisionConfig.from_hf_dict({**dims, "out_hidden_size": out}, "bench")
     model = VisionTower(cfg).eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.02 + (p.dim() == 1))
-    return model
+    return model.to(device, dtype)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def measure(model: VisionTower, size: int, repeats: int) -> dict:
@@ -53,11 +59,16 @@ def measure(model: VisionTower, size: int, repeats: int) -> dict:
     t0 = time.perf_counter()
     patches = to_patches(image, cfg)
     prep_ms = (time.perf_counter() - t0) * 1e3
+    weight = next(model.parameters())
+    pixels = patches.patches.to(weight.device, weight.dtype)
+    device = str(weight.device)
     times = []
     with torch.inference_mode():
         for _ in range(repeats):
+            _sync(device)
             t0 = time.perf_counter()
-            out = model(patches.patches, [patches.grid])
+            out = model(pixels, [patches.grid])
+            _sync(device)
             times.append((time.perf_counter() - t0) * 1e3)
     return {"size": size, "patches": int(patches.patches.shape[0]), "tokens": patches.tokens,
             "out": list(out.shape), "preprocess_ms": prep_ms,

@@ -16,6 +16,7 @@ experts per layer, and the same model scaled by the distinct experts measured on
 (a tiny random-weight Qwen3.5-MoE with 256 experts, 8 per token, written by transformers,
 over consecutive tokens of its own greedy continuation: each window of n rows is what a fully
 accepted verify block of n rows routes). A dense model reads the same bytes for every n.
+A third table gives the vision tower's bytes (a vision-language target's images).
 
     python bench/weight_bytes.py [--tokens-per-cycle 6.43] [--json]
 """
@@ -200,6 +201,24 @@ def analytic_bytes(raw: dict, fmt: str) -> float:
     return total + 2 * h + 2 * raw["vocab_size"] * h                         # norm, output
 
 
+def tower_rows() -> list[dict]:
+    """Each model's vision tower (bench/vision.py's dimensions) in bf16: bytes read once per
+    new image, not per decoded token (an image's embeddings are then cached by content)."""
+    from vision import TARGETS, TOWER
+
+    from flash_planner.engine.models.vision import VisionConfig, VisionTower
+
+    out = []
+    for name, width in TARGETS.items():
+        with torch.device("meta"):
+            model = VisionTower(VisionConfig.from_hf_dict({**TOWER, "out_hidden_size": width},
+                                                          "bench"))
+        params = sum(p.numel() for p in model.parameters())
+        out.append({"model": name, "params_m": params / 1e6, "gb_bf16": 2 * params / 1e9,
+                    "floor_ms": 2 * params / (THOR_GBPS * 1e9) * 1e3})
+    return out
+
+
 def rows(tokens_per_cycle: float) -> list[dict]:
     out = []
     for name, raw in MODELS.items():
@@ -236,8 +255,9 @@ def main() -> None:
                            "GB per forward", f"bench/weight_bytes.py; Thor floor "
                            f"{THOR_GBPS:.0f} GB/s: ms per forward = GB / {THOR_GBPS / 1000:.3f}",
                            "{:.1f}"))
+    vision = tower_rows()
     if args.json:
-        print(json.dumps({"forward": table, "verify": verify}))
+        print(json.dumps({"forward": table, "verify": verify, "vision": vision}))
         return
     print(f"weights read per target forward; Thor floor at {THOR_GBPS:.0f} GB/s; DFlash at "
           f"{args.tokens_per_cycle} tokens/cycle")
@@ -254,6 +274,11 @@ def main() -> None:
         print(f"{r['rows']:>4} {r['experts_bound']:13.1f} {r['experts_measured']:9.1f} "
               f"{r['gb_bound']:11.2f} {r['gb_measured']:9.2f} {r['ms_measured']:9.1f} "
               f"{r['gb_27b']:7.2f} {r['ms_27b']:9.1f}")
+    print("\nthe vision tower, bf16 (bench/vision.py's dimensions): read once per new image, "
+          "not per token")
+    print(f"{'model':<16} {'params M':>9} {'GB':>6} {'floor ms':>9}")
+    for r in vision:
+        print(f"{r['model']:<16} {r['params_m']:9.1f} {r['gb_bf16']:6.3f} {r['floor_ms']:9.2f}")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,12 @@ def test_the_gpu_bench_runs_small_and_reports_every_part(tmp_path):
     sdpa = {(r["dtype"], r["backend"]): r for r in report["sdpa"]}
     assert all(sdpa[d, b]["ms"] > 0 for d in ("float32", "bfloat16") for b in ("math",
                                                                               "engine"))
+    # the vision tower per image at both models' widths
+    vision = report["vision"]
+    assert {(r["model"], r["size"]) for r in vision} == {
+        (m, s) for m in ("Qwen3.6-27B", "Qwen3.6-35B-A3B") for s in (32, 64)}
+    assert all(r["tower_ms"] > 0 and r["tokens"] > 0 for r in vision)
+    assert "vision tower per image" in proc.stdout
 
 
 def test_the_full_run_needs_a_gpu_and_says_so_without_one():

@@ -117,9 +117,11 @@ class Harness:
 
     def goal(self, task: str = "bring the red cup from the kitchen table to the sink",
              max_new_tokens: int = 0, thinking: bool = True, client=None, on_feedback=None,
-             sampling: str = "", seed: int = 0, scene: list[str] | None = None):
-        """Send a goal; returns its accepted goal handle."""
-        goal = self.Plan.Goal(task=task, context="", scene=scene or [],
+             sampling: str = "", seed: int = 0, scene: list[str] | None = None,
+             images: list | None = None):
+        """Send a goal (`images`: sensor_msgs/Image messages); returns its accepted goal
+        handle."""
+        goal = self.Plan.Goal(task=task, context="", scene=scene or [], images=images or [],
                               max_new_tokens=max_new_tokens, enable_thinking=thinking,
                               sampling=sampling, seed=seed)
         handle = result_of((client or self.client).send_goal_async(
