@@ -35,10 +35,11 @@ Parts (each one table, all of them in one JSON file):
             and the fraction of the copy bandwidth the distinct chosen experts' bytes reach.
   profile   where a plan's time goes in fp32 and in bf16 (the demo, eager, auto, under
             torch.profiler): the ops with the most host time and their device time, per dtype.
-  vision    the vision tower's time per image (224, 448, 896 px) at the 27B's and the
-            35B-A3B's dimensions (bench/vision.py's, random weights, bf16): the image's
-            part of a TTFT (its tokens then prefill at the slices' per-row cost).
-            --small: bench/vision.py's 2-block narrow tower on 32 and 64 px, fp32.
+  vision    one image's TTFT parts at the 27B's and the 35B-A3B's dimensions (random
+            weights, bf16): the vision tower per image (224, 448, 896 px; bench/vision.py's
+            tower) and the prefill of its tokens and a 32-token task through a 4-layer
+            slice; the TTFT estimate scales the slice to the model's depth.
+            --small: a 2-block narrow tower on 32 and 64 px, tiny slices, fp32.
   batch     (by name only) 8 requests at once against one at the 27B's width slice (bf16):
             a decode step (1 row each) and a verify (16 rows each, with its rollbacks) over
             the slots of one batch state, every slot 64 tokens in, capacity 4,112 rows;
@@ -633,18 +634,67 @@ def sdpa_rows(device: str) -> list[dict]:
     return rows
 
 
-def vision_rows(device: str, small: bool) -> list[dict]:
-    import vision
+def prefill_ms(raw: dict, rows: int, dtype: torch.dtype, device: str, repeats: int) -> float:
+    """ms of one eager prefill of `rows` rows (a fresh state each time) through the target
+    of `raw` (random weights, bf16 Linears: slice_model)."""
+    from flash_planner.engine.cache import InferenceState
 
-    dims, sizes = (vision.SMALL, (32, 64)) if small else (vision.TOWER, (224, 448, 896))
-    dtype = torch.float32 if small else torch.bfloat16
+    cfg, model = slice_model(raw, "bf16", dtype, device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (1, rows), generator=gen).to(device)
+
+    def run() -> None:
+        state = InferenceState(cfg, capacity=rows + 16, max_steps=16, kv_dtype=dtype,
+                               compute_dtype=dtype, device=torch.device(device))
+        with torch.inference_mode():
+            model(ids, state)
+
+    return timed_ms(run, repeats)
+
+
+def vision_rows(device: str, small: bool, sizes: tuple[int, ...] | None = None,
+                repeats: int | None = None) -> list[dict]:
+    """The tower's ms per image, and the prefill of its tokens and a 32-token task through
+    a 4-layer slice of the model (`prefill_ms`; its vocabulary cut to 4,096 on a CPU, where
+    the full one would not fit beside it): a TTFT with one image is about the tower plus
+    the prefill scaled to the model's depth (`ttft_ms_est`, an estimate, not measured)."""
+    import vision
+    from weight_bytes import QWEN3_6_27B, QWEN3_6_35B_A3B
+
+    from flash_planner.kernels import dispatch
+
+    if small:   # the torch references: interpreted kernels would take seconds a forward
+        dispatch.set_backend("auto")
+    dims = vision.SMALL if small else vision.TOWER
+    sizes = sizes or ((32, 64) if small else (224, 448, 896))
+    repeats = repeats or (2 if small else 10)
+    dtype = torch.float32 if small or device == "cpu" else torch.bfloat16
     out = []
-    for name, width in vision.TARGETS.items():
+    for (name, width), raw in zip(vision.TARGETS.items(), (QWEN3_6_27B, QWEN3_6_35B_A3B)):
         model = vision.tower(dims, width, device=device, dtype=dtype)
         vision.measure(model, min(sizes), 1)                  # first calls, untimed
-        for size in sizes:
-            out.append({"model": name, **vision.measure(model, size, 2 if small else 10)})
+        rows = [{"model": name, **vision.measure(model, size, repeats)} for size in sizes]
+        del model
+        four = {**raw, "num_hidden_layers": 4, **(TINY if small else {}),
+                **({"vocab_size": 4096} if device == "cpu" and not small else {})}
+        for r in rows:
+            r["prefill_rows"] = r["tokens"] + 32
+            r["slice_prefill_ms"] = prefill_ms(four, r["prefill_rows"], dtype, device,
+                                               max(1, repeats // 5))
+            r["ttft_ms_est"] = r["tower_ms"] + r["slice_prefill_ms"] * raw[
+                "num_hidden_layers"] / 4
+        out += rows
     return out
+
+
+def print_vision(rows: list[dict]) -> None:
+    print("one image: the vision tower, then its tokens + 32 prefilled through a 4-layer "
+          "slice; TTFT est. = tower + slice x layers / 4 (random weights)\n"
+          f"{'model':<18}{'image':>10}{'tokens':>8}{'tower ms':>10}{'slice ms':>10}"
+          f"{'TTFT est. ms':>14}")
+    for r in rows:
+        print(f"{r['model']:<18}{r['size']:>6} px{r['tokens']:>8}{r['tower_ms']:>10.1f}"
+              f"{r['slice_prefill_ms']:>10.1f}{r['ttft_ms_est']:>14.1f}")
 
 
 def print_tables(report: dict) -> None:
@@ -728,10 +778,7 @@ def print_tables(report: dict) -> None:
             print(f"{r['forward']:<9}{r['rows']:>5}{r['ms_one']:>10.3f}{r['ms_batch']:>10.3f}"
                   f"{r['aggregate']:>10.2f}x")
     if report.get("vision"):
-        print(f"vision tower per image, random weights\n{'model':<18}{'image':>10}{'tokens':>8}"
-              f"{'tower ms':>10}")
-        for r in report["vision"]:
-            print(f"{r['model']:<18}{r['size']:>6} px{r['tokens']:>8}{r['tower_ms']:>10.2f}")
+        print_vision(report["vision"])
     if report.get("thor"):
         print(f"Thor line: {THOR_GBPS:.0f} GB/s at the nvfp4 GEMMs' measured fraction "
               f"({100 * report['thor'][0]['fraction']:.0f}%, 1 row)")

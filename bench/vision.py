@@ -9,7 +9,12 @@ size: the patches (`engine/images.py`: resize, normalise, patchify; the pixel bu
 enough to keep the size), the tower's time (median of `--repeats`), and the image tokens
 the prompt gets, which the target then prefills like any other rows.
 
+With `--ttft`, bench-gpu's `vision` part on this CPU instead (fp32): the tower, then the
+prefill of the image's tokens and a 32-token task through a 4-layer slice of each model (its
+vocabulary cut to 4,096), and the TTFT estimate that scales the slice to the full depth.
+
     python bench/vision.py [--sizes 224,448,896] [--repeats 3] [--threads 0] [--json]
+    python bench/vision.py --ttft [--sizes 224,448] [--json]
     python bench/vision.py --small --json     (tests: a 2-block narrow tower, small images)
 """
 
@@ -84,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: the "
                         "engine's auto)")
     parser.add_argument("--small", action="store_true", help="a quick run (tests)")
+    parser.add_argument("--ttft", action="store_true", help="also prefill the image's tokens "
+                        "through a 4-layer slice of each model: a TTFT estimate")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
@@ -97,6 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     if repeats < 1 or args.threads < 0:
         parser.error("--repeats must be >= 1 and --threads >= 0")
     threads = apply_threads(args.threads, torch.device("cpu"))
+    if args.ttft:
+        import gpu
+
+        rows = gpu.vision_rows("cpu", args.small, tuple(sizes), repeats)
+        if args.json:
+            print(json.dumps({"small": args.small, "threads": threads.intra_op,
+                              "rows": rows}))
+        else:
+            print(f"{threads.intra_op} torch thread(s), fp32 CPU")
+            gpu.print_vision(rows)
+        return 0
     rows = []
     for name, out in TARGETS.items():
         model = tower(SMALL if args.small else TOWER, out)

@@ -120,3 +120,21 @@ def vl_chat_dir(checkpoints, tmp_path_factory):
 
     return vision_chat_copy(checkpoints("hybrid_vl"), tmp_path_factory.mktemp("vl_chat"),
                             widen=True)[0]
+
+
+@pytest.fixture
+def embedded(monkeypatch):
+    """Every embedding the vision tower hands an engine in this process, in order (the
+    engines of the CLI, the server and the node included)."""
+    from flash_planner.engine.vision_input import VisionInput
+
+    seen: list[torch.Tensor] = []
+    embed = VisionInput.embed
+
+    def spy(self, image):
+        out = embed(self, image)
+        seen.append(out.detach().clone())
+        return out
+
+    monkeypatch.setattr(VisionInput, "embed", spy)
+    return seen

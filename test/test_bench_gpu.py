@@ -66,8 +66,9 @@ def test_the_gpu_bench_runs_small_and_reports_every_part(tmp_path):
     vision = report["vision"]
     assert {(r["model"], r["size"]) for r in vision} == {
         (m, s) for m in ("Qwen3.6-27B", "Qwen3.6-35B-A3B") for s in (32, 64)}
-    assert all(r["tower_ms"] > 0 and r["tokens"] > 0 for r in vision)
-    assert "vision tower per image" in proc.stdout
+    assert all(r["tower_ms"] > 0 and r["tokens"] > 0 and r["slice_prefill_ms"] > 0
+               and r["ttft_ms_est"] > r["tower_ms"] for r in vision)
+    assert "one image: the vision tower" in proc.stdout
 
 
 def test_the_full_run_needs_a_gpu_and_says_so_without_one():

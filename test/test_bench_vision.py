@@ -31,3 +31,17 @@ def test_bad_sizes_are_refused_naming_the_flag():
     proc = subprocess.run([sys.executable, str(BENCH), "--sizes", "8"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "--sizes" in proc.stderr
+
+
+def test_the_ttft_estimate_runs_small_and_adds_the_slices_prefill():
+    proc = subprocess.run([sys.executable, str(BENCH), "--small", "--ttft", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)["rows"]
+    assert {(r["model"], r["size"]) for r in rows} == {
+        (m, s) for m in ("Qwen3.6-27B", "Qwen3.6-35B-A3B") for s in (32, 64)}
+    for r in rows:
+        assert r["prefill_rows"] == r["tokens"] + 32 and r["slice_prefill_ms"] > 0
+        depth = {"Qwen3.6-27B": 64, "Qwen3.6-35B-A3B": 40}[r["model"]]
+        assert abs(r["ttft_ms_est"] - (r["tower_ms"] + r["slice_prefill_ms"] * depth / 4)) \
+            < 1e-6 * r["ttft_ms_est"]

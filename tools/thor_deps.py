@@ -33,9 +33,9 @@ from packaging.utils import canonicalize_name
 HERE = Path(__file__).resolve().parent
 LOCK = HERE / "requirements-thor.txt"
 # What the runtime imports (setup.py's install_requires but the container's own, and the
-# `serve` extra)
+# `serve` and `vision` extras: a camera's images are resized by Pillow)
 ROOTS = ("transformers", "safetensors", "tokenizers", "pyyaml", "jsonschema", "xgrammar",
-         "numpy", "huggingface-hub", "fastapi", "uvicorn", "prometheus-client")
+         "numpy", "huggingface-hub", "fastapi", "uvicorn", "prometheus-client", "pillow")
 # Provided by NVIDIA's JetPack container (or not needed on aarch64); never pip-installed
 PROVIDED = re.compile(r"^(torch|triton|tensorrt.*|nvidia-.*|cuda-.*)$")
 PYTHON = "3.12"

@@ -182,9 +182,11 @@ def load_tokenizer(path: Path):
 def load_vision_tower(path: str | Path, dtype: torch.dtype = torch.float32,
                       device: str | torch.device = "cpu", raw: dict | None = None
                       ) -> VisionTower:
-    """The checkpoint's vision tower (`model.visual.*`, full precision), checked like the
-    target's weights; a text-only checkpoint is refused naming its model type. `raw`: its
-    config.json when already read."""
+    """The checkpoint's vision tower (`model.visual.*`), checked like the target's weights
+    and loaded as stored: full precision, or the quantized layouts the checkpoint's
+    quantization config gives its Linears (compressed-tensors recipes that do not ignore the
+    tower quantize it too); a text-only checkpoint is refused naming its model type. `raw`:
+    its config.json when already read."""
     path = Path(path).expanduser()
     raw = _raw_config(path) if raw is None else raw
     vision = raw.get("vision_config")
@@ -193,8 +195,18 @@ def load_vision_tower(path: str | Path, dtype: torch.dtype = torch.float32,
                               "model (config.json has no vision_config): it cannot take images")
     try:
         cfg = VisionConfig.from_hf_dict(vision, where=str(path / "config.json"))
-    except ConfigError as exc:
+        scheme = read_scheme(path, raw)
+    except (ConfigError, WeightFormatError) as exc:
         raise CheckpointError(str(exc)) from exc
-    tower, _, _ = _load(VisionTower, cfg, lambda ours: VISION_PREFIX + ours, weight_map(path),
-                        dtype, device, UNQUANTIZED, "auto")
+    files = weight_map(path)
+    # A quantization config written for the language model may not name the tower it left
+    # in full precision (Qwen FP8's modules_to_not_convert, ModelOpt's exclude lists), so
+    # a tower Linear stored as a plain weight loads as one; one stored with quantization
+    # tensors (compressed-tensors recipes that do not ignore the tower) as its layout.
+    stored = {name.rsplit(".", 1)[0] for name in files if name.startswith(VISION_PREFIX)
+              and name.rsplit(".", 1)[-1] not in ("weight", "bias")}
+    tower_scheme = Scheme(scheme.label, lambda name: scheme.rule(name) if name in stored
+                          else None)
+    tower, _, _ = _load(VisionTower, cfg, lambda ours: VISION_PREFIX + ours, files,
+                        dtype, device, tower_scheme, "auto")
     return tower

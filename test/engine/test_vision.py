@@ -71,6 +71,37 @@ def test_the_tower_equals_transformers_for_images_of_several_sizes(wide_towers, 
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fmt, swapped", [
+    ("ct-fp8-channel", "Fp8Linear"), ("ct-nvfp4", "Nvfp4Linear"), ("ct-w4a16", "Int4Linear"),
+    ("qwen-fp8", None), ("modelopt-nvfp4", None)])
+def test_a_quantized_checkpoints_tower_loads_as_stored_and_equals_its_dequantized_twin(
+        wide_towers, tmp_path, make_engine, fmt, swapped):
+    """compressed-tensors' recipes quantize the tower's Linears too unless told to ignore
+    it: they load in their layout (with their biases). Qwen FP8 and ModelOpt leave it in full
+    precision without naming it in their ignore lists: it loads as stored. Either way the
+    tower equals the one of the dequantized twin, and so do greedy tokens after an image."""
+    from quantized_checkpoints import write_quantized
+
+    from flash_planner.engine.generate import GenerationSettings, generate
+    from flash_planner.engine.images import ImageConfig, to_patches
+
+    source, _ = wide_towers("hybrid_vl")
+    quant, ref = write_quantized(source, tmp_path, fmt, kind="hybrid_vl")
+    tower, twin = load_vision_tower(quant), load_vision_tower(ref)
+    kinds = {type(m).__name__ for m in tower.modules()} - {type(m).__name__
+                                                            for m in twin.modules()}
+    assert kinds == ({swapped} if swapped else set())
+    cfg = ImageConfig(patch_size=tower.cfg.patch_size, merge_size=tower.cfg.spatial_merge_size)
+    image = to_patches(np.random.default_rng(4).integers(0, 256, (40, 24, 3), np.uint8), cfg)
+    with torch.no_grad():
+        got, want = tower(image.patches, [image.grid]), twin(image.patches, [image.grid])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    prompt, _ = _prompt([image], tower.cfg.spatial_merge_size, [[5, 9], [12, 3]])
+    outs = [generate(make_engine(path), prompt, GenerationSettings(8, ignore_eos=True),
+                     images=[image]).token_ids for path in (quant, ref)]
+    assert outs[0] == outs[1]
+
+
 def test_a_text_only_checkpoint_has_no_tower_and_says_so(checkpoints):
     with pytest.raises(CheckpointError, match="text-only.*cannot take images"):
         load_vision_tower(checkpoints("hybrid"))

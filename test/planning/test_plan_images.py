@@ -22,7 +22,6 @@ import pytest
 import torch
 
 from flash_planner.engine.images import to_patches
-from flash_planner.engine.vision_input import VisionInput
 from flash_planner.planning.images import ImageLimits, ImageSource, request_images
 from flash_planner.planning.presets import default_skills_path
 from flash_planner.planning.request import PlanRequest, RequestError
@@ -54,21 +53,6 @@ def _png_header(width: int, height: int) -> bytes:
 
 def _data_url(data: bytes, kind: str = "image/png") -> str:
     return f"data:{kind};base64,{base64.b64encode(data).decode()}"
-
-
-@pytest.fixture
-def embedded(monkeypatch):
-    """Every embedding the vision tower hands an engine in this process, in order."""
-    seen: list[torch.Tensor] = []
-    embed = VisionInput.embed
-
-    def spy(self, image):
-        out = embed(self, image)
-        seen.append(out.detach().clone())
-        return out
-
-    monkeypatch.setattr(VisionInput, "embed", spy)
-    return seen
 
 
 @pytest.fixture(scope="module")

@@ -8,30 +8,14 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 import torch
 from live import requires_ros, wait_for
 
 from flash_planner.engine.images import to_patches
-from flash_planner.engine.vision_input import VisionInput
 
 pytestmark = requires_ros
 PIXELS = np.random.default_rng(12).integers(0, 256, (24, 40, 3), dtype=np.uint8)
 TOPIC = "/test_camera/image_raw"
-
-
-@pytest.fixture
-def embedded(monkeypatch):
-    seen: list[torch.Tensor] = []
-    embed = VisionInput.embed
-
-    def spy(self, image):
-        out = embed(self, image)
-        seen.append(out.detach().clone())
-        return out
-
-    monkeypatch.setattr(VisionInput, "embed", spy)
-    return seen
 
 
 def _image(pixels: np.ndarray, encoding: str, stamp=None):

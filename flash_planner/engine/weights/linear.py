@@ -15,7 +15,8 @@ from torch import nn
 
 
 class QuantLinear(nn.Module):
-    """Weight-only quantized Linear without bias (no Linear in our models has one)."""
+    """Weight-only quantized Linear. No Linear of the language models has a bias; the vision
+    tower's do, and `load.plan_linears` gives its swapped modules one."""
 
     family = ""          # "fp8" | "nvfp4" | "int4"
     expert_count = 0     # > 0: a stack of this many experts' weights (experts.py)
@@ -25,6 +26,7 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
+        self.register_parameter("bias", None)
 
     def packed_specs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Buffer name -> (shape, dtype) in the engine's layout."""
@@ -85,7 +87,8 @@ class QuantLinear(nn.Module):
             (buf if expert is None else buf[expert]).copy_(t.to(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gate_up(x) if self.gated else self.gemm(x)
+        y = self.gate_up(x) if self.gated else self.gemm(x)
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
         stack = f", experts={self.expert_count}" if self.expert_count else ""

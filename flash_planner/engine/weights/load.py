@@ -65,7 +65,10 @@ def plan_linears(module: nn.Module, names_of: Callable[[str], str], scheme: Sche
         if layout is None:
             continue
         with torch.device("meta"):
-            module.set_submodule(name, layout.module(n, k))
+            swapped = layout.module(n, k)
+            if mod.bias is not None:      # read with the plain tensors (load_module)
+                swapped.bias = nn.Parameter(torch.empty(n))
+            module.set_submodule(name, swapped)
         planned[name] = Planned(layout, prefix, n, k)
     return planned
 
@@ -143,8 +146,9 @@ def load_module(module: nn.Module, names_of: Callable[[str], str], files: dict[s
     planned = plan_linears(module, names_of, scheme, weights, error)
     stacks = plan_experts(module, names_of, set(files), scheme, weights, error)
     own_loader = tuple(f"{name}." for name in (*planned, *stacks))
+    biases = {f"{name}.bias" for name in planned}     # a swapped Linear's bias stays plain
     plain = {ours: names_of(ours) for ours in module.state_dict()
-             if not ours.startswith(own_loader)}
+             if not ours.startswith(own_loader) or ours in biases}
     validate(module, plain, planned, stacks, files, scheme, error)
     module = module.to_empty(device=device)
     for param in module.parameters():
