@@ -125,7 +125,8 @@ def vl_chat_dir(checkpoints, tmp_path_factory):
 @pytest.fixture
 def embedded(monkeypatch):
     """Every embedding the vision tower hands an engine in this process, in order (the
-    engines of the CLI, the server and the node included)."""
+    engines of the CLI, the server and the node included; a planner's request asks twice:
+    ahead, on its preparing thread, then at start, from the cache)."""
     from flash_planner.engine.vision_input import VisionInput
 
     seen: list[torch.Tensor] = []

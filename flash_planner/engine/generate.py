@@ -116,11 +116,11 @@ def start(engine: Engine, state: InferenceState, prompt: Sequence[int] | str | l
     if constraint is not None and settings.ignore_eos:
         raise ValueError("ignore_eos cannot be combined with a grammar constraint: the "
                          "grammar ends the answer with EOS")
-    prompt_images, hits, t_vision = None, 0, now_ms()
+    prompt_images = None
     if images:
-        hits = engine.vision.hits
+        hits, t_vision = engine.vision.hits, now_ms()
         prompt_images = engine.vision.prompt(ids, images)
-    vision_ms = now_ms() - t_vision
+        vision_ms = now_ms() - t_vision
     policy = policy or make_policy(engine, settings)
     policy.reset(ids)
     if constraint is not None:

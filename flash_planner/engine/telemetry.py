@@ -108,7 +108,8 @@ class GenerationStats:
     thinking_budget_hit: bool | None = None
     seed: int | None = None         # sampled requests: the seed that reproduces them
     # a vision-language target's images: how many, their tokens in the prompt, the vision
-    # tower's time for them (part of the prefill and TTFT), how many came from its cache
+    # tower's time for them (inside the TTFT when the tower runs at start), how many came
+    # from its cache
     images: int = 0
     image_tokens: int = 0
     vision_ms: float = 0.0

@@ -419,7 +419,7 @@ class PlannerService:
     def _launch(self, ticket: PlanTicket) -> None:
         """Put a request in flight: to the batch, or to its remote server first."""
         if ticket.completion is not None:
-            return self._prepare(ticket, completion_job, ticket)
+            return self._prepare(ticket, completion_job, self, ticket)
         request = ticket.request
         waited = time.monotonic() - ticket.submitted
         telemetry = ticket.telemetry = {"queue_wait_ms": round(waited * 1000, 3)}
