@@ -249,3 +249,29 @@ def test_the_text_only_demo_refuses_an_image_naming_itself(tmp_path, capsys):
         in err, err
     assert main(["plan", "go", "--image", str(tmp_path / "missing.png")]) == 2
     assert "--image " in capsys.readouterr().err
+
+
+def test_a_remote_backend_leaves_images_to_the_local_engine(engine):
+    """The remote takes text only: `remote_or_local` plans a request with images here without
+    asking it; `remote` alone refuses one naming the field."""
+    from flash_planner.planning.remote import RemoteConfig
+
+    remote = RemoteConfig(url=f"http://127.0.0.1:{_free_port()}/v1", model="m",
+                          connect_timeout_s=0.2)
+    catalog = SkillCatalog.from_yaml(default_skills_path())
+    both = PlannerService(engine, catalog, PlannerConfig(
+        max_new_tokens=6, enable_thinking=False, backend="remote_or_local", remote=remote))
+    both.start()
+    try:
+        result = _plan(both, [PIXELS])
+        assert result.finish_reason == "length" and result.telemetry["backend"] == "local"
+        assert "remote_error" not in result.telemetry and result.telemetry["images"] == 1
+        text = _plan(both, [])                 # text goes to the (absent) remote first
+        assert "remote_error" in text.telemetry
+    finally:
+        both.stop()
+    only = PlannerService(engine, catalog, PlannerConfig(backend="remote", remote=remote))
+    ticket = only.submit(PlanRequest("put the cup in the sink", images=(PIXELS,)))
+    result = ticket.result(TIMEOUT)
+    assert result.rejected and ticket.invalid_field == "images"
+    assert "the remote backend (planner.backend remote) does not take images" in result.error
