@@ -11,7 +11,8 @@ the prompt gets, which the target then prefills like any other rows.
 
 With `--ttft`, bench-gpu's `vision` part on this CPU instead (fp32): the tower, then the
 prefill of the image's tokens and a 32-token task through a 4-layer slice of each model (its
-vocabulary cut to 4,096), and the TTFT estimate that scales the slice to the full depth.
+vocabulary cut to 4,096 and the 35B-A3B's experts to 32, 8 per token as published: the same
+work per token in less memory), and the TTFT estimate that scales the slice to the depth.
 
     python bench/vision.py [--sizes 224,448,896] [--repeats 3] [--threads 0] [--json]
     python bench/vision.py --ttft [--sizes 224,448] [--json]

@@ -22,6 +22,7 @@ import torch
 from ..kernels import dispatch
 from ..kernels.kv_append.reference import FP8_MAX
 from .config import ModelConfig
+from .flash_state import FlashState
 
 
 class ContextOverflowError(ValueError):
@@ -53,6 +54,7 @@ class StateCopy:
     gdn_state: torch.Tensor
     gdn_conv: torch.Tensor
     rope_shift: int = 0
+    flash: tuple | None = None         # a Flash-Next target's own state (flash_state.py)
 
     @property
     def nbytes(self) -> int:
@@ -197,6 +199,9 @@ class InferenceState:
         self.kv = KVCache(cfg, batch, capacity, kv_dtype, compute_dtype, device,
                           scale_per_row=scale_per_row)
         self.gdn = GDNState(cfg, batch, max_steps, device)
+        # Flash-Next (qwen4_exp): PLE windows, n-gram history, indexer keys
+        self.flash = (FlashState(cfg, batch, capacity, compute_dtype, device)
+                      if cfg.flash_next is not None else None)
         self.length = 0
         self.pending = 0          # rows run by the last forward, not yet committed
         self.recorded = False     # whether that forward recorded per-step checkpoints
@@ -209,6 +214,9 @@ class InferenceState:
     def row(self, index: int) -> InferenceState:
         """Batch row `index` as a one-sequence state of its own (a slot of batched
         requests): its own length and pending rows, this state's storage."""
+        if self.flash is not None:
+            raise ValueError("a Flash-Next target decodes one request at a time "
+                             "(max_batch 1) for now")
         view = object.__new__(InferenceState)
         view.__dict__.update(self.__dict__)
         view.kv = self.kv.rows(index, index + 1, [False] * len(self.kv.calibrated))
@@ -218,12 +226,17 @@ class InferenceState:
 
     @property
     def nbytes(self) -> StateBytes:
-        return StateBytes(kv=self.kv.nbytes, gdn_state=self.gdn.nbytes_state,
+        # Flash-Next's indexer keys count as KV, its PLE windows as recurrent state
+        keys = sum(t.nbytes for t in self.flash.index_keys.values()) if self.flash else 0
+        windows = self.flash.nbytes - keys if self.flash else 0
+        return StateBytes(kv=self.kv.nbytes + keys, gdn_state=self.gdn.nbytes_state + windows,
                           checkpoints=self.gdn.nbytes_checkpoints)
 
     def reset(self) -> None:
         self.kv.reset()
         self.gdn.reset()
+        if self.flash is not None:
+            self.flash.reset()
         self.length = 0
         self.pending = 0
         self.recorded = False
@@ -251,7 +264,8 @@ class InferenceState:
         kv, gdn, n = self.kv, self.gdn, self.length
         return StateCopy(n, kv.k[:, :, :n].clone(), kv.v[:, :, :n].clone(),
                          kv.k_scale.clone(), kv.v_scale.clone(), tuple(kv.calibrated),
-                         gdn.state.clone(), gdn.conv.clone(), self.rope_shift)
+                         gdn.state.clone(), gdn.conv.clone(), self.rope_shift,
+                         None if self.flash is None else self.flash.save(n))
 
     def load(self, copy: StateCopy) -> None:
         """Hold exactly the rows of `copy`, as when it was saved; a copy, O(its bytes)."""
@@ -264,6 +278,8 @@ class InferenceState:
         kv.calibrated = list(copy.calibrated)
         gdn.state.copy_(copy.gdn_state)
         gdn.conv.copy_(copy.gdn_conv)
+        if self.flash is not None:
+            self.flash.load(copy.flash)
         self.length = n
         self.rope_shift = copy.rope_shift
 
@@ -303,6 +319,8 @@ class InferenceState:
                 step = torch.full((self.gdn.state.shape[1],), n - 1, dtype=torch.long,
                                   device=self.gdn.state.device)
                 self.gdn.select(step, self.pending)
+        if self.flash is not None:
+            self.flash.commit(n, self.pending)
         self.length += n
         self.pending = 0
         self.recorded = False

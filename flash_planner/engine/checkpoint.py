@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .config import ConfigError, ModelConfig, read_json_object
+from .models.flash_next import FlashNextModel, open_ngram_tables
 from .models.mtp import MTPHead
 from .models.target import TargetModel
 from .models.vision import VISION_PREFIX, VisionConfig, VisionTower
@@ -133,8 +134,12 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
     except WeightFormatError as exc:
         raise CheckpointError(str(exc)) from exc
     files = weight_map(path)
-    model, known, counts = _load(TargetModel, cfg, lambda ours: _checkpoint_name(ours, cfg),
+    model_cls = TargetModel if cfg.flash_next is None else FlashNextModel
+    model, known, counts = _load(model_cls, cfg, lambda ours: _checkpoint_name(ours, cfg),
                                  files, dtype, device, scheme, weights)
+    if cfg.flash_next is not None:
+        known |= open_ngram_tables(model, files, lambda ours: _checkpoint_name(ours, cfg),
+                                  CheckpointError)
     mtp = {n: s for n, s in files.items() if n.startswith(MTP_PREFIX)}
     ignored = [n for n in files if n not in known and n not in mtp
                and not n.startswith(IGNORED_PREFIXES) and n != "lm_head.weight"]

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from .flash_next_config import INDEXED_ATTENTION, FlashNextConfig
+from .flash_next_config import parse as parse_flash_next
 from .methods import METHODS
 from .weights.scheme import WEIGHTS
 
@@ -35,9 +37,11 @@ SUPPORTED_MODEL_TYPES = {
     "qwen3_5_text": "hybrid",
     "qwen3_5_moe": "hybrid",
     "qwen3_5_moe_text": "hybrid",
+    "qwen4_exp": "hybrid",          # Qwen3.8-Flash-Next: flash_next_config.py
+    "qwen4_exp_text": "hybrid",
 }
 # Multimodal wrappers whose text part sits under text_config
-WRAPPERS = ("qwen3_5", "qwen3_5_moe")
+WRAPPERS = ("qwen3_5", "qwen3_5_moe", "qwen4_exp")
 
 
 def cache_home() -> Path:
@@ -143,7 +147,7 @@ class MoeConfig:
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any], model_type: str, num_layers: int,
                      where: str) -> MoeConfig | None:
-        if not model_type.startswith(("qwen3_moe", "qwen3_5_moe")):
+        if not model_type.startswith(("qwen3_moe", "qwen3_5_moe", "qwen4_exp")):
             return None
         # transformers' Qwen3MoeConfig saves num_experts as num_local_experts
         experts = cfg.get("num_experts", cfg.get("num_local_experts"))
@@ -157,7 +161,7 @@ class MoeConfig:
                               f"{experts}")
         inter = _positive(_require(cfg, "moe_intermediate_size", where),
                           "moe_intermediate_size", where)
-        if model_type.startswith("qwen3_5_moe"):
+        if model_type.startswith(("qwen3_5_moe", "qwen4_exp")):
             # every layer sparse, a shared expert, always renormalised (transformers 5.23)
             shared = _positive(_require(cfg, "shared_expert_intermediate_size", where),
                                "shared_expert_intermediate_size", where)
@@ -200,6 +204,7 @@ class ModelConfig:
     mtp_layers: int = 0            # mtp_num_hidden_layers: decoder layers of the MTP head
     mtp_dedicated_embeddings: bool = False
     moe: MoeConfig | None = None   # the sparse MLP of *_moe models; None: every MLP is dense
+    flash_next: FlashNextConfig | None = None   # qwen4_exp's additions (hyper-connections...)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -284,6 +289,10 @@ class ModelConfig:
                                   "linear_num_key_heads")
 
         moe = MoeConfig.from_hf_dict(cfg, model_type, num_layers, where)
+        rope = RopeConfig.from_hf_dict(cfg, head_dim, where)
+        flash_next = (parse_flash_next(cfg, hidden, head_dim, rope.rotary_dim, layer_types,
+                                       LINEAR_ATTENTION, eos_ids, where, ConfigError)
+                      if model_type.startswith("qwen4_exp") else None)
         # Qwen3.5/3.6 MoE configs have no dense MLP and so no intermediate_size
         dense_mlp = moe is None or any(not moe.is_sparse(i) for i in range(num_layers))
         intermediate = (_positive(_require(cfg, "intermediate_size", where),
@@ -300,7 +309,7 @@ class ModelConfig:
             num_heads=num_heads,
             num_kv_heads=num_kv,
             head_dim=head_dim,
-            rope=RopeConfig.from_hf_dict(cfg, head_dim, where),
+            rope=rope,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             eos_token_ids=eos_ids,
@@ -309,6 +318,7 @@ class ModelConfig:
             mtp_layers=int(cfg.get("mtp_num_hidden_layers") or 0),
             mtp_dedicated_embeddings=bool(cfg.get("mtp_use_dedicated_embeddings", False)),
             moe=moe,
+            flash_next=flash_next,
             extra=raw,
             **gdn,
         )
@@ -323,6 +333,8 @@ def _layer_types(cfg: dict[str, Any], family: str, n: int, where: str) -> tuple[
                               "for qwen3 (sliding window)")
         return (FULL_ATTENTION,) * n
     types = cfg.get("layer_types")
+    if types is not None:       # qwen4_exp: a full-attention layer runs the QSA indexer
+        types = [FULL_ATTENTION if t == INDEXED_ATTENTION else t for t in types]
     if types is None:
         interval = _positive(cfg.get("full_attention_interval", 4), "full_attention_interval",
                              where)

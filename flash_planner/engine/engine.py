@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -151,6 +151,8 @@ class Engine:
         threads = apply_threads(config.threads, device)
         checkpoint = load_checkpoint(Path(config.model_path), dtype=dtype, device=device,
                                      weights=config.weights)
+        if checkpoint.config.flash_next is not None:
+            config = flash_next_config(config)
         if config.dense_backend != "torch":
             checkpoint.model.set_dense(make_dense(
                 checkpoint.model, config.dense_backend, config.segment_cache,
@@ -269,6 +271,19 @@ class Engine:
         if tok is not None and getattr(tok, "eos_token_id", None) is not None:
             ids.add(tok.eos_token_id)
         return tuple(sorted(ids))
+
+
+def flash_next_config(config: EngineConfig) -> EngineConfig:
+    """A Flash-Next target runs eager, one request at a time, its dense parts in torch: auto
+    settings become that; asking for more is refused naming the setting."""
+    asked = {"compile": config.compile == "on", "dense_backend": config.dense_backend not in
+             ("torch", "auto"), "max_batch": (config.max_batch or 1) > 1}
+    wrong = [name for name, bad in asked.items() if bad]
+    if wrong:
+        raise ValueError(f"{config.model_path} is a Flash-Next (qwen4_exp) target, which runs "
+                         f"eager forwards of one request at a time in torch for now: "
+                         f"{', '.join(wrong)} cannot be set")
+    return replace(config, compile="off", dense_backend="torch", max_batch=1)
 
 
 def compile_forwards(engine: Engine, progress: Callable[[str], None] | None = None

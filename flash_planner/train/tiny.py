@@ -7,7 +7,8 @@ text-only), `hybrid_vl` (Qwen3_5ForConditionalGeneration, text under model.langu
 `dense` (Qwen3ForCausalLM), and the mixture-of-experts ones: `hybrid_moe`
 (Qwen3_5MoeForCausalLM, the Qwen3.6-35B-A3B family), `hybrid_moe_vl`
 (Qwen3_5MoeForConditionalGeneration) and `dense_moe` (Qwen3MoeForCausalLM, Qwen3-30B-A3B
-style, with layer 1 a dense MLP). `mtp=True` adds a random MTP head (`mtp.*`, the layout of
+style, with layer 1 a dense MLP), and `flash_next` (Qwen4ExpForCausalLM, Qwen3.8-Flash-Next:
+FLASH_NEXT). `mtp=True` adds a random MTP head (`mtp.*`, the layout of
 Qwen3.5/3.6 releases; its MLP is a mixture of experts in the MoE kinds) to a hybrid kind.
 Sizes: `tiny` (~0.1M parameters) and `bench` (~60M parameters, a decode benchmark config).
 """
@@ -21,7 +22,16 @@ import torch
 from .tokenizer import train_tokenizer
 
 QWEN_EOS = 151645  # <|im_end|>
-KINDS = ("hybrid", "hybrid_vl", "dense", "hybrid_moe", "hybrid_moe_vl", "dense_moe")
+KINDS = ("hybrid", "hybrid_vl", "dense", "hybrid_moe", "hybrid_moe_vl", "dense_moe",
+         "flash_next")
+# Qwen3.8-Flash-Next's additions at tiny sizes (transformers 5.24's qwen4_exp_text): PLE on
+# layer 1 with small prime tables, an indexer whose budget (2 blocks of 4) a 12-token prompt
+# exceeds, 4 streams of rank-16 hyper-connections
+FLASH_NEXT = dict(hc_count=4, hc_lowrank=16, ple_layer_ids=[1], ngram_size=3,
+                  heads_per_ngram=2, ngram_vocab_size_base=101,
+                  make_ngram_vocab_size_divisible_by=8, split_ngram_parts=4, indexer_n_heads=2,
+                  indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8,
+                  indexer_compress_ratio=4, output_gate_type="sigmoid")
 # The MoE kinds' expert shapes: 8 experts, 2 per token; the 35B-A3B has 256, 8 per token
 MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
 CORPUS = [
@@ -46,7 +56,8 @@ SIZES = {
 
 
 def _hf_config(kind: str, size: str, vocab: int, eos: int, rotary: float, init: float | None,
-               moe: dict, layers: int | None = None, attention_every: int = 2):
+               moe: dict, layers: int | None = None, attention_every: int = 2,
+               flash: dict | None = None):
     from transformers import (
         Qwen3_5Config,
         Qwen3_5MoeConfig,
@@ -81,9 +92,14 @@ def _hf_config(kind: str, size: str, vocab: int, eos: int, rotary: float, init: 
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "partial_rotary_factor": rotary,
                                  "mrope_section": [rotary_pairs - 2 * third, third, third]})
-    if kind.startswith("hybrid_moe"):
+    if kind.startswith("hybrid_moe") or kind == "flash_next":
         text.pop("intermediate_size")
         text.update(moe, shared_expert_intermediate_size=64)
+    if kind == "flash_next":
+        from transformers import Qwen4ExpTextConfig
+
+        text["rope_parameters"].pop("mrope_section")
+        return Qwen4ExpTextConfig(**text, **{**FLASH_NEXT, **(flash or {})})
     if kind in ("hybrid", "hybrid_moe"):
         return (Qwen3_5TextConfig if kind == "hybrid" else Qwen3_5MoeTextConfig)(**text)
     vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64,
@@ -96,7 +112,7 @@ def _hf_config(kind: str, size: str, vocab: int, eos: int, rotary: float, init: 
 HF_CLASSES = {"hybrid": "Qwen3_5ForCausalLM", "hybrid_vl": "Qwen3_5ForConditionalGeneration",
               "dense": "Qwen3ForCausalLM", "hybrid_moe": "Qwen3_5MoeForCausalLM",
               "hybrid_moe_vl": "Qwen3_5MoeForConditionalGeneration",
-              "dense_moe": "Qwen3MoeForCausalLM"}
+              "dense_moe": "Qwen3MoeForCausalLM", "flash_next": "Qwen4ExpForCausalLM"}
 
 
 def _perturb(model: torch.nn.Module, seed: int) -> None:
@@ -106,6 +122,8 @@ def _perturb(model: torch.nn.Module, seed: int) -> None:
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith(("dt_bias", "A_log")):
                 p.add_(torch.randn(p.shape, generator=gen) * 0.2)
+            elif ".ple.conv1d" in name:          # Flash-Next's PLE conv starts at zero
+                p.add_(torch.randn(p.shape, generator=gen) * 0.3)
 
 
 def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "tiny",
@@ -113,7 +131,7 @@ def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "t
                           rotary: float = 0.5, init: float | None = None,
                           mtp: bool = False, experts: tuple[int, int] | None = None,
                           layers: int | None = None, attention_every: int = 2,
-                          qwen_vocab: bool = False) -> Path:
+                          qwen_vocab: bool = False, flash: dict | None = None) -> Path:
     """Write a random-weight checkpoint + tokenizer to `path` and return it.
 
     init: the weights' initializer_range (default per size). Larger values give logits a
@@ -124,6 +142,7 @@ def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "t
     attention).
     qwen_vocab: the real Qwen3 tokenizer and its 151,936-row embedding (`qwen_vocab.py`;
     fetched once) instead of the small trained BPE.
+    flash: settings over FLASH_NEXT's (kind `flash_next`, transformers >= 5.24).
     """
     import transformers
 
@@ -145,7 +164,8 @@ def write_tiny_checkpoint(path: str | Path, kind: str = "hybrid", size: str = "t
     torch.manual_seed(seed)
     moe = dict(MOE, **(dict(zip(("num_experts", "num_experts_per_tok"), experts))
                        if experts else {}))
-    cfg = _hf_config(kind, size, vocab, eos, rotary, init, moe, layers, attention_every)
+    cfg = _hf_config(kind, size, vocab, eos, rotary, init, moe, layers, attention_every,
+                     flash)
     cls = getattr(transformers, HF_CLASSES[kind])
     model = cls(cfg).eval()
     _perturb(model, seed)

@@ -34,7 +34,8 @@ class GatedDeltaNet(nn.Module):
                                 groups=self.conv_dim)
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
         self.A_log = nn.Parameter(torch.zeros(self.hv))
-        self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
+        self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps, cfg.flash_next.output_gate
+                                 if cfg.flash_next is not None else "silu")
         self.out_proj = nn.Linear(value_dim, cfg.hidden_size, bias=False)
 
     def pre(self, h: torch.Tensor):

@@ -26,17 +26,19 @@ class RMSNorm(nn.Module):
 
 
 class GatedRMSNorm(nn.Module):
-    """The GDN output norm: w * rmsnorm(o) * silu(z), per value head."""
+    """The GDN output norm: w * rmsnorm(o) * act(z), per value head; act is SiLU (Qwen3.5/3.6)
+    or the sigmoid (Qwen3.8-Flash-Next's output_gate_type)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, activation: str = "silu"):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.act = torch.sigmoid if activation == "sigmoid" else F.silu
 
     def forward(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         of = o.float()
         of = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + self.eps)
-        out = (self.weight * of.to(o.dtype)) * F.silu(z.float())
+        out = (self.weight * of.to(o.dtype)) * self.act(z.float())
         return out.to(o.dtype)
 
 

@@ -1,0 +1,207 @@
+"""Qwen3.8-Flash-Next (`qwen4_exp`) as a target, against transformers' own model on tiny
+random checkpoints written by its `save_pretrained`: hyper-connections, PLE on one layer with
+small prime tables, an indexer whose budget the prompts exceed (sparse selection), MoE, both
+output-gate activations; speculative decoding rolled back across the PLE conv window and
+indexer blocks; the n-gram table read row by row, never loaded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+from packaging.version import Version
+
+from flash_planner.engine.cache import InferenceState
+from flash_planner.engine.config import ConfigError, ModelConfig
+from flash_planner.engine.generate import GenerationSettings, generate
+from flash_planner.engine.proposer import ReplayProposer
+from flash_planner.train.tiny import write_tiny_checkpoint
+
+pytestmark = pytest.mark.skipif(
+    Version(transformers.__version__) < Version("5.24"),
+    reason=f"qwen4_exp needs transformers 5.24 (installed: {transformers.__version__})")
+
+NEW = 16
+LENGTHS = (3, 5, 9, 10, 12, 13, 17, 22, 29, 33, 38, 47)    # across 4-key blocks, 9-row windows
+
+
+def _transformers(path):
+    return transformers.Qwen4ExpForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def flash_dirs(tmp_path_factory):
+    """output gate activation -> (checkpoint, transformers' model of it)."""
+    made = {}
+    for gate in ("sigmoid", "silu"):
+        path = write_tiny_checkpoint(tmp_path_factory.mktemp(f"flash_{gate}"), kind="flash_next",
+                                     init=0.25, flash={"output_gate_type": gate})
+        made[gate] = path, _transformers(path)
+    return made
+
+
+def _prompts(vocab: int, eos: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(7)
+    prompts = []
+    for i, n in enumerate(LENGTHS):
+        ids = torch.randint(4, vocab, (n,), generator=gen).tolist()
+        if i % 3 == 1:                    # an EOS inside: the n-gram history restarts there
+            ids[n // 2] = eos
+        prompts.append(ids)
+    return prompts
+
+
+def _eos(path) -> int:
+    eos = json.loads((path / "config.json").read_text())["eos_token_id"]
+    return eos[0] if isinstance(eos, list) else eos
+
+
+@pytest.mark.parametrize("gate", ["sigmoid", "silu"])
+def test_greedy_tokens_and_logits_equal_transformers(flash_dirs, make_engine, gate):
+    path, theirs = flash_dirs[gate]
+    engine = make_engine(path)
+    chunked = make_engine(path, prefill_chunk=5)
+    assert type(engine.model).__name__ == "FlashNextModel"
+    for ids in _prompts(engine.model_config.vocab_size, _eos(path)):
+        with torch.no_grad():
+            # both stop at an EOS (transformers' min_new_tokens would mask it instead)
+            want = theirs.generate(torch.tensor([ids]), max_new_tokens=NEW,
+                                   do_sample=False)[0, len(ids):].tolist()
+            their_logits = theirs(torch.tensor([ids])).logits[0].float()
+        state = InferenceState(engine.model_config, 64, 16, torch.float32, torch.float32,
+                               torch.device("cpu"))
+        ours = engine.model(torch.tensor([ids]), state, all_logits=True).logits[0]
+        torch.testing.assert_close(ours, their_logits, rtol=1e-4, atol=1e-4)
+        settings = GenerationSettings(NEW, speculative=False)
+        assert generate(engine, ids, settings).token_ids == want, len(ids)
+        assert generate(chunked, ids, settings).token_ids == want, len(ids)
+
+
+def test_the_indexer_selects_sparsely_once_the_budget_is_exceeded(flash_dirs, make_engine,
+                                                                  tmp_path):
+    """The same weights with a budget no prompt exceeds give other logits on a long prompt
+    (the selection matters) and the same ones on a short prompt (dense is exact); transformers
+    agrees with both."""
+    path, _ = flash_dirs["sigmoid"]
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    for item in path.iterdir():
+        (dense / item.name).write_bytes(item.read_bytes())
+    config = json.loads((dense / "config.json").read_text())
+    config["indexer_budget"] = 400
+    (dense / "config.json").write_text(json.dumps(config))
+    sparse_engine, dense_engine = make_engine(path), make_engine(dense)
+    theirs = _transformers(dense)
+    ids = _prompts(sparse_engine.model_config.vocab_size, _eos(path))[-1]
+    short = ids[:7]
+
+    def logits(engine, prompt):
+        state = InferenceState(engine.model_config, 64, 16, torch.float32, torch.float32,
+                               torch.device("cpu"))
+        return engine.model(torch.tensor([prompt]), state, all_logits=True).logits[0]
+
+    assert not torch.allclose(logits(sparse_engine, ids), logits(dense_engine, ids), atol=1e-3)
+    torch.testing.assert_close(logits(sparse_engine, short), logits(dense_engine, short))
+    with torch.no_grad():
+        torch.testing.assert_close(logits(dense_engine, ids),
+                                   theirs(torch.tensor([ids])).logits[0].float(),
+                                   rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("block", [4, 8])
+def test_speculative_decoding_is_lossless_across_ple_windows_and_indexer_blocks(
+        flash_dirs, make_engine, monkeypatch, block):
+    """A replay proposer with one wrong draft per cycle at every offset in turn: every
+    rollback restores the PLE conv window and n-gram history, and rows of the indexer's
+    blocks are dropped and written again; the tokens equal plain greedy decoding."""
+    path, _ = flash_dirs["sigmoid"]
+    engine = make_engine(path)
+    commits: list[tuple[int, int, int]] = []
+    commit = InferenceState.commit
+
+    def spy(self, n):
+        if self is engine.state:
+            commits.append((self.length, n, self.pending))
+        return commit(self, n)
+
+    monkeypatch.setattr(InferenceState, "commit", spy)
+    n_new = 40
+    for ids in _prompts(engine.model_config.vocab_size, _eos(path))[::3]:
+        plain = generate(engine, ids, GenerationSettings(n_new, ignore_eos=True,
+                                                         speculative=False)).token_ids
+        replay = ReplayProposer(plain, engine.model_config.vocab_size, block_size=block,
+                                error_at=range(block), seed=block)
+        got = generate(engine, ids, GenerationSettings(n_new, ignore_eos=True),
+                       proposer=replay).token_ids
+        assert got == plain
+    rolled = [(at, n, rows) for at, n, rows in commits if n < rows]
+    assert rolled, "no rollback happened"
+    # the dropped rows [at + n, at + rows) held a block boundary of the indexer (4 keys)
+    assert any((at + rows - 1) // 4 > (at + n - 1) // 4 for at, n, rows in rolled)
+
+
+def test_the_ngram_table_is_read_by_rows_not_loaded(tmp_path, make_engine):
+    """A table of 64 MB beside 2 MB of other weights: loading the engine and decoding raise
+    the resident memory by less than a tenth of the table."""
+    import gc
+
+    def rss() -> int:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
+    big = write_tiny_checkpoint(tmp_path / "big", kind="flash_next",
+                                flash={"ngram_vocab_size_base": 1_000_000})
+    table = sum(t.numel() * t.element_size() for t in _ngram_tensors(big))
+    assert table > 50 << 20
+    gc.collect()
+    before = rss()
+    engine = make_engine(big)
+    generate(engine, list(range(5, 40)), GenerationSettings(8, ignore_eos=True))
+    gc.collect()
+    grown = rss() - before
+    assert grown < table // 10, (grown, table)
+    assert engine.model.ple_layers[0].table.nbytes == table
+
+
+def _ngram_tensors(path):
+    from safetensors.torch import load_file
+
+    return [t for name, t in load_file(path / "model.safetensors").items()
+            if "ngram_embedding.shard_" in name]
+
+
+def test_plan_runs_a_tiny_flash_next_under_the_grammar(flash_dirs, capsys):
+    from flash_planner.cli import main
+
+    path, _ = flash_dirs["sigmoid"]
+    main(["plan", "go to the kitchen", "--model", str(path), "--device", "cpu", "--dtype",
+          "fp32", "--max-new-tokens", "24", "--no-thinking", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    telemetry = result["telemetry"]
+    assert telemetry["new_tokens"] > 0 and telemetry["constrained"] is True, result
+    assert "internal error" not in result.get("error", "")
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"ple_layer_ids": [2]}, "ple_layer_ids \\[2\\] are not linear-attention layers"),
+    ({"indexer_budget": None}, "the QSA indexer needs \\['indexer_budget'\\] too"),
+    ({"indexer_budget": 6}, "indexer_budget 6 is not a multiple of indexer_compress_ratio 4"),
+    ({"output_gate_type": "tanh"}, "output_gate_type 'tanh' is not one of"),
+    ({"hc_count": 1}, "field 'hc_count' must be an integer >= 2"),
+])
+def test_a_config_it_cannot_run_names_the_field(flash_dirs, edit, match):
+    path, _ = flash_dirs["sigmoid"]
+    raw = json.loads((path / "config.json").read_text())
+    with pytest.raises(ConfigError, match=match):
+        ModelConfig.from_hf_dict({**raw, **edit})
+
+
+def test_settings_a_flash_next_target_cannot_run_are_refused(flash_dirs, make_engine):
+    path, _ = flash_dirs["sigmoid"]
+    with pytest.raises(ValueError, match="Flash-Next .* compile, max_batch cannot be set"):
+        make_engine(path, compile="on", max_batch=4)
+    assert make_engine(path, max_batch=0).config.max_batch == 1      # auto: one at a time
