@@ -205,3 +205,27 @@ def test_settings_a_flash_next_target_cannot_run_are_refused(flash_dirs, make_en
     with pytest.raises(ValueError, match="Flash-Next .* compile, max_batch cannot be set"):
         make_engine(path, compile="on", max_batch=4)
     assert make_engine(path, max_batch=0).config.max_batch == 1      # auto: one at a time
+
+
+@pytest.mark.parametrize("settings", [
+    dict(method="dflash"), dict(method="auto"), dict(method="dflash", kv_dtype="fp8"),
+    dict(method="dflash", weights="fp8")])
+def test_a_dflash_drafter_on_the_streams_is_lossless(flash_dirs, make_engine, tmp_path,
+                                                     settings):
+    """A DFlash drafter taps the mean of a layer's streams (the last layer: the mix lm_head
+    reads); whatever it drafts, the tokens equal plain greedy decoding of the same engine (FP8
+    KV, and FP8 weights quantized at load, included)."""
+    from flash_planner.train.tiny import write_tiny_drafter
+
+    path, _ = flash_dirs["sigmoid"]
+    drafter = write_tiny_drafter(tmp_path / "drafter", path, block_size=8)
+    engine = make_engine(path, drafter_path=str(drafter), **settings)
+    assert set(engine.proposers) >= {"dflash"}
+    assert ("fp8" in engine.weights_label) == ("weights" in settings)
+    for ids in _prompts(engine.model_config.vocab_size, _eos(path))[1::4]:
+        plain = generate(engine, ids, GenerationSettings(24, ignore_eos=True,
+                                                         speculative=False)).token_ids
+        out = generate(engine, ids, GenerationSettings(24, ignore_eos=True))
+        assert out.token_ids == plain
+        # auto may route a random drafter's cycles to plain decoding
+        assert out.stats.cycles > 0 and (out.stats.drafted > 0 or settings["method"] == "auto")
