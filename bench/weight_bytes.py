@@ -77,6 +77,30 @@ QWEN3_6_35B_A3B = {
     "eos_token_id": 248044, "mtp_num_hidden_layers": 1,
 }
 MODELS = {"Qwen3.6-27B": QWEN3_6_27B, "Qwen3-4B": QWEN3_4B, "Qwen3.6-35B-A3B": QWEN3_6_35B_A3B}
+# Qwen3.8-Flash-Next's text config as third-party copies of the published config.json give it
+# (not checked against the file itself): 48 layers (3 GDN : 1 attention with the QSA
+# indexer), 512 experts of 640, 10 per token, one PLE layer (layer 2) with 16 n-gram heads
+QWEN3_8_FLASH_NEXT = {
+    "model_type": "qwen4_exp_text", "hidden_size": 2560, "num_hidden_layers": 48,
+    "num_attention_heads": 24, "num_key_value_heads": 2, "head_dim": 256,
+    "vocab_size": 248320, "tie_word_embeddings": False, "rms_norm_eps": 1e-6,
+    "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 48, "linear_value_head_dim": 128,
+    "moe_intermediate_size": 640, "shared_expert_intermediate_size": 640, "num_experts": 512,
+    "num_experts_per_tok": 10, "max_position_embeddings": 262144,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1e7,
+                        "partial_rotary_factor": 0.25},
+    "eos_token_id": 248044, "hc_count": 4, "hc_lowrank": 320, "ple_layer_ids": [2],
+    "ple_embed_dim": 2560, "ple_conv_kernel_size": 4, "ngram_size": 3, "heads_per_ngram": 8,
+    "ngram_vocab_size_base": 20_000_000, "make_ngram_vocab_size_divisible_by": 128,
+    "split_ngram_parts": 128, "indexer_n_heads": 4, "indexer_kv_heads": 1,
+    "indexer_head_dim": 128, "indexer_budget": 2048, "indexer_compress_ratio": 4,
+    "output_gate_type": "sigmoid",
+}
+# its builds: every Linear in one format, or NVFP4 experts with bf16 elsewhere
+FLASH_NEXT_BUILDS = {"bf16": ("bf16", "bf16"), "fp8": ("fp8", "fp8"),
+                     "nvfp4 experts, bf16 else": ("bf16", "nvfp4"),
+                     "nvfp4": ("nvfp4", "nvfp4")}
 BLOCKS = (1, 2, 4, 8, 16)
 
 
@@ -201,6 +225,41 @@ def analytic_bytes(raw: dict, fmt: str) -> float:
     return total + 2 * h + 2 * raw["vocab_size"] * h                         # norm, output
 
 
+def flash_next_rows(tokens_per_cycle: float) -> list[dict]:
+    """Qwen3.8-Flash-Next's bytes per token by build: the engine's count of its Linears and
+    the 10 experts a token reads, plus the PLE rows it reads (16 rows of 160 per PLE layer, in
+    the table's storage: FP8 as Qwen publishes it, bf16 in the bf16 build); the n-gram table
+    itself (51.2B parameters) is never read whole."""
+    from flash_planner.engine.models.flash_next import FlashNextModel
+
+    cfg = ModelConfig.from_hf_dict(QWEN3_8_FLASH_NEXT)
+    fn = cfg.flash_next
+    with torch.device("meta"):
+        base = FlashNextModel(cfg).to(torch.bfloat16)
+    table = sum(PLE_TABLE_ROWS(fn, i) for i in range(len(fn.ple_layers)))
+    out = []
+    for build, (linears, experts) in FLASH_NEXT_BUILDS.items():
+        with torch.device("meta"):
+            model = FlashNextModel(cfg).to(torch.bfloat16)
+        plan_linears(model, lambda ours: ours, UNQUANTIZED, linears, ValueError)
+        plan_experts(model, lambda ours: ours, set(), UNQUANTIZED, experts, ValueError)
+        row_bytes = 2 if build == "bf16" else 1
+        ple = len(fn.ple_layers) * fn.ngram_heads * fn.ple_embed_dim // fn.ngram_heads
+        gb = (bytes_per_forward(model, cfg.moe.top_k) + ple * row_bytes) / 1e9
+        floor_ms = gb / THOR_GBPS * 1e3
+        out.append({"build": build, "gb": gb, "floor_ms": floor_ms,
+                    "tok_s_al1": 1e3 / floor_ms, "tok_s_dflash": tokens_per_cycle * 1e3 / floor_ms,
+                    "table_gb": table * fn.ple_embed_dim // fn.ngram_heads * row_bytes / 1e9,
+                    "params_b": sum(p.numel() for p in base.parameters()) / 1e9})
+    return out
+
+
+def PLE_TABLE_ROWS(fn, ple_index: int) -> int:  # noqa: N802 (a table's size, not a class)
+    from flash_planner.engine.models.ngram import head_sizes
+
+    return sum(head_sizes(fn.ngram_vocab_base, fn.ngram_heads, ple_index))
+
+
 def tower_rows() -> list[dict]:
     """Each model's vision tower (bench/vision.py's dimensions) in bf16: bytes read once per
     new image, not per decoded token (an image's embeddings are then cached by content)."""
@@ -256,8 +315,10 @@ def main() -> None:
                            f"{THOR_GBPS:.0f} GB/s: ms per forward = GB / {THOR_GBPS / 1000:.3f}",
                            "{:.1f}"))
     vision = tower_rows()
+    flash = flash_next_rows(args.tokens_per_cycle)
     if args.json:
-        print(json.dumps({"forward": table, "verify": verify, "vision": vision}))
+        print(json.dumps({"forward": table, "verify": verify, "vision": vision,
+                          "flash_next": flash}))
         return
     print(f"weights read per target forward; Thor floor at {THOR_GBPS:.0f} GB/s; DFlash at "
           f"{args.tokens_per_cycle} tokens/cycle")
@@ -274,6 +335,13 @@ def main() -> None:
         print(f"{r['rows']:>4} {r['experts_bound']:13.1f} {r['experts_measured']:9.1f} "
               f"{r['gb_bound']:11.2f} {r['gb_measured']:9.2f} {r['ms_measured']:9.1f} "
               f"{r['gb_27b']:7.2f} {r['ms_27b']:9.1f}")
+    print(f"\nQwen3.8-Flash-Next ({flash[0]['params_b']:.1f}B parameters besides its n-gram "
+          f"table), bytes per token: its Linears, 10 experts and 16 PLE rows")
+    print(f"{'build':<26} {'GB':>6} {'table GB':>9} {'floor ms':>9} {'tok/s AL1':>10} "
+          f"{'tok/s DFlash':>13}")
+    for r in flash:
+        print(f"{r['build']:<26} {r['gb']:6.2f} {r['table_gb']:9.1f} {r['floor_ms']:9.1f} "
+              f"{r['tok_s_al1']:10.1f} {r['tok_s_dflash']:13.1f}")
     print("\nthe vision tower, bf16 (bench/vision.py's dimensions): read once per new image, "
           "not per token")
     print(f"{'model':<16} {'params M':>9} {'GB':>6} {'floor ms':>9}")

@@ -250,6 +250,9 @@ class Engine:
 
     def require_vision(self) -> VisionInput:
         """The engine's images, or the error every front door gives a text-only model."""
+        if self.model_config.flash_next is not None:
+            raise ValueError(f"{self.config.model_path} is a Flash-Next target, whose images "
+                             "this engine does not take yet (text only)")
         if self.vision is None:
             raise ValueError(f"{self.config.model_path} is a text-only model (no vision "
                              "tower): it cannot take images")

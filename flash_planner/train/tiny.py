@@ -8,7 +8,8 @@ text-only), `hybrid_vl` (Qwen3_5ForConditionalGeneration, text under model.langu
 (Qwen3_5MoeForCausalLM, the Qwen3.6-35B-A3B family), `hybrid_moe_vl`
 (Qwen3_5MoeForConditionalGeneration) and `dense_moe` (Qwen3MoeForCausalLM, Qwen3-30B-A3B
 style, with layer 1 a dense MLP), and `flash_next` (Qwen4ExpForCausalLM, Qwen3.8-Flash-Next:
-FLASH_NEXT). `mtp=True` adds a random MTP head (`mtp.*`, the layout of
+FLASH_NEXT) and `flash_next_vl` (Qwen4ExpForConditionalGeneration, as published, with a
+vision tower). `mtp=True` adds a random MTP head (`mtp.*`, the layout of
 Qwen3.5/3.6 releases; its MLP is a mixture of experts in the MoE kinds) to a hybrid kind.
 Sizes: `tiny` (~0.1M parameters) and `bench` (~60M parameters, a decode benchmark config).
 """
@@ -23,7 +24,7 @@ from .tokenizer import train_tokenizer
 
 QWEN_EOS = 151645  # <|im_end|>
 KINDS = ("hybrid", "hybrid_vl", "dense", "hybrid_moe", "hybrid_moe_vl", "dense_moe",
-         "flash_next")
+         "flash_next", "flash_next_vl")
 # Qwen3.8-Flash-Next's additions at tiny sizes (transformers 5.24's qwen4_exp_text): PLE on
 # layer 1 with small prime tables, an indexer whose budget (2 blocks of 4) a 12-token prompt
 # exceeds, 4 streams of rank-16 hyper-connections
@@ -92,14 +93,20 @@ def _hf_config(kind: str, size: str, vocab: int, eos: int, rotary: float, init: 
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "partial_rotary_factor": rotary,
                                  "mrope_section": [rotary_pairs - 2 * third, third, third]})
-    if kind.startswith("hybrid_moe") or kind == "flash_next":
+    if kind.startswith(("hybrid_moe", "flash_next")):
         text.pop("intermediate_size")
         text.update(moe, shared_expert_intermediate_size=64)
-    if kind == "flash_next":
-        from transformers import Qwen4ExpTextConfig
+    if kind.startswith("flash_next"):
+        from transformers import Qwen4ExpConfig, Qwen4ExpTextConfig
 
         text["rope_parameters"].pop("mrope_section")
-        return Qwen4ExpTextConfig(**text, **{**FLASH_NEXT, **(flash or {})})
+        text.update(FLASH_NEXT, **(flash or {}))
+        if kind == "flash_next":
+            return Qwen4ExpTextConfig(**text)
+        return Qwen4ExpConfig(text_config=text, vision_config=dict(
+            depth=1, hidden_size=32, num_heads=2, intermediate_size=64,
+            out_hidden_size=dims["hidden_size"], patch_size=4, temporal_patch_size=2,
+            spatial_merge_size=2, num_position_embeddings=16), tie_word_embeddings=False)
     if kind in ("hybrid", "hybrid_moe"):
         return (Qwen3_5TextConfig if kind == "hybrid" else Qwen3_5MoeTextConfig)(**text)
     vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64,
@@ -112,7 +119,8 @@ def _hf_config(kind: str, size: str, vocab: int, eos: int, rotary: float, init: 
 HF_CLASSES = {"hybrid": "Qwen3_5ForCausalLM", "hybrid_vl": "Qwen3_5ForConditionalGeneration",
               "dense": "Qwen3ForCausalLM", "hybrid_moe": "Qwen3_5MoeForCausalLM",
               "hybrid_moe_vl": "Qwen3_5MoeForConditionalGeneration",
-              "dense_moe": "Qwen3MoeForCausalLM", "flash_next": "Qwen4ExpForCausalLM"}
+              "dense_moe": "Qwen3MoeForCausalLM", "flash_next": "Qwen4ExpForCausalLM",
+              "flash_next_vl": "Qwen4ExpForConditionalGeneration"}
 
 
 def _perturb(model: torch.nn.Module, seed: int) -> None:

@@ -54,7 +54,8 @@ def _prompts(vocab: int, eos: int) -> list[list[int]]:
 
 
 def _eos(path) -> int:
-    eos = json.loads((path / "config.json").read_text())["eos_token_id"]
+    raw = json.loads((path / "config.json").read_text())
+    eos = raw.get("eos_token_id") or raw["text_config"]["eos_token_id"]
     return eos[0] if isinstance(eos, list) else eos
 
 
@@ -229,3 +230,33 @@ def test_a_dflash_drafter_on_the_streams_is_lossless(flash_dirs, make_engine, tm
         assert out.token_ids == plain
         # auto may route a random drafter's cycles to plain decoding
         assert out.stats.cycles > 0 and (out.stats.drafted > 0 or settings["method"] == "auto")
+
+
+def test_the_published_layout_with_its_vision_tower_decodes_the_text_as_transformers(
+        tmp_path, make_engine):
+    """Qwen4ExpForConditionalGeneration, as Qwen publishes the model: the language model under
+    model.language_model., the tower's weights skipped; an image is refused naming why."""
+    path = write_tiny_checkpoint(tmp_path / "vl", kind="flash_next_vl", init=0.25)
+    theirs = transformers.Qwen4ExpForConditionalGeneration.from_pretrained(
+        path, dtype=torch.float32).eval()
+    engine = make_engine(path)
+    assert engine.model_config.weight_prefix == "model.language_model."
+    for ids in _prompts(engine.model_config.vocab_size, _eos(path))[::4]:
+        with torch.no_grad():
+            want = theirs.generate(torch.tensor([ids]), max_new_tokens=NEW,
+                                   do_sample=False)[0, len(ids):].tolist()
+        assert generate(engine, ids, GenerationSettings(NEW)).token_ids == want
+    with pytest.raises(ValueError, match="Flash-Next target, whose images"):
+        engine.require_vision()
+
+
+def test_bytes_per_token_of_each_build(monkeypatch):
+    """bench/weight_bytes.py's Flash-Next table: the model on the meta device at the published
+    shapes (125.7B parameters besides the n-gram table); quantizing reads fewer bytes."""
+    from weight_bytes import flash_next_rows
+
+    rows = {r["build"]: r for r in flash_next_rows(1.0)}
+    gb = {build: r["gb"] for build, r in rows.items()}
+    assert gb["nvfp4"] < gb["fp8"] < gb["nvfp4 experts, bf16 else"] < gb["bf16"]
+    assert rows["bf16"]["table_gb"] == 2 * rows["fp8"]["table_gb"]
+    assert abs(rows["bf16"]["params_b"] - 125.7) < 0.1

@@ -62,7 +62,12 @@ def test_every_thor_preset_names_published_repos_for_target_and_drafter():
             "qwen3_8_27b_fp8", "qwen3_8_27b_nvfp4"} <= set(thor)
     for name in thor:
         preset = ModelPreset.load(name)
-        target, drafter = (sources.parse(p) for p in (preset.target_path, preset.drafter_path))
+        target = sources.parse(preset.target_path)
+        if "flash_next" in name:       # no drafter published for it that we could name
+            assert preset.drafter_path is None and preset.method == "none", name
+            assert preset.repos() == [target]
+            continue
+        drafter = sources.parse(preset.drafter_path)
         assert target and drafter, name
         assert drafter.repo_id.startswith("z-lab/") and "DFlash" in drafter.repo_id, name
         assert preset.repos() == [target, drafter]
