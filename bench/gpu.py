@@ -80,6 +80,7 @@ _bench_kernels = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_bench_kernels)
 copy_bandwidth, timed_ms = _bench_kernels.copy_bandwidth, _bench_kernels.timed_ms
 graph_ms = _bench_kernels.graph_ms
+from slices import TINY, expert_stack, quantize_layout, slice_model  # noqa: E402
 
 PARTS = ("ceilings", "gemm", "thor", "slices", "demo", "profile", "vision", "batch")
 # `batch` compiles 10 more graphs at the 27B's width (minutes cold): asked for by name
@@ -103,12 +104,6 @@ ROTATE_BYTES = 256 << 20
 GRAPH_LAUNCHES = 16           # launches per captured graph at least
 
 
-def _layout(fmt: str):
-    from flash_planner.engine.weights import fp8, int4, nvfp4
-
-    return {"fp8": fp8, "nvfp4": nvfp4, "int4": int4}[fmt].quantize_at_load()
-
-
 def weight_op(fmt: str, n: int, k: int, device: str, dtype: torch.dtype):
     """(x -> y, weight bytes, the QuantLinear or None for bf16) for one Linear [N, K] in
     `fmt`, random weights."""
@@ -116,7 +111,7 @@ def weight_op(fmt: str, n: int, k: int, device: str, dtype: torch.dtype):
     if fmt == "bf16":
         w = w.to(dtype)
         return (lambda x: torch.nn.functional.linear(x, w)), w.nbytes, None
-    layout = _layout(fmt)
+    layout = quantize_layout(fmt)
     module = layout.module(n, k).to_empty(device=device)
     module.set_packed(layout.convert({"weight": w}, n, k))
     nbytes = sum(b.nbytes for b in module.buffers())
@@ -192,25 +187,6 @@ def _beside(fmt: str, module, x: torch.Tensor, repeats: int) -> dict:
         tiled_ms = timed_ms(lambda: module(x), repeats)
     return {"tiled_ms": tiled_ms,
             "counted_ms": timed_ms(lambda: LAUNCHERS[fmt](x, *ops, config=counted), repeats)}
-
-
-def expert_stack(fmt: str, experts: int, n: int, k: int, device: str, dtype: torch.dtype):
-    """A stack of `experts` random [N, K] weights in `fmt` (bf16: an ExpertLinear)."""
-    from flash_planner.engine.weights.experts import ExpertLinear
-
-    if fmt == "bf16":
-        stack = ExpertLinear(experts, k, n).to(device=device, dtype=dtype)
-        with torch.no_grad():
-            stack.weight.normal_(0.0, 0.02)
-        return stack
-    layout = _layout(fmt)
-    with torch.device("meta"):
-        stack = layout.module(n, k).stacked(experts)
-    stack = stack.to_empty(device=device)
-    for e in range(experts):
-        w = torch.randn(n, k, device=device, dtype=torch.float32) * 0.02
-        stack.set_packed(layout.convert({"weight": w}, n, k), expert=e)
-    return stack
 
 
 def moe_rows(device: str, small: bool, bw: float, repeats: int) -> list[dict]:
@@ -299,48 +275,6 @@ def thor_rows(fraction: float) -> list[dict]:
         out.append({"model": model, "format": "nvfp4", "gb_per_forward": gb,
                     "fraction": fraction, "ms_per_token": ms, "tok_s": 1000 / ms})
     return out
-
-
-# the slices' layouts: the full models' shapes with 4 layers (3 GDN : 1 attention), or tiny
-TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 384,
-        "linear_key_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-        "linear_value_head_dim": 16, "moe_intermediate_size": 32,
-        "shared_expert_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2}
-
-
-def slice_model(raw: dict, weights: str, dtype: torch.dtype, device: str):
-    """A TargetModel of `raw` with random weights (std 0.02), its Linears as `weights`
-    loads them (nvfp4: quantized from the random bf16 weights), built in place on the
-    device: no checkpoint is written."""
-    from flash_planner.engine.config import ModelConfig
-    from flash_planner.engine.models.target import TargetModel
-    from flash_planner.engine.weights.fuse import fuse_gate_up
-    from flash_planner.engine.weights.load import plan_linears
-    from flash_planner.engine.weights.scheme import UNQUANTIZED
-
-    cfg = ModelConfig.from_hf_dict(raw)
-    with torch.device("meta"):
-        model = TargetModel(cfg)
-    planned = plan_linears(model, lambda ours: ours, UNQUANTIZED, weights, ValueError)
-    model = model.to_empty(device=device)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.data = param.data.to(dtype).normal_(0.0, 0.02)
-        for name, p in planned.items():
-            w = torch.randn(p.n, p.k, device=device, dtype=dtype) * 0.02
-            model.get_submodule(name).set_packed(p.layout.convert({"weight": w}, p.n, p.k))
-    if weights != "bf16":               # the experts too, one stack per projection
-        from flash_planner.engine.weights.experts import ExpertLinear
-
-        for parent in list(model.modules()):
-            for child, stack in list(parent.named_children()):
-                if isinstance(stack, ExpertLinear):
-                    setattr(parent, child, expert_stack(weights, stack.expert_count,
-                                                        stack.out_features,
-                                                        stack.in_features, device, dtype))
-    fuse_gate_up(model)
-    return cfg, model.eval()
 
 
 def slice_rows(device: str, small: bool, bw: float, repeats: int,
@@ -634,73 +568,6 @@ def sdpa_rows(device: str) -> list[dict]:
     return rows
 
 
-def prefill_ms(raw: dict, rows: int, dtype: torch.dtype, device: str, repeats: int) -> float:
-    """ms of one eager prefill of `rows` rows (a fresh state each time) through the target
-    of `raw` (random weights, bf16 Linears: slice_model)."""
-    from flash_planner.engine.cache import InferenceState
-
-    cfg, model = slice_model(raw, "bf16", dtype, device)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    ids = torch.randint(0, cfg.vocab_size, (1, rows), generator=gen).to(device)
-
-    def run() -> None:
-        state = InferenceState(cfg, capacity=rows + 16, max_steps=16, kv_dtype=dtype,
-                               compute_dtype=dtype, device=torch.device(device))
-        with torch.inference_mode():
-            model(ids, state)
-
-    return timed_ms(run, repeats)
-
-
-def vision_rows(device: str, small: bool, sizes: tuple[int, ...] | None = None,
-                repeats: int | None = None) -> list[dict]:
-    """The tower's ms per image, and the prefill of its tokens and a 32-token task through
-    a 4-layer slice of the model (`prefill_ms`): a TTFT with one image is about the tower
-    plus the prefill scaled to the model's depth (`ttft_ms_est`, an estimate, not
-    measured)."""
-    import vision
-    from weight_bytes import QWEN3_6_27B, QWEN3_6_35B_A3B
-
-    from flash_planner.kernels import dispatch
-
-    if small:   # the torch references: interpreted kernels would take seconds a forward
-        dispatch.set_backend("auto")
-    dims = vision.SMALL if small else vision.TOWER
-    sizes = sizes or ((32, 64) if small else (224, 448, 896))
-    repeats = repeats or (2 if small else 10)
-    dtype = torch.float32 if small or device == "cpu" else torch.bfloat16
-    out = []
-    for (name, width), raw in zip(vision.TARGETS.items(), (QWEN3_6_27B, QWEN3_6_35B_A3B)):
-        model = vision.tower(dims, width, device=device, dtype=dtype)
-        vision.measure(model, min(sizes), 1)                  # first calls, untimed
-        rows = [{"model": name, **vision.measure(model, size, repeats)} for size in sizes]
-        del model
-        # On a CPU the vocabulary is cut to 4,096 and the 35B-A3B's experts to 32 (of 256;
-        # still 8 per token): a prefill's work is the same (one lm_head row; each token's 8
-        # experts), its memory fits beside the rest (fp32: 13 GB of experts otherwise)
-        cut = {"vocab_size": 4096, **({"num_experts": 32} if "num_experts" in raw else {})}
-        four = {**raw, "num_hidden_layers": 4, **(TINY if small else {}),
-                **(cut if device == "cpu" and not small else {})}
-        for r in rows:
-            r["prefill_rows"] = r["tokens"] + 32
-            r["slice_prefill_ms"] = prefill_ms(four, r["prefill_rows"], dtype, device,
-                                               max(1, repeats // 5))
-            r["ttft_ms_est"] = r["tower_ms"] + r["slice_prefill_ms"] * raw[
-                "num_hidden_layers"] / 4
-        out += rows
-    return out
-
-
-def print_vision(rows: list[dict]) -> None:
-    print("one image: the vision tower, then its tokens + 32 prefilled through a 4-layer "
-          "slice; TTFT est. = tower + slice x layers / 4 (random weights)\n"
-          f"{'model':<18}{'image':>10}{'tokens':>8}{'tower ms':>10}{'slice ms':>10}"
-          f"{'TTFT est. ms':>14}")
-    for r in rows:
-        print(f"{r['model']:<18}{r['size']:>6} px{r['tokens']:>8}{r['tower_ms']:>10.1f}"
-              f"{r['slice_prefill_ms']:>10.1f}{r['ttft_ms_est']:>14.1f}")
-
-
 def print_tables(report: dict) -> None:
     c = report.get("ceilings")
     if c:
@@ -782,7 +649,9 @@ def print_tables(report: dict) -> None:
             print(f"{r['forward']:<9}{r['rows']:>5}{r['ms_one']:>10.3f}{r['ms_batch']:>10.3f}"
                   f"{r['aggregate']:>10.2f}x")
     if report.get("vision"):
-        print_vision(report["vision"])
+        import vision
+
+        vision.print_vision(report["vision"])
     if report.get("thor"):
         print(f"Thor line: {THOR_GBPS:.0f} GB/s at the nvfp4 GEMMs' measured fraction "
               f"({100 * report['thor'][0]['fraction']:.0f}%, 1 row)")
@@ -862,7 +731,9 @@ def main(argv=None) -> int:
         part("profile", profile_rows(device, args.small))
         part("sdpa", sdpa_rows(device))
     if "vision" in args.parts:
-        part("vision", vision_rows(device, args.small))
+        import vision
+
+        part("vision", vision.vision_rows(device, args.small))
     if "batch" in args.parts:
         part("batch", batch_rows(device, args.small, 3 if args.small else 20))
     print(f"{report['device']}; wall {time.perf_counter() - t0:.0f} s")

@@ -29,15 +29,12 @@ import time
 
 import numpy as np
 import torch
+from weight_bytes import TARGETS, TOWER
 
 from flash_planner.engine.images import ImageConfig, to_patches
 from flash_planner.engine.models.vision import VisionConfig, VisionTower
 from flash_planner.engine.threads import apply_threads
 
-TOWER = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16,
-             num_position_embeddings=2304, hidden_act="gelu_pytorch_tanh")
-# the language model's width the merger projects to
-TARGETS = {"Qwen3.6-27B": 5120, "Qwen3.6-35B-A3B": 2048}
 SMALL = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, patch_size=16,
              num_position_embeddings=64, hidden_act="gelu_pytorch_tanh")
 
@@ -81,6 +78,76 @@ def measure(model: VisionTower, size: int, repeats: int) -> dict:
             "tower_ms": statistics.median(times), "repeats": repeats}
 
 
+def prefill_ms(raw: dict, rows: int, dtype: torch.dtype, device: str, repeats: int) -> float:
+    """ms of one eager prefill of `rows` rows (a fresh state each time) through the target
+    of `raw` (random weights, bf16 Linears: slice_model)."""
+    from slices import slice_model
+
+    from flash_planner.engine.cache import InferenceState
+    from flash_planner.kernels.tune import time_ms as timed_ms
+
+    cfg, model = slice_model(raw, "bf16", dtype, device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (1, rows), generator=gen).to(device)
+
+    def run() -> None:
+        state = InferenceState(cfg, capacity=rows + 16, max_steps=16, kv_dtype=dtype,
+                               compute_dtype=dtype, device=torch.device(device))
+        with torch.inference_mode():
+            model(ids, state)
+
+    return timed_ms(run, repeats)
+
+
+def vision_rows(device: str, small: bool, sizes: tuple[int, ...] | None = None,
+                repeats: int | None = None) -> list[dict]:
+    """The tower's ms per image, and the prefill of its tokens and a 32-token task through
+    a 4-layer slice of the model (`prefill_ms`): a TTFT with one image is about the tower
+    plus the prefill scaled to the model's depth (`ttft_ms_est`, an estimate, not
+    measured)."""
+    from slices import TINY
+    from weight_bytes import QWEN3_6_27B, QWEN3_6_35B_A3B
+
+    from flash_planner.kernels import dispatch
+
+    if small:   # the torch references: interpreted kernels would take seconds a forward
+        dispatch.set_backend("auto")
+    dims = SMALL if small else TOWER
+    sizes = sizes or ((32, 64) if small else (224, 448, 896))
+    repeats = repeats or (2 if small else 10)
+    dtype = torch.float32 if small or device == "cpu" else torch.bfloat16
+    out = []
+    for (name, width), raw in zip(TARGETS.items(), (QWEN3_6_27B, QWEN3_6_35B_A3B)):
+        model = tower(dims, width, device=device, dtype=dtype)
+        measure(model, min(sizes), 1)                  # first calls, untimed
+        rows = [{"model": name, **measure(model, size, repeats)} for size in sizes]
+        del model
+        # On a CPU the vocabulary is cut to 4,096 and the 35B-A3B's experts to 32 (of 256;
+        # still 8 per token): a prefill's work is the same (one lm_head row; each token's 8
+        # experts), its memory fits beside the rest (fp32: 13 GB of experts otherwise)
+        cut = {"vocab_size": 4096, **({"num_experts": 32} if "num_experts" in raw else {})}
+        four = {**raw, "num_hidden_layers": 4, **(TINY if small else {}),
+                **(cut if device == "cpu" and not small else {})}
+        for r in rows:
+            r["prefill_rows"] = r["tokens"] + 32
+            r["slice_prefill_ms"] = prefill_ms(four, r["prefill_rows"], dtype, device,
+                                               max(1, repeats // 5))
+            r["ttft_ms_est"] = r["tower_ms"] + r["slice_prefill_ms"] * raw[
+                "num_hidden_layers"] / 4
+        out += rows
+    return out
+
+
+def print_vision(rows: list[dict]) -> None:
+    print("one image: the vision tower, then its tokens + 32 prefilled through a 4-layer "
+          "slice; TTFT est. = tower + slice x layers / 4 (random weights)\n"
+          f"{'model':<18}{'image':>10}{'tokens':>8}{'tower ms':>10}{'slice ms':>10}"
+          f"{'TTFT est. ms':>14}")
+    for r in rows:
+        print(f"{r['model']:<18}{r['size']:>6} px{r['tokens']:>8}{r['tower_ms']:>10.1f}"
+              f"{r['slice_prefill_ms']:>10.1f}{r['ttft_ms_est']:>14.1f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default=None, help="square image sides in pixels "
@@ -106,15 +173,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeats must be >= 1 and --threads >= 0")
     threads = apply_threads(args.threads, torch.device("cpu"))
     if args.ttft:
-        import gpu
-
-        rows = gpu.vision_rows("cpu", args.small, tuple(sizes), repeats)
+        rows = vision_rows("cpu", args.small, tuple(sizes), repeats)
         if args.json:
             print(json.dumps({"small": args.small, "threads": threads.intra_op,
                               "rows": rows}))
         else:
             print(f"{threads.intra_op} torch thread(s), fp32 CPU")
-            gpu.print_vision(rows)
+            print_vision(rows)
         return 0
     rows = []
     for name, out in TARGETS.items():

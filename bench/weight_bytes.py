@@ -76,6 +76,10 @@ QWEN3_6_35B_A3B = {
                         "partial_rotary_factor": 0.25},
     "eos_token_id": 248044, "mtp_num_hidden_layers": 1,
 }
+TOWER = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16,
+             num_position_embeddings=2304, hidden_act="gelu_pytorch_tanh")
+# the language model's width the merger projects to
+TARGETS = {"Qwen3.6-27B": 5120, "Qwen3.6-35B-A3B": 2048}
 MODELS = {"Qwen3.6-27B": QWEN3_6_27B, "Qwen3-4B": QWEN3_4B, "Qwen3.6-35B-A3B": QWEN3_6_35B_A3B}
 # Qwen3.8-Flash-Next's text config as third-party copies of the published config.json give it
 # (not checked against the file itself): 48 layers (3 GDN : 1 attention with the QSA
@@ -263,8 +267,6 @@ def PLE_TABLE_ROWS(fn, ple_index: int) -> int:  # noqa: N802 (a table's size, no
 def tower_rows() -> list[dict]:
     """Each model's vision tower (bench/vision.py's dimensions) in bf16: bytes read once per
     new image, not per decoded token (an image's embeddings are then cached by content)."""
-    from vision import TARGETS, TOWER
-
     from flash_planner.engine.models.vision import VisionConfig, VisionTower
 
     out = []
