@@ -66,9 +66,9 @@ class PLE(nn.Module):
         window = flash.ple_window[self.layer_idx]                 # [B, W, C] float32
         full = torch.cat([window, x.float()], dim=1)              # [B, W + T, C]
         flash.keep_rows(self.layer_idx, full)
-        t, w = x.shape[1], window.shape[1]
-        taps = torch.stack([full[:, k * self.dilation:k * self.dilation + t]
-                            for k in range(self.kernel)], dim=-1)  # [B, T, C, K]
-        out = (taps * self.conv1d.weight[:, 0].float()).sum(-1)
+        w = window.shape[1]
+        # in the block's dtype, as the checkpoint's reference computes it (bf16 rounding)
+        out = F.conv1d(full.to(x.dtype).transpose(1, 2), self.conv1d.weight.to(x.dtype),
+                       dilation=self.dilation, groups=full.shape[2])
         window.copy_(full[:, -w:])
-        return F.silu(out).to(x.dtype)
+        return F.silu(out).transpose(1, 2)
