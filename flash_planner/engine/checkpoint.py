@@ -18,6 +18,7 @@ import torch
 
 from .config import ConfigError, ModelConfig, read_json_object
 from .models.flash_next import FlashNextModel, open_ngram_tables
+from .models.flash_next_mtp import FlashNextHead
 from .models.mtp import MTPHead
 from .models.target import TargetModel
 from .models.vision import VISION_PREFIX, VisionConfig, VisionTower
@@ -164,7 +165,8 @@ def load_mtp_head(checkpoint: Checkpoint, dtype: torch.dtype,
         raise CheckpointError(f"{where}: {MTP_PREFIX}* tensors are present but config.json "
                               "has no mtp_num_hidden_layers")
     try:
-        head, _, _ = _load(MTPHead, cfg, lambda ours: MTP_PREFIX + ours,
+        head_cls = MTPHead if cfg.flash_next is None else FlashNextHead
+        head, _, _ = _load(head_cls, cfg, lambda ours: MTP_PREFIX + ours,
                            checkpoint.mtp_weights, dtype, device, checkpoint.scheme,
                            checkpoint.weights)
     except ConfigError as exc:

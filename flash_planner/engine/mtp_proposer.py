@@ -56,7 +56,8 @@ class MTPProposer(Proposer):
         self.lm_head_weight = target.output_weight
         self.state = state
         self.chunk = chunk
-        self.tap_ids = (target.cfg.num_layers - 1,)   # the last layer, after the final norm
+        # the last layer, after the final norm (a Flash-Next target: its 4-stream state)
+        self.tap_ids = (getattr(target, "mtp_tap", target.cfg.num_layers - 1),)
         self.block_size = steps + 1
         self.seed_rows = state.capacity               # every prompt row enters the cache
         # Normed h of committed rows not in the cache, one chunk per commit (the prompt's
@@ -243,7 +244,7 @@ class MTPProposer(Proposer):
             self.state.commit(end - at)
 
     def _draft(self, out: torch.Tensor, position: int) -> torch.Tensor:
-        return self.pick(out[0] @ self.lm_head_weight.T, position)     # [1]
+        return self.pick(self.head.logit_input(out)[0] @ self.lm_head_weight.T, position)
 
     @inference
     def commit(self, tokens: Sequence[int], taps: torch.Tensor | None, start: int) -> None:

@@ -63,16 +63,8 @@ def build_proposers(config: EngineConfig, checkpoint: Checkpoint, state: Inferen
                               f"max_block {config.max_block}")
         proposers["dflash"] = dflash
         weights += module_bytes(drafter)
-    if checkpoint.config.flash_next is not None and (config.method == "mtp" or config.method
-                                                     == "auto" and checkpoint.mtp_weights):
-        if config.method == "mtp":
-            raise ConfigError(f"method 'mtp': {checkpoint.path} is a Flash-Next target, whose "
-                              "MTP module this engine does not run yet (use dflash or none)")
-        log.info("%s: Flash-Next's MTP module is not run yet; auto chooses among the others",
-                 checkpoint.path)
-    want_mtp = checkpoint.config.flash_next is None and (
-        config.method == "mtp" or (config.method == "auto" and checkpoint.mtp_weights
-                                   and checkpoint.config.is_hybrid))
+    want_mtp = config.method == "mtp" or (config.method == "auto" and checkpoint.mtp_weights
+                                          and checkpoint.config.is_hybrid)
     if want_mtp:
         head = load_mtp_head(checkpoint, dtype, device)
         head_state = InferenceState(head.cfg, capacity=state.capacity, max_steps=1,

@@ -190,7 +190,8 @@ def add_tiny_mtp_head(path: Path, seed: int = 0, scale: float = 1.0) -> None:
     """Add random `mtp.*` tensors and `mtp_num_hidden_layers: 1` to a hybrid checkpoint.
 
     The layer is a transformers Qwen3.5 full-attention decoder layer (its tensor names are
-    the ones releases use under `mtp.layers.0.`), plus `fc` [H, 2H] and the three norms;
+    the ones releases use under `mtp.layers.0.`), plus `fc` [H, 2H] and the three norms (a
+    Flash-Next checkpoint: its module, `_flash_next_mtp`);
     sharded checkpoints get an extra shard listed in the index, as releases have.
     `scale` multiplies the random weights (larger: sharper draft logits)."""
     import json
@@ -205,17 +206,20 @@ def add_tiny_mtp_head(path: Path, seed: int = 0, scale: float = 1.0) -> None:
     cfg = AutoConfig.from_pretrained(str(path))
     cfg = getattr(cfg, "text_config", cfg)
     torch.manual_seed(seed + 7)
-    moe = getattr(cfg, "num_experts", 0)
-    layer = (Qwen3_5MoeDecoderLayer if moe else Qwen3_5DecoderLayer)(
-        cfg, cfg.layer_types.index("full_attention"))
-    _perturb(layer, seed + 7)
     h = cfg.hidden_size
     gen = torch.Generator().manual_seed(seed + 8)
-    tensors = {f"mtp.layers.0.{k}": v * (scale if v.dim() >= 2 else 1.0)
-               for k, v in per_expert(layer.state_dict()).items()}
-    tensors["mtp.fc.weight"] = torch.randn(h, 2 * h, generator=gen) * 0.1 * scale
-    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-        tensors[f"mtp.{norm}.weight"] = 0.2 * torch.randn(h, generator=gen)  # zero-centred
+    if cfg.model_type.startswith("qwen4_exp"):
+        tensors = _flash_next_mtp(cfg, seed, scale, gen)
+    else:
+        moe = getattr(cfg, "num_experts", 0)
+        layer = (Qwen3_5MoeDecoderLayer if moe else Qwen3_5DecoderLayer)(
+            cfg, cfg.layer_types.index("full_attention"))
+        _perturb(layer, seed + 7)
+        tensors = {f"mtp.layers.0.{k}": v * (scale if v.dim() >= 2 else 1.0)
+                   for k, v in per_expert(layer.state_dict()).items()}
+        tensors["mtp.fc.weight"] = torch.randn(h, 2 * h, generator=gen) * 0.1 * scale
+        for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+            tensors[f"mtp.{norm}.weight"] = 0.2 * torch.randn(h, generator=gen)
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -230,6 +234,33 @@ def add_tiny_mtp_head(path: Path, seed: int = 0, scale: float = 1.0) -> None:
     text["mtp_num_hidden_layers"] = 1
     text["mtp_use_dedicated_embeddings"] = False
     (path / "config.json").write_text(json.dumps(raw, indent=2))
+
+
+def _flash_next_mtp(cfg, seed: int, scale: float, gen: torch.Generator) -> dict:
+    """A Flash-Next MTP module's random tensors (engine/models/flash_next_mtp.py): one
+    transformers Qwen4-Exp decoder layer with the indexer (no PLE), its final mixer, the
+    fusion's two norms and two projections."""
+    import copy
+
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import (
+        Qwen4ExpTextDecoderLayer,
+        Qwen4ExpTextGatedResidual,
+    )
+
+    one = copy.deepcopy(cfg)
+    one.layer_types, one.ple_layer_ids, one.num_hidden_layers = ["indexed_attention"], [], 1
+    layer, mixer = Qwen4ExpTextDecoderLayer(one, 0), Qwen4ExpTextGatedResidual(one, False)
+    _perturb(layer, seed + 7)
+    h, hc = cfg.hidden_size, cfg.hc_count
+    tensors = {f"mtp.layers.0.{k}": v * (scale if v.dim() >= 2 else 1.0)
+               for k, v in per_expert(layer.state_dict()).items()}
+    tensors.update({f"mtp.hyper_connection_mixer.{k}": v
+                    for k, v in mixer.state_dict().items()})
+    for name in ("fc_embedding", "fc_hidden"):
+        tensors[f"mtp.{name}.weight"] = torch.randn(h, h, generator=gen) * 0.1 * scale
+    for name, dim in (("pre_fc_norm_embedding", h), ("pre_fc_norm_hidden", hc * h)):
+        tensors[f"mtp.{name}.weight"] = 0.2 * torch.randn(dim, generator=gen)
+    return tensors
 
 
 def per_expert(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

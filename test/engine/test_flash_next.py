@@ -304,3 +304,31 @@ def test_bf16_differs_from_transformers_only_after_a_routing_tie(flash_dirs):
         else:
             assert (logits - want).abs().max().item() <= tol, len(ids)
     assert flipped < len(LENGTHS)          # most prompts agree outright
+
+
+@pytest.mark.parametrize("settings", [dict(method="mtp"), dict(method="mtp", kv_dtype="fp8",
+                                                                 mtp_steps=5),
+                                      dict(method="auto", prefill_chunk=7)])
+def test_its_mtp_module_drafts_losslessly(tmp_path, make_engine, monkeypatch, settings):
+    """The MTP module (a random one in the layout flash_next_mtp.py reads) continues the
+    target's 4-stream state; its drafts are rolled back across the target's and its own
+    indexer blocks, and the tokens equal plain greedy decoding."""
+    path = write_tiny_checkpoint(tmp_path / "mtp", kind="flash_next", init=0.25, mtp=True)
+    engine = make_engine(path, **settings)
+    assert type(engine.proposers["mtp"].head).__name__ == "FlashNextHead"
+    commits: list[tuple[int, int, int]] = []
+    commit = InferenceState.commit
+
+    def spy(self, n):
+        if self is engine.state:
+            commits.append((self.length, n, self.pending))
+        return commit(self, n)
+
+    monkeypatch.setattr(InferenceState, "commit", spy)
+    for ids in _prompts(engine.model_config.vocab_size, _eos(path))[::3]:
+        plain = generate(engine, ids, GenerationSettings(30, ignore_eos=True,
+                                                         speculative=False)).token_ids
+        out = generate(engine, ids, GenerationSettings(30, ignore_eos=True))
+        assert out.token_ids == plain
+        assert out.stats.method_cycles.get("mtp", 0) > 0 or settings["method"] == "auto"
+    assert any((at + rows - 1) // 4 > (at + n - 1) // 4 for at, n, rows in commits if n < rows)

@@ -12,7 +12,9 @@ segment backends, compiled graphs, batches or images yet. Taps (what a drafter o
 reads of layer L): the mean of layer L's output streams, the one H-wide summary of the
 residual that needs no learned weights (it is what every stream's share of the residual
 holds before a mixer weighs it); of the last layer, the last mixer's output, which is what
-lm_head reads, as a plain target's taps of its last layer are after the final norm.
+lm_head reads, as a plain target's taps of its last layer are after the final norm. Tap id
+`num_layers` (`mtp_tap`) is the 4-stream state after the last layer, which the MTP module
+(flash_next_mtp.py) continues.
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ class FlashNextModel(nn.Module):
                         else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
         self.moe_blocks = [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
         self.ple_layers = [layer.ple for layer in self.layers if layer.ple is not None]
+        # the MTP module's tap: the 4-stream state after the last layer (an id past it)
+        self.mtp_tap = cfg.num_layers
         self.segments: list = []          # no dense segments: eager only
         self.dense = TorchDense(self.segments)
         self.static = self.batch_static = None
@@ -144,6 +148,8 @@ class FlashNextModel(nn.Module):
                     tapped[wanted[i]] = streams.unflatten(-1, (-1, self.cfg.hidden_size)
                                                           ).mean(dim=-2)
             rows = slice(None) if all_logits or last in wanted else slice(-1, None)
+            if self.mtp_tap in wanted:
+                tapped[wanted[self.mtp_tap]] = streams
             final, _ = self.hyper_connection_mixer(streams[:, rows])
             if last in wanted:
                 tapped[wanted[last]] = final

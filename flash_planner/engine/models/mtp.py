@@ -58,6 +58,11 @@ class MTPHead(nn.Module):
         self.static: StaticHead | None = None
         self.batch_static: StaticHead | None = None
 
+    def logit_input(self, out: torch.Tensor) -> torch.Tensor:
+        """What the target's lm_head reads of the head's output: the output itself (a
+        Flash-Next module mixes its streams first: flash_next_mtp.py)."""
+        return out
+
     def fuse(self, embedded: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """The layer's input: fc over the normed embedding, then the normed hidden state."""
         return self.fc(torch.cat((self.pre_fc_norm_embedding(embedded),
