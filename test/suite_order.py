@@ -12,6 +12,7 @@ SLOW_FIRST = ("engine/test_compiled.py", "test_peer.py", "ros/test_node_soak.py"
               "kernels/test_compile.py", "test_bench_gpu.py",
               "kernels/test_engine_on_kernels.py", "test_soak.py", "test_thor_deps.py",
               "ros/test_colcon_build.py", "test_bench_batch.py", "engine/test_batch.py",
+              "engine/test_flash_next.py",
               "ros/test_node_batch.py",
               "engine/test_prefix.py", "engine/test_segments.py")
 

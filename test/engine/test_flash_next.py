@@ -42,6 +42,12 @@ def flash_dirs(tmp_path_factory):
     return made
 
 
+@pytest.fixture(scope="module")
+def flash_mtp_dir(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("flash_mtp"), kind="flash_next",
+                                 init=0.25, mtp=True)
+
+
 def _prompts(vocab: int, eos: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(7)
     prompts = []
@@ -309,11 +315,11 @@ def test_bf16_differs_from_transformers_only_after_a_routing_tie(flash_dirs):
 @pytest.mark.parametrize("settings", [dict(method="mtp"), dict(method="mtp", kv_dtype="fp8",
                                                                  mtp_steps=5),
                                       dict(method="auto", prefill_chunk=7)])
-def test_its_mtp_module_drafts_losslessly(tmp_path, make_engine, monkeypatch, settings):
+def test_its_mtp_module_drafts_losslessly(flash_mtp_dir, make_engine, monkeypatch, settings):
     """The MTP module (a random one in the layout flash_next_mtp.py reads) continues the
     target's 4-stream state; its drafts are rolled back across the target's and its own
     indexer blocks, and the tokens equal plain greedy decoding."""
-    path = write_tiny_checkpoint(tmp_path / "mtp", kind="flash_next", init=0.25, mtp=True)
+    path = flash_mtp_dir
     engine = make_engine(path, **settings)
     assert type(engine.proposers["mtp"].head).__name__ == "FlashNextHead"
     commits: list[tuple[int, int, int]] = []
