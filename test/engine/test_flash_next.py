@@ -59,6 +59,20 @@ def _prompts(vocab: int, eos: int) -> list[list[int]]:
     return prompts
 
 
+def _commits_of(state, monkeypatch) -> list[tuple[int, int, int]]:
+    """Each commit on `state` from now on: (length before, rows kept, rows run)."""
+    commits: list[tuple[int, int, int]] = []
+    commit = InferenceState.commit
+
+    def spy(self, n):
+        if self is state:
+            commits.append((self.length, n, self.pending))
+        return commit(self, n)
+
+    monkeypatch.setattr(InferenceState, "commit", spy)
+    return commits
+
+
 def _eos(path) -> int:
     raw = json.loads((path / "config.json").read_text())
     eos = raw.get("eos_token_id") or raw["text_config"]["eos_token_id"]
@@ -125,15 +139,7 @@ def test_speculative_decoding_is_lossless_across_ple_windows_and_indexer_blocks(
     blocks are dropped and written again; the tokens equal plain greedy decoding."""
     path, _ = flash_dirs["sigmoid"]
     engine = make_engine(path)
-    commits: list[tuple[int, int, int]] = []
-    commit = InferenceState.commit
-
-    def spy(self, n):
-        if self is engine.state:
-            commits.append((self.length, n, self.pending))
-        return commit(self, n)
-
-    monkeypatch.setattr(InferenceState, "commit", spy)
+    commits = _commits_of(engine.state, monkeypatch)
     n_new = 40
     for ids in _prompts(engine.model_config.vocab_size, _eos(path))[::3]:
         plain = generate(engine, ids, GenerationSettings(n_new, ignore_eos=True,
@@ -322,15 +328,7 @@ def test_its_mtp_module_drafts_losslessly(flash_mtp_dir, make_engine, monkeypatc
     path = flash_mtp_dir
     engine = make_engine(path, **settings)
     assert type(engine.proposers["mtp"].head).__name__ == "FlashNextHead"
-    commits: list[tuple[int, int, int]] = []
-    commit = InferenceState.commit
-
-    def spy(self, n):
-        if self is engine.state:
-            commits.append((self.length, n, self.pending))
-        return commit(self, n)
-
-    monkeypatch.setattr(InferenceState, "commit", spy)
+    commits = _commits_of(engine.state, monkeypatch)
     for ids in _prompts(engine.model_config.vocab_size, _eos(path))[::3]:
         plain = generate(engine, ids, GenerationSettings(30, ignore_eos=True,
                                                          speculative=False)).token_ids
