@@ -214,12 +214,10 @@ class InferenceState:
     def row(self, index: int) -> InferenceState:
         """Batch row `index` as a one-sequence state of its own (a slot of batched
         requests): its own length and pending rows, this state's storage."""
-        if self.flash is not None:
-            raise ValueError("a Flash-Next target decodes one request at a time "
-                             "(max_batch 1) for now")
         view = object.__new__(InferenceState)
         view.__dict__.update(self.__dict__)
         view.kv = self.kv.rows(index, index + 1, [False] * len(self.kv.calibrated))
+        view.flash = None if self.flash is None else self.flash.rows(index, index + 1)
         view.gdn = self.gdn.rows(index, index + 1)
         view.length, view.pending, view.recorded, view.rope_shift = 0, 0, False, 0
         return view

@@ -277,16 +277,15 @@ class Engine:
 
 
 def flash_next_config(config: EngineConfig) -> EngineConfig:
-    """A Flash-Next target runs eager, one request at a time, its dense parts in torch: auto
-    settings become that; asking for more is refused naming the setting."""
-    asked = {"compile": config.compile == "on", "dense_backend": config.dense_backend not in
-             ("torch", "auto"), "max_batch": (config.max_batch or 1) > 1}
+    """A Flash-Next target runs eager forwards, its dense parts in torch: auto settings
+    become that; asking for more is refused naming the setting."""
+    asked = {"compile": config.compile == "on",
+             "dense_backend": config.dense_backend not in ("torch", "auto")}
     wrong = [name for name, bad in asked.items() if bad]
     if wrong:
         raise ValueError(f"{config.model_path} is a Flash-Next (qwen4_exp) target, which runs "
-                         f"eager forwards of one request at a time in torch for now: "
-                         f"{', '.join(wrong)} cannot be set")
-    return replace(config, compile="off", dense_backend="torch", max_batch=1)
+                         f"eager forwards in torch for now: {', '.join(wrong)} cannot be set")
+    return replace(config, compile="off", dense_backend="torch")
 
 
 def compile_forwards(engine: Engine, progress: Callable[[str], None] | None = None

@@ -9,7 +9,10 @@
 
 A forward keeps its block's rows (the window and history before it, then the block), so that
 committing n of its rows puts back exactly the window and history after row n: a rollback
-in O(1), with no per-step copies.
+in O(1), with no per-step copies. The rows of a batch's slots are views of one state
+(`rows`), which share what the last forward kept: a batched forward keeps its rows once, and
+each slot then commits its own count from its row of them (rows a slot only padded are past
+its count, so they never enter its window or history).
 """
 
 from __future__ import annotations
@@ -32,8 +35,20 @@ class FlashState:
         dim = fn.indexer.head_dim if fn.indexer else 0
         self.index_keys = {i: torch.zeros(batch, capacity, dim, dtype=dtype, device=device)
                            for i in (cfg.full_attention_layers if fn.indexer else ())}
-        self._rows: dict[int, torch.Tensor] = {}       # the last forward's [window, block]
-        self._ids: torch.Tensor | None = None           # its [history, block ids]
+        self.lo = 0                      # this view's first row of the whole state
+        # the last forward's [window, block] rows per PLE layer and [history, block ids],
+        # each with the first row it covers: shared by every view of one state
+        self._kept: dict = {"rows": {}, "ids": None}
+
+    def rows(self, lo: int, hi: int) -> FlashState:
+        """Batch rows lo..hi-1 as a state of their own, sharing this one's storage."""
+        view = object.__new__(FlashState)
+        view.__dict__.update(self.__dict__)
+        view.ple_window = {i: w[lo:hi] for i, w in self.ple_window.items()}
+        view.history = self.history[lo:hi]
+        view.index_keys = {i: k[lo:hi] for i, k in self.index_keys.items()}
+        view.lo = self.lo + lo
+        return view
 
     @property
     def nbytes(self) -> int:
@@ -44,29 +59,31 @@ class FlashState:
         """A forward over ids [B, T]: returns the history before them and moves it past
         them (`commit` moves it back when fewer rows are kept)."""
         before = self.history.clone()
-        self._ids = torch.cat([before, ids.long()], dim=1)
-        self.history.copy_(self._ids[:, -self.context:])
+        block = torch.cat([before, ids.long()], dim=1)
+        self._kept["ids"] = (block, self.lo)
+        self.history.copy_(block[:, -self.context:])
         return before
 
     def keep_rows(self, layer: int, rows: torch.Tensor) -> None:
         """A PLE layer's [window, block] rows of this forward (for `commit`)."""
-        self._rows[layer] = rows
+        self._kept["rows"][layer] = (rows, self.lo)
+
+    def _mine(self, kept: tuple[torch.Tensor, int]) -> torch.Tensor:
+        rows, lo = kept
+        at = self.lo - lo
+        return rows[at:at + self.history.shape[0]]
 
     def commit(self, n: int, pending: int) -> None:
         """Keep the first n of the last forward's `pending` rows."""
         if n < pending:
             for layer, window in self.ple_window.items():
-                window.copy_(self._rows[layer][:, n:n + window.shape[1]])
-            self.history.copy_(self._ids[:, n:n + self.context])
-        self._rows.clear()
-        self._ids = None
+                window.copy_(self._mine(self._kept["rows"][layer])[:, n:n + window.shape[1]])
+            self.history.copy_(self._mine(self._kept["ids"])[:, n:n + self.context])
 
     def reset(self) -> None:
         for window in self.ple_window.values():
             window.zero_()
         self.history.fill_(self.eos)
-        self._rows.clear()
-        self._ids = None
 
     def save(self, length: int) -> tuple:
         return ({i: w.clone() for i, w in self.ple_window.items()}, self.history.clone(),
@@ -79,3 +96,11 @@ class FlashState:
         self.history.copy_(history)
         for i, k in keys.items():
             self.index_keys[i][:, :k.shape[1]].copy_(k)
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Row src's committed state into row dst (a slot leaving the batch: slots.py)."""
+        for window in self.ple_window.values():
+            window[dst].copy_(window[src])
+        self.history[dst].copy_(self.history[src])
+        for keys in self.index_keys.values():
+            keys[dst, :length].copy_(keys[src, :length])

@@ -56,8 +56,8 @@ class MTPProposer(Proposer):
         self.lm_head_weight = target.output_weight
         self.state = state
         self.chunk = chunk
-        # the last layer, after the final norm (a Flash-Next target: its 4-stream state)
-        self.tap_ids = (getattr(target, "mtp_tap", target.cfg.num_layers - 1),)
+        # the last layer, after the final norm (a Flash-Next target: its streams)
+        self.tap_ids = getattr(target, "mtp_taps", (target.cfg.num_layers - 1,))
         self.block_size = steps + 1
         self.seed_rows = state.capacity               # every prompt row enters the cache
         # Normed h of committed rows not in the cache, one chunk per commit (the prompt's
@@ -189,9 +189,11 @@ class MTPProposer(Proposer):
     @inference
     def prefix_state(self, prefix_ids: Sequence[int], taps: dict[int, torch.Tensor]
                      ) -> dict[str, object]:
-        hidden = taps.get(self.tap_ids[0])
+        if any(t not in taps for t in self.tap_ids):
+            return {}
+        hidden = torch.cat([taps[t] for t in self.tap_ids], dim=-1)   # in tap order
         n = len(prefix_ids) - 1
-        if hidden is None or hidden.shape[1] != len(prefix_ids) or n < 1:
+        if hidden.shape[1] != len(prefix_ids) or n < 1:
             return {}
         self.state.reset()
         tokens = torch.tensor(list(prefix_ids[1:]), dtype=torch.long, device=hidden.device)

@@ -38,6 +38,7 @@ class BatchRows:
                                "(its FP8 scales are calibrated on its own prompt)")
         self.kv = whole.kv.rows(0, m, calibrated)
         self.gdn = whole.gdn.rows(0, m)
+        self.flash = None if whole.flash is None else whole.flash.rows(0, m)
 
     @property
     def rope_shift(self) -> list[int]:
@@ -116,6 +117,8 @@ class SlotStates:
             kv.v_scale[:, dst].copy_(kv.v_scale[:, src])
         gdn.state[:, dst].copy_(gdn.state[:, src])
         gdn.conv[:, dst].copy_(gdn.conv[:, src])
+        if self.whole.flash is not None:
+            self.whole.flash.move(src, dst, n)
         b.length, b.pending, b.recorded, b.rope_shift = n, 0, False, a.rope_shift
         b.kv.calibrated[:] = a.kv.calibrated
         a.reset()

@@ -215,9 +215,48 @@ def test_a_config_it_cannot_run_names_the_field(flash_dirs, edit, match):
 
 def test_settings_a_flash_next_target_cannot_run_are_refused(flash_dirs, make_engine):
     path, _ = flash_dirs["sigmoid"]
-    with pytest.raises(ValueError, match="Flash-Next .* compile, max_batch cannot be set"):
-        make_engine(path, compile="on", max_batch=4)
-    assert make_engine(path, max_batch=0).config.max_batch == 1      # auto: one at a time
+    with pytest.raises(ValueError, match="Flash-Next .* compile cannot be set"):
+        make_engine(path, compile="on")
+    with pytest.raises(ValueError, match="Flash-Next .* dense_backend cannot be set"):
+        make_engine(path, dense_backend="onnxruntime")
+    assert make_engine(path, compile="auto").config.compile == "off"
+
+
+@pytest.mark.parametrize("kv", ["fp32", "fp8"])
+def test_batched_requests_equal_each_request_alone(flash_mtp_dir, make_engine, tmp_path, kv):
+    """Requests decoding together (one verify per cycle for all, padded to the longest
+    block; joining midway, leaving when done) give each request's tokens alone: each slot's
+    PLE window, n-gram history and indexer keys are its own and roll back to its own count
+    (plain, DFlash, MTP, auto and replay proposers side by side)."""
+    from flash_planner.engine.batch import Batch, BatchRequest
+    from flash_planner.train.tiny import write_tiny_drafter
+
+    drafter = write_tiny_drafter(tmp_path / "drafter", flash_mtp_dir, block_size=6)
+    engine = make_engine(flash_mtp_dir, drafter_path=str(drafter), kv_dtype=kv,
+                         method="auto", prefill_chunk=16)
+    prompts = _prompts(engine.model_config.vocab_size, _eos(flash_mtp_dir))[4:]
+    new = (24, 9, 31, 16, 40, 12, 20, 28)
+    plain = [generate(engine, ids, GenerationSettings(n, ignore_eos=True, speculative=False))
+             .token_ids for ids, n in zip(prompts, new)]
+    methods = ["none", "dflash", "mtp", "auto", "replay"]
+    requests = []
+    for i, (ids, n) in enumerate(zip(prompts, new)):
+        method = methods[i % len(methods)]
+        replay = (ReplayProposer(plain[i], engine.model_config.vocab_size, block_size=5,
+                                 seed=i) if method == "replay" else None)
+        requests.append(BatchRequest(ids, GenerationSettings(
+            n, ignore_eos=True, method=None if method == "replay" else method),
+            proposer=replay))
+    batch = Batch(engine, max_batch=4)
+    futures = [batch.submit(r) for r in requests[:4]]
+    for _ in range(3):
+        batch.step()
+    futures += [batch.submit(r) for r in requests[4:]]
+    while not all(f.done() for f in futures):
+        batch.step()
+    got = [f.result().token_ids for f in futures]
+    assert got == plain
+    assert batch.stats.cycles < sum(len(p) for p in plain)        # rows were batched
 
 
 @pytest.mark.parametrize("settings", [
@@ -336,3 +375,21 @@ def test_its_mtp_module_drafts_losslessly(flash_mtp_dir, make_engine, monkeypatc
         assert out.token_ids == plain
         assert out.stats.method_cycles.get("mtp", 0) > 0 or settings["method"] == "auto"
     assert any((at + rows - 1) // 4 > (at + n - 1) // 4 for at, n, rows in commits if n < rows)
+
+
+def test_a_prefix_snapshot_serves_its_mtp_module_too(flash_mtp_dir, make_engine):
+    """The planner's system prompt kept as a prefix snapshot: the MTP module's own cache of
+    it is kept from the target's streams, and a request on the snapshot decodes the same
+    tokens as one prefilled whole."""
+    engine = make_engine(flash_mtp_dir, method="mtp")
+    prompts = _prompts(engine.model_config.vocab_size, _eos(flash_mtp_dir))
+    prefix = prompts[-1][:30]
+    settings = GenerationSettings(20, ignore_eos=True)
+    for tail in (prompts[2], prompts[5]):
+        ids = prefix + tail
+        whole = generate(engine, ids, settings)
+        first = generate(engine, ids, settings, prefix=prefix)
+        again = generate(engine, ids, settings, prefix=prefix)
+        assert again.stats.prefix_hit is True
+        assert whole.token_ids == first.token_ids == again.token_ids
+        assert again.stats.method_cycles.get("mtp", 0) > 0

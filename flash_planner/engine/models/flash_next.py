@@ -7,14 +7,14 @@ mixer's input (GDN, or gated attention over the keys the indexer keeps), whose o
 back into each stream by its gate; a second hyper-mixer does the same around the MoE. The
 last mixer of the streams feeds lm_head (no final norm).
 
-`forward` has the target's signature (models/target.py) for one sequence, eager: no dense
-segment backends, compiled graphs, batches or images yet. Taps (what a drafter or MTP head
+`forward` has the target's signature (models/target.py), a batch's slots included, eager:
+no dense segment backends, compiled graphs or images yet. Taps (what a drafter or MTP head
 reads of layer L): the mean of layer L's output streams, the one H-wide summary of the
 residual that needs no learned weights (it is what every stream's share of the residual
 holds before a mixer weighs it); of the last layer, the last mixer's output, which is what
-lm_head reads, as a plain target's taps of its last layer are after the final norm. Tap id
-`num_layers` (`mtp_tap`) is the 4-stream state after the last layer, which the MTP module
-(flash_next_mtp.py) continues.
+lm_head reads, as a plain target's taps of its last layer are after the final norm. Tap ids
+`num_layers` .. `num_layers + hc - 1` (`mtp_taps`) are the streams of the state after the
+last layer, which the MTP module (flash_next_mtp.py) continues.
 """
 
 from __future__ import annotations
@@ -97,8 +97,10 @@ class FlashNextModel(nn.Module):
                         else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
         self.moe_blocks = [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
         self.ple_layers = [layer.ple for layer in self.layers if layer.ple is not None]
-        # the MTP module's tap: the 4-stream state after the last layer (an id past it)
-        self.mtp_tap = cfg.num_layers
+        # the MTP module's taps: the streams of the state after the last layer, one id per
+        # stream past the layers' (each H wide, as every other tap, so that proposers' taps
+        # concatenate and split alike)
+        self.mtp_taps = tuple(range(cfg.num_layers, cfg.num_layers + fn.hc_count))
         self.segments: list = []          # no dense segments: eager only
         self.dense = TorchDense(self.segments)
         self.static = self.batch_static = None
@@ -126,10 +128,10 @@ class FlashNextModel(nn.Module):
                 real_rows: Sequence[int] | None = None,
                 image_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
                 rope_positions: torch.Tensor | None = None) -> ForwardOutput:
-        """As `TargetModel.forward` for one sequence (no batch, no images)."""
+        """As `TargetModel.forward` (no images). A batch's padding rows (past `real_rows`)
+        run too: each slot commits no more than its real rows, which come before them and
+        never read them."""
         b, t = ids.shape
-        if b != 1 or real_rows is not None:
-            raise ValueError("a Flash-Next target decodes one request at a time (max_batch 1)")
         if image_rows is not None or rope_positions is not None:
             raise ValueError("a Flash-Next target takes text only here")
         ctx = ForwardContext.open(state, b, t, self.cfg.rope, self.embed_tokens.weight.dtype,
@@ -148,8 +150,10 @@ class FlashNextModel(nn.Module):
                     tapped[wanted[i]] = streams.unflatten(-1, (-1, self.cfg.hidden_size)
                                                           ).mean(dim=-2)
             rows = slice(None) if all_logits or last in wanted else slice(-1, None)
-            if self.mtp_tap in wanted:
-                tapped[wanted[self.mtp_tap]] = streams
+            h = self.cfg.hidden_size
+            for s, tap in enumerate(self.mtp_taps):
+                if tap in wanted:
+                    tapped[wanted[tap]] = streams[..., s * h:(s + 1) * h]
             final, _ = self.hyper_connection_mixer(streams[:, rows])
             if last in wanted:
                 tapped[wanted[last]] = final
