@@ -136,6 +136,10 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
         raise CheckpointError(str(exc)) from exc
     files = weight_map(path)
     model_cls = TargetModel if cfg.flash_next is None else FlashNextModel
+    if cfg.flash_next is not None and scheme.quantized:
+        # its recipes leave modules plain that no exclusion names (the hyper-connection
+        # mixers; compressed-tensors leaves transformers' fused experts, not Linears)
+        scheme = as_stored(scheme, files, cfg.weight_prefix)
     model, known, counts = _load(model_cls, cfg, lambda ours: _checkpoint_name(ours, cfg),
                                  files, dtype, device, scheme, weights)
     if cfg.flash_next is not None:
@@ -207,13 +211,17 @@ def load_vision_tower(path: str | Path, dtype: torch.dtype = torch.float32,
         raise CheckpointError(str(exc)) from exc
     files = weight_map(path)
     # A quantization config written for the language model may not name the tower it left
-    # in full precision (Qwen FP8's modules_to_not_convert, ModelOpt's exclude lists), so
-    # a tower Linear stored as a plain weight loads as one; one stored with quantization
-    # tensors (compressed-tensors recipes that do not ignore the tower) as its layout.
-    stored = {name.rsplit(".", 1)[0] for name in files if name.startswith(VISION_PREFIX)
-              and name.rsplit(".", 1)[-1] not in ("weight", "bias")}
-    tower_scheme = Scheme(scheme.label, lambda name: scheme.rule(name) if name in stored
-                          else None)
+    # in full precision (Qwen FP8's modules_to_not_convert, ModelOpt's exclude lists): the
+    # tower loads as stored (compressed-tensors recipes that do not ignore it quantize it)
     tower, _, _ = _load(VisionTower, cfg, lambda ours: VISION_PREFIX + ours, files,
-                        dtype, device, tower_scheme, "auto")
+                        dtype, device, as_stored(scheme, files, VISION_PREFIX), "auto")
     return tower
+
+
+def as_stored(scheme: Scheme, files: dict[str, Path], prefix: str) -> Scheme:
+    """`scheme` for the modules under `prefix`, except that one stored as a plain weight
+    (no quantization tensors beside it) loads as one: what a quantization config may leave
+    in full precision without naming it."""
+    stored = {name.rsplit(".", 1)[0] for name in files if name.startswith(prefix)
+              and name.rsplit(".", 1)[-1] not in ("weight", "bias")}
+    return Scheme(scheme.label, lambda name: scheme.rule(name) if name in stored else None)
