@@ -43,18 +43,17 @@ from ..engine.generate import CancelToken, GenerationSettings
 from ..engine.grammar import JsonGrammarCompiler
 from ..engine.images import ImagePatches
 from ..engine.sampling import Sampling, resolve_sampling
-from .feedback import FeedbackCallback, Listener, PlanFeedback
+from .feedback import FeedbackCallback, PlanFeedback
 from .grounding import RequestWords
 from .images import oldest_ms, request_images
 from .local_job import LocalJob, completion_job, failed, plan_job
-from .parse import PlanError, PlanRefused, parse_plan
-from .plan_grammar import PlanGrammar, answer_schema
+from .plan_grammar import PlanGrammar
 from .planner_config import PlannerConfig
 from .prompt import build_messages
-from .remote import RemoteError, RemotePlanner
+from .remote import RemotePlanner
+from .remote_job import remote_job
 from .request import PlanRequest, PlanResult, RequestError
 from .skills import SkillCatalog
-from .steps import StepStream
 from .warmup import warm_up
 
 __all__ = ["Completion", "PlanFeedback", "PlanTicket", "PlannerService",
@@ -459,8 +458,8 @@ class PlannerService:
     def _remote_attempt(self, ticket: PlanTicket, deadline: float | None) -> None:
         """A remote request's own thread: its result, or None to plan locally."""
         try:
-            result = self._run_remote(ticket, deadline, ticket.telemetry,
-                                      self._words(ticket.request))
+            result = remote_job(self, ticket, deadline, ticket.telemetry,
+                                self._words(ticket.request))
         except Exception as exc:
             log.exception("request %s failed", ticket.id)
             result = failed(ticket.request, f"internal error: {type(exc).__name__}: {exc}",
@@ -574,55 +573,3 @@ class PlannerService:
     def thinking(self, request: PlanRequest) -> bool:
         return (self.config.enable_thinking if request.enable_thinking is None
                 else request.enable_thinking)
-
-    def _run_remote(self, ticket: PlanTicket, deadline: float | None, telemetry: dict,
-                    words: RequestWords) -> PlanResult | None:
-        """The plan from the remote, or None to plan locally (remote_or_local, after a
-        failure, whose reason goes to telemetry `remote_error`)."""
-        request, cfg = ticket.request, self.config
-        fallback = cfg.backend == "remote_or_local"
-        end = None if deadline is None else ticket.submitted + deadline - (
-            cfg.remote_reserve_s if fallback else 0.0)
-        thinking = self.thinking(request)
-        max_new = request.max_new_tokens or cfg.max_new_tokens
-        messages = build_messages(self.catalog, request.task, request.context,
-                                  cfg.refusal_hint, request.scene)
-        sampling = request.sampling if isinstance(request.sampling, Sampling) and \
-            not request.sampling.greedy else None
-        listener = Listener(ticket, StepStream(self.catalog, words))
-        t0 = time.monotonic()
-        try:
-            text = self.remote.complete(
-                self.remote.body(messages, answer_schema(self.catalog, words), max_new,
-                                 thinking, sampling, self.effort(request)),
-                lambda delta: listener([], delta), end,
-                lambda: ticket.cancel_token.cancelled)
-            steps, thought = parse_plan(text, self.catalog, words=words)
-        except PlanRefused as exc:
-            latency = (time.monotonic() - t0) * 1000
-            self.remote.health.record(True, latency)
-            telemetry.update(backend="remote", remote_latency_ms=round(latency, 3))
-            return failed(request, str(exc), refusal=exc.reason, raw_text=text,
-                           finish_reason="eos", telemetry=telemetry)
-        except (RemoteError, PlanError) as exc:
-            why = (f"the remote answered an invalid plan: {exc}" if isinstance(exc, PlanError)
-                   else str(exc))
-            self.remote.health.record(False, (time.monotonic() - t0) * 1000, why)
-            if ticket.cancel_token.cancelled:
-                return failed(request, ticket.cancel_reason, finish_reason="cancelled",
-                               telemetry={**telemetry, "backend": "remote"})
-            if fallback and (deadline is None
-                             or time.monotonic() < ticket.submitted + deadline):
-                log.warning("request %s: remote failed (%s); planning locally", request.id,
-                            why)
-                telemetry["remote_error"] = why
-                return None
-            return failed(request, f"remote backend: {why}", finish_reason="error",
-                           telemetry={**telemetry, "backend": "remote"})
-        latency = (time.monotonic() - t0) * 1000
-        self.remote.health.record(True, latency)
-        telemetry.update(backend="remote", remote_latency_ms=round(latency, 3))
-        if listener.first_step_ms is not None:
-            telemetry["first_step_ms"] = round(listener.first_step_ms, 3)
-        return PlanResult(request.id, request.task, True, plan=steps, thinking=thought,
-                          raw_text=text, finish_reason="eos", telemetry=telemetry)
