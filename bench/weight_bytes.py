@@ -240,7 +240,7 @@ def flash_next_rows(tokens_per_cycle: float) -> list[dict]:
     fn = cfg.flash_next
     with torch.device("meta"):
         base = FlashNextModel(cfg).to(torch.bfloat16)
-    table = sum(PLE_TABLE_ROWS(fn, i) for i in range(len(fn.ple_layers)))
+    table = sum(ple_table_rows(fn, i) for i in range(len(fn.ple_layers)))
     out = []
     for build, (linears, experts) in FLASH_NEXT_BUILDS.items():
         with torch.device("meta"):
@@ -248,7 +248,7 @@ def flash_next_rows(tokens_per_cycle: float) -> list[dict]:
         plan_linears(model, lambda ours: ours, UNQUANTIZED, linears, ValueError)
         plan_experts(model, lambda ours: ours, set(), UNQUANTIZED, experts, ValueError)
         row_bytes = 2 if build == "bf16" else 1
-        ple = len(fn.ple_layers) * fn.ngram_heads * fn.ple_embed_dim // fn.ngram_heads
+        ple = len(fn.ple_layers) * fn.ple_embed_dim        # 16 rows of 160 per PLE layer
         gb = (bytes_per_forward(model, cfg.moe.top_k) + ple * row_bytes) / 1e9
         floor_ms = gb / THOR_GBPS * 1e3
         out.append({"build": build, "gb": gb, "floor_ms": floor_ms,
@@ -258,7 +258,8 @@ def flash_next_rows(tokens_per_cycle: float) -> list[dict]:
     return out
 
 
-def PLE_TABLE_ROWS(fn, ple_index: int) -> int:  # noqa: N802 (a table's size, not a class)
+def ple_table_rows(fn, ple_index: int) -> int:
+    """Rows of one PLE layer's n-gram table: its heads' prime sizes summed."""
     from flash_planner.engine.models.ngram import head_sizes
 
     return sum(head_sizes(fn.ngram_vocab_base, fn.ngram_heads, ple_index))

@@ -17,6 +17,8 @@ Pillow decodes and resizes (its bicubic filter is the processor's); the rest is 
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +132,13 @@ class ImagePatches:
         """How many image tokens the tower makes of it (one per merge block)."""
         t, h, w = self.grid
         return t * h * w // self.merge_unit
+
+    @functools.cached_property
+    def key(self) -> str:
+        """The patches' content hash (the vision input's cache key): computed once per
+        image, though a planner request looks its embeddings up twice (ahead, at start)."""
+        return hashlib.blake2b(self.patches.numpy().tobytes() + repr(self.grid).encode(),
+                               digest_size=16).hexdigest()
 
 
 def read_image(source: str | Path | bytes, cfg: ImageConfig, label: str | None = None,

@@ -10,7 +10,6 @@ frame for a retry), and turns a prompt's image token runs and their images into
 from __future__ import annotations
 
 import collections
-import hashlib
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,8 +57,7 @@ class VisionInput:
     def embed(self, image: ImagePatches) -> torch.Tensor:
         """The tower's tokens for one image [tokens, hidden], from the cache when the same
         patches were embedded lately."""
-        key = hashlib.blake2b(image.patches.numpy().tobytes() + repr(image.grid).encode(),
-                              digest_size=16).hexdigest()
+        key = image.key
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
