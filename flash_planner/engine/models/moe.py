@@ -6,7 +6,8 @@ float32, the top k, divided by their sum when `norm_topk` (always for Qwen3.5/3.
 grouped GEMM reads each chosen expert's weights once for all the rows that chose it.
 `mlp.shared_expert` (Qwen3.5/3.6): a SwiGLU MLP every row runs, scaled by
 sigmoid(`mlp.shared_expert_gate`(x)) ([1, H]). The router and the shared-expert gate are
-plain parameters, not Linears: they stay in full precision whatever the weight format.
+plain parameters, not Linears: they stay in full precision whatever the weight format (a
+checkpoint that stores the gate quantized anyway is dequantized at load: weights/load.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from torch import nn
 
 from .experts import PlannedStack, load_stack, plan_experts
 from .fuse import fuse_gate_up
-from .layout import Layout, TensorSpec
+from .layout import Dequantize, Layout, TensorSpec
 from .linear import QuantLinear
 from .scheme import Scheme, WeightFormatError
 
@@ -49,12 +49,19 @@ def open_shard(shard: Path, error: type[Exception]):
 
 
 def plan_linears(module: nn.Module, names_of: Callable[[str], str], scheme: Scheme,
-                 weights: str, error: type[Exception]) -> dict[str, Planned]:
+                 weights: str, error: type[Exception],
+                 present: frozenset[str] | set[str] = frozenset()) -> dict[str, Planned]:
     """Swap each Linear that loads quantized (or dequantized) for its layout's module, on the
-    meta device; our module name -> Planned."""
+    meta device; our module name -> Planned. A module the engine keeps in full precision
+    that is not a Linear (the shared expert's [1, H] gate) and that the checkpoint stores
+    quantized anyway (a recipe quantizing every Linear without excluding it) is dequantized
+    at load, in place (`present`: the checkpoint's tensor names)."""
     planned: dict[str, Planned] = {}
     for name, mod in list(module.named_modules()):
         if not isinstance(mod, nn.Linear):
+            plain = _stored_quantized(mod, name, names_of, scheme, present)
+            if plain is not None:
+                planned[name] = plain
             continue
         prefix = names_of(f"{name}.weight").removesuffix(".weight")
         n, k = mod.out_features, mod.in_features
@@ -71,6 +78,22 @@ def plan_linears(module: nn.Module, names_of: Callable[[str], str], scheme: Sche
             module.set_submodule(name, swapped)
         planned[name] = Planned(layout, prefix, n, k)
     return planned
+
+
+def _stored_quantized(mod: nn.Module, name: str, names_of: Callable[[str], str],
+                      scheme: Scheme, present: frozenset[str] | set[str]
+                      ) -> Planned | None:
+    """How a plain-by-design module with a 2-D weight loads when the checkpoint stores it
+    quantized in a format the scheme names (None: it loads plain, or validate refuses it)."""
+    weight = mod._parameters.get("weight") if name else None
+    if weight is None or weight.dim() != 2:
+        return None
+    prefix = names_of(f"{name}.weight").removesuffix(".weight")
+    stored = scheme.rule(prefix) if scheme.quantized else None
+    if stored is None or not any(f"{prefix}.{m}" in present for m in QUANT_MARKERS):
+        return None
+    n, k = weight.shape
+    return Planned(Dequantize(stored), prefix, n, k)
 
 
 def read_headers(names: set[str], files: dict[str, Path], error: type[Exception]
@@ -143,7 +166,7 @@ def load_module(module: nn.Module, names_of: Callable[[str], str], files: dict[s
                 error: type[Exception]) -> tuple[nn.Module, set[str], Counter]:
     """Fill `module` (built on the meta device) from `files`; returns it, the names of the
     checkpoint tensors it read and a count of modules per layout label."""
-    planned = plan_linears(module, names_of, scheme, weights, error)
+    planned = plan_linears(module, names_of, scheme, weights, error, set(files))
     stacks = plan_experts(module, names_of, set(files), scheme, weights, error)
     own_loader = tuple(f"{name}." for name in (*planned, *stacks))
     biases = {f"{name}.bias" for name in planned}     # a swapped Linear's bias stays plain
