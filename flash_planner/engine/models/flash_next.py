@@ -169,6 +169,8 @@ class FlashNextModel(nn.Module):
 
 # the checkpoint's tensors of each PLE layer that the module computes itself (the hasher's)
 PLE_BUFFERS = ("layer_multipliers", "ngram_heads_offsets", "ngram_heads_vocab_sizes")
+# an FP8 n-gram shard's scale beside it (ngram.NGramTable says which shapes)
+NGRAM_SCALES = ("weight_scale", "weight_scale_inv")
 
 
 def open_ngram_tables(model: FlashNextModel, files: dict, names_of, error: type[Exception]
@@ -182,17 +184,22 @@ def open_ngram_tables(model: FlashNextModel, files: dict, names_of, error: type[
         if layer.ple is None:
             continue
         base = names_of(f"layers.{i}.ple.ple_embedding.")
-        shards = sorted((n for n in files if n.startswith(base + "ngram_embedding.shard_")),
-                        key=lambda n: int(n[len(base) + len("ngram_embedding.shard_"):]
-                                          .split(".")[0]))
+        stem = base + "ngram_embedding.shard_"
+        shards = sorted((n for n in files if n.startswith(stem) and n.endswith(".weight")
+                         and n[len(stem):-len(".weight")].isdigit()),
+                        key=lambda n: int(n[len(stem):-len(".weight")]))
         if not shards:
             raise error(f"{base}ngram_embedding.shard_*: the n-gram table of PLE layer {i} "
                         "is missing")
-        table = NGramTable([(files[n], n) for n in shards], error)
+        scales = [next(((files[n], n) for n in (f"{w.removesuffix('.weight')}.{suffix}"
+                                               for suffix in NGRAM_SCALES) if n in files), None)
+                  for w in shards]
+        table = NGramTable([(files[n], n) for n in shards], scales, error)
         need, dim = layer.ple.hasher.rows, model.cfg.flash_next.ple_embed_dim
         if table.rows < need or table.dim * model.cfg.flash_next.ngram_heads != dim:
             raise error(f"{base}ngram_embedding: {table.rows} rows of {table.dim}, the "
                         f"hashes need {need} rows of {dim // model.cfg.flash_next.ngram_heads}")
         layer.ple.table = table
         known |= set(shards) | {base + name for name in PLE_BUFFERS}
+        known |= {name for _, name in filter(None, scales)}
     return known

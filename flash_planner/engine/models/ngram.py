@@ -116,58 +116,135 @@ def _header(path: Path) -> tuple[int, dict]:
         return 8 + size, json.loads(f.read(size))
 
 
+class StoredTensor:
+    """One tensor in a safetensors file, read by element ranges (pread), never loaded."""
+
+    def __init__(self, path: Path, name: str, error: type[Exception]):
+        start, header = _header(path)
+        entry = header.get(name)
+        if entry is None or entry.get("dtype") not in STORED:
+            raise error(f"{path}: {name} is missing or of a dtype the n-gram table cannot "
+                        f"read ({None if entry is None else entry.get('dtype')}; "
+                        f"known: {', '.join(STORED)})")
+        self.path, self.name, self.stored = path, name, entry["dtype"]
+        self.shape = tuple(entry["shape"])
+        self.storage, self.dtype = STORED[self.stored]
+        self.itemsize = np.dtype(self.storage).itemsize
+        self.fd = os.open(path, os.O_RDONLY)
+        self.offset = start + entry["data_offsets"][0]
+
+    def read(self, at: int, count: int) -> bytes:
+        """`count` elements from element `at` (row-major)."""
+        return os.pread(self.fd, count * self.itemsize, self.offset + at * self.itemsize)
+
+    def values(self, raw: bytes) -> torch.Tensor:
+        return torch.from_numpy(np.frombuffer(raw, dtype=self.storage).copy()).view(self.dtype)
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+FP8_BLOCK = 128      # a `weight_scale_inv` table's block (rows and columns), as Qwen's FP8
+
+
 class NGramTable:
     """The rows of one PLE layer's n-gram table, read from its shards as they are needed.
 
     Rows are read with pread, not through a memory map: a map's page faults bring in whole
     large folios of the page cache (megabytes around each row on this kernel: a 40-row
     gather grew the process by 21 MB), which count as the process's memory, while a read
-    copies only the row. The page cache stays the kernel's to reclaim."""
+    copies only the row. The page cache stays the kernel's to reclaim.
 
-    def __init__(self, shards: list[tuple[Path, str]], error: type[Exception]):
-        """shards: (file, tensor name) in row order."""
-        self.shards: list[tuple[int, int]] = []      # (file descriptor, data offset)
-        shapes, dtype = set(), None
-        for path, name in shards:
-            start, header = _header(path)
-            entry = header.get(name)
-            if entry is None or entry.get("dtype") not in STORED:
-                raise error(f"{path}: {name} is missing or of a dtype the n-gram table cannot "
-                            f"read ({None if entry is None else entry.get('dtype')}; "
-                            f"known: {', '.join(STORED)})")
-            if dtype not in (None, entry["dtype"]) or len(entry["shape"]) != 2:
-                raise error(f"{path}: {name} differs from the table's other shards "
-                            f"({entry['dtype']} {entry['shape']})")
-            dtype = entry["dtype"]
-            shapes.add(tuple(entry["shape"]))
-            self.shards.append((os.open(path, os.O_RDONLY), start + entry["data_offsets"][0]))
+    An FP8 (e4m3) shard may carry a scale beside it, read the same way: `weight_scale` with
+    one element (per tensor) or one per row ([rows] or [rows, 1]), or `weight_scale_inv` per
+    128 x 128 block; without one its values are the embeddings as stored."""
+
+    def __init__(self, shards: list[tuple[Path, str]], scales: list[tuple[Path, str] | None],
+                 error: type[Exception]):
+        """shards: (file, tensor name) in row order; scales: each shard's scale tensor."""
+        self.shards = [StoredTensor(path, name, error) for path, name in shards]
+        first = self.shards[0]
+        for shard in self.shards:
+            if shard.stored != first.stored or len(shard.shape) != 2:
+                raise error(f"{shard.path}: {shard.name} differs from the table's other "
+                            f"shards ({shard.stored} {list(shard.shape)})")
+        shapes = sorted({shard.shape for shard in self.shards})
         if len(shapes) != 1:
-            raise error(f"the n-gram table's shards must have one shape, got {sorted(shapes)}")
+            raise error(f"the n-gram table's shards must have one shape, got {shapes}")
         (self.per_shard, self.dim), = shapes
         self.rows = self.per_shard * len(self.shards)
-        self.storage, self.dtype = STORED[dtype]
-        self.row_bytes = self.dim * np.dtype(self.storage).itemsize
+        self.dtype = first.dtype
+        self.row_bytes = self.dim * first.itemsize
+        self.scales = [None if s is None else self._scale(StoredTensor(*s, error), error)
+                       for s in scales]
+        if any(s is not None for s in self.scales) and first.stored != "F8_E4M3":
+            raise error(f"{first.path}: the n-gram table is {first.stored} with scales beside "
+                        "it; scales are read for an F8_E4M3 table only")
+
+    def _scale(self, scale: StoredTensor, error: type[Exception]) -> tuple[str, StoredTensor]:
+        """(kind, tensor): kind `tensor`, `row` or `block`, from the tensor's name and shape."""
+        size = math.prod(scale.shape)
+        blocks = (-(-self.per_shard // FP8_BLOCK), -(-self.dim // FP8_BLOCK))
+        if scale.name.endswith("_inv") and scale.shape == blocks:
+            return "block", scale
+        if not scale.name.endswith("_inv") and size == 1:
+            return "tensor", scale
+        if not scale.name.endswith("_inv") and scale.shape in ((self.per_shard,),
+                                                                (self.per_shard, 1)):
+            return "row", scale
+        raise error(f"{scale.path}: {scale.name} has shape {list(scale.shape)}; an n-gram "
+                    f"shard of {self.per_shard} rows x {self.dim} takes weight_scale [], [1], "
+                    f"[{self.per_shard}] or [{self.per_shard}, 1], or weight_scale_inv "
+                    f"{list(blocks)} ({FP8_BLOCK} x {FP8_BLOCK} blocks)")
 
     @property
     def nbytes(self) -> int:
         return self.rows * self.row_bytes
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor:
-        """rows (int64, any shape) -> [*shape, dim] in the stored dtype, on the CPU."""
+        """rows (int64, any shape) -> [*shape, dim] on the CPU: in the stored dtype, or in
+        float32 with its scales applied where the table has them."""
         flat = rows.reshape(-1).tolist()
         buf = bytearray(len(flat) * self.row_bytes)
         view = memoryview(buf)
         for i, row in enumerate(flat):
-            fd, offset = self.shards[row // self.per_shard]
             at = i * self.row_bytes
-            view[at:at + self.row_bytes] = os.pread(
-                fd, self.row_bytes, offset + (row % self.per_shard) * self.row_bytes)
-        out = torch.from_numpy(np.frombuffer(buf, dtype=self.storage).copy())
-        return out.view(self.dtype).reshape(*rows.shape, self.dim)
+            shard = self.shards[row // self.per_shard]
+            view[at:at + self.row_bytes] = shard.read((row % self.per_shard) * self.dim,
+                                                      self.dim)
+        out = self.shards[0].values(bytes(buf)).reshape(len(flat), self.dim)
+        if any(s is not None for s in self.scales):
+            out = out.float() * self._row_scales(flat)
+        return out.reshape(*rows.shape, self.dim)
+
+    def _row_scales(self, flat: list[int]) -> torch.Tensor:
+        """[len(flat), dim] float32: each gathered row's scale per column (1 unscaled)."""
+        out = torch.ones(len(flat), self.dim)
+        cols = torch.arange(self.dim) // FP8_BLOCK
+        for i, row in enumerate(flat):
+            scale = self.scales[row // self.per_shard]
+            if scale is None:
+                continue
+            kind, tensor = scale
+            local = row % self.per_shard
+            if kind == "tensor":
+                value = tensor.values(tensor.read(0, 1)).float()
+            elif kind == "row":
+                value = tensor.values(tensor.read(local, 1)).float()
+            else:
+                width = tensor.shape[1]
+                # a multiplier despite its name, as in Qwen's FP8 Linears
+                value = tensor.values(tensor.read(local // FP8_BLOCK * width, width)
+                                      ).float()[cols]
+            out[i] = value
+        return out
 
     def __del__(self) -> None:
-        for fd, _ in getattr(self, "shards", ()):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        for shard in getattr(self, "shards", ()):
+            shard.close()
+        for scale in getattr(self, "scales", ()):
+            if scale is not None:
+                scale[1].close()
