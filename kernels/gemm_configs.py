@@ -162,12 +162,14 @@ DECLARED = (("27B", "*bf16", "gate_up", 17408, 5120, 20),
 
 # Qwen3.6-35B-A3B's experts (hidden 2048, moe_intermediate_size 512, 256 experts, top 8):
 # gate and up stacked ("up": I 512 from K 2048, S = 1) and down (N 2048 from K 512, S = k)
-# on Thor and an H100; the demo-sized fp32 MoE the CPU tests load (8 experts, top 2, hidden
-# 64, 32 wide).
+# on Thor and an H100; Qwen3.8-Flash-Next's (hidden 2560, 640 wide, 512 experts, top 10) on
+# Thor; the demo-sized fp32 MoE the CPU tests load (8 experts, top 2, hidden 64, 32 wide).
 DECLARED_MOE = (("35B-A3B", "*bf16", "up", 512, 2048, 256, 8, 20),
                 ("35B-A3B", "*bf16", "down", 2048, 512, 256, 8, 20),
                 ("35B-A3B", "*bf16", "up", 512, 2048, 256, 8, 132),
                 ("35B-A3B", "*bf16", "down", 2048, 512, 256, 8, 132),
+                ("Flash-Next", "*bf16", "up", 640, 2560, 512, 10, 20),
+                ("Flash-Next", "*bf16", "down", 2560, 640, 512, 10, 20),
                 ("demo", "*fp32", "up", 32, 64, 8, 2, 20),
                 ("demo", "*fp32", "down", 64, 32, 8, 2, 20))
 

@@ -296,9 +296,10 @@ def _spec(fmt: str, model: str, act: str, topk: int, m: int, out: str = "") -> S
 # bf16 activations on Thor, in each format (float bf16, FP8 128 x 128 blocks, NVFP4, int4
 # group 128); gate/up (K 2048 -> N 512, S = 1) and down (K 512 -> N 2048, S = k) are one
 # specialization (the shapes are runtime ints). The demo-sized fp32 variant (8 experts, top
-# 2) is what the CPU tests launch. Prefill chunks (M > 16) only: up to 16 rows (decode and
-# verify blocks) run skinny.py's kernels. A gated stack's prefill keeps the 35B-A3B's sums in
-# fp32 (-> fp32).
+# 2) is what the CPU tests launch; Qwen3.8-Flash-Next's top 10 of 512 experts is the ids tile
+# of 16. Prefill chunks (M > 16) only: up to 16 rows (decode and verify blocks) run
+# skinny.py's kernels. A gated stack's prefill keeps the 35B-A3B's sums in fp32 (-> fp32).
 SPECS = tuple(_spec(fmt, model, act, topk, 64, out) for fmt in FORMATS
               for model, act, topk, out in (("35B-A3B", "*bf16", 8, ""), ("demo", "*fp32", 2, ""),
-                                            ("35B-A3B", "*bf16", 8, "*fp32")))
+                                            ("35B-A3B", "*bf16", 8, "*fp32"),
+                                            ("Flash-Next", "*bf16", 10, "")))

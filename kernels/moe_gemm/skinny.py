@@ -254,9 +254,10 @@ def moe_rows(fmt: str, x: torch.Tensor, ids: torch.Tensor, experts: int, n: int,
 
 
 def _specs() -> tuple[Spec, ...]:
-    """Qwen3.6-35B-A3B's experts (gemm_configs.DECLARED_MOE) in each format, bf16 rows, one
-    row (FMA path and tensor cores) and 16, on Thor and an H100; the demo-sized fp32 variant
-    the CPU tests launch."""
+    """The experts of gemm_configs.DECLARED_MOE (Qwen3.6-35B-A3B's, Flash-Next's) in each
+    format, bf16 rows, one row (FMA path and tensor cores) and 16; the demo-sized fp32
+    variant the CPU tests launch. The ids tile's width (TOPK) is a specialization of its
+    own."""
     weight_types = {"float": lambda act: {"weight": act},
                     "fp8": lambda act: {"weight": "*u8", "scale": "*fp32"},
                     "nvfp4": lambda act: {"packed": "*u8", "scale": "*u8",
@@ -291,7 +292,7 @@ def _specs() -> tuple[Spec, ...]:
                                 or (name != "M" and values[name] % 16 == 0))
                 label = (f"{fmt} rows {model} {act[1:]} {'gate_up' if gated else proj} M{rows}"
                          f" {sms} SMs")
-                key = (kernel, act, config, even, gated)
+                key = (kernel, act, config, even, gated, meta["TOPK"])
                 out.setdefault(key, Spec.from_meta(
                     kernel, label, types, meta, aligned=aligned,
                     shape_constexprs=(*SHAPE_CONSTEXPRS, "TOPK")))

@@ -376,3 +376,25 @@ def test_a_gated_stack_that_cannot_split_evenly_is_refused():
     fp8 = fp8_args(8, 48, 160, 16, 32, torch.Generator().manual_seed(0))   # I = 24: no
     with pytest.raises(ValueError, match="block_n 16"):
         kernel.moe_fp8_gemm(x, ids, *_on(DEVICE, fp8), gated=True)
+
+
+
+# Qwen3.8-Flash-Next's routing (512 experts, top 10), on small experts: the interpreter runs
+# every (expert, tile) program (seconds a launch here), so N is one tile and K two steps; the
+# routing code is every format's, NVFP4 is the published experts' format
+ROUTED_512 = {"fp8": lambda g: fp8_args(512, 32, 64, 32, 32, g),
+              "nvfp4": lambda g: nvfp4_args(512, 32, 64, g)}
+
+
+@pytest.mark.parametrize("fmt,m", [("nvfp4", 3), ("nvfp4", 17), ("fp8", 3)])
+def test_flash_next_routing_512_experts_top_10(fmt, m):
+    """512 experts, top 10 (an ids tile of 16 with 6 masked slots): decode/verify rows (the
+    split-K kernels) and a prefill tile, gate/up (S = 1) and down (S = 10)."""
+    gen = torch.Generator().manual_seed(m)
+    args = _on(DEVICE, ROUTED_512[fmt](gen))
+    ids = routing(m, 10, 512, seed=m).to(DEVICE)
+    assert int(ids.max()) == 511 and len(set(ids.flatten().tolist())) > 2 * m
+    kernel_fn, reference_fn = _functions(fmt)
+    for s in (1, 10):
+        x = torch.randn(m, s, 64, generator=gen).to(torch.bfloat16).to(DEVICE)
+        _close(kernel_fn(x, ids, *args), reference_fn(x, ids, *args))
