@@ -180,11 +180,97 @@ def test_the_ngram_table_is_read_by_rows_not_loaded(tmp_path, make_engine):
     assert engine.model.ple_layers[0].table.nbytes == table
 
 
+def _tensor_names(path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+        return list(f.keys())
+
+
 def _ngram_tensors(path):
     from safetensors.torch import load_file
 
     return [t for name, t in load_file(path / "model.safetensors").items()
             if "ngram_embedding.shard_" in name]
+
+
+def _fp8_table(src, dst, kind: str) -> None:
+    """A copy of checkpoint `src` in `dst` whose n-gram shards are e4m3 with a scale beside
+    them (kind: `tensor`, `row` or `block`), or, for kind `twin-<kind>`, in fp32 holding
+    exactly what those e4m3 values times their scales are."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(src / "model.safetensors")
+    twin = kind.startswith("twin-")
+    kind = kind.removeprefix("twin-")
+    for name, w in list(tensors.items()):
+        if ".ngram_embedding.shard_" not in name or not name.endswith(".weight"):
+            continue
+        rows, dim = w.shape
+        if kind == "tensor":        # compressed-tensors' layout: [1] in the model's dtype
+            scale = (w.abs().max() / 448).reshape(1).to(torch.bfloat16)
+            full = scale.float().expand(rows, dim)
+        elif kind == "row":
+            scale = (w.abs().amax(1, keepdim=True) / 448).to(torch.bfloat16)
+            full = scale.float().expand(rows, dim)
+        else:                       # Qwen's FP8: a multiplier per 128 x 128 block
+            pad = torch.zeros(-(-rows // 128) * 128, -(-dim // 128) * 128)
+            pad[:rows, :dim] = w.abs()
+            scale = pad.unflatten(0, (-1, 128)).unflatten(-1, (-1, 128)).amax((1, 3)) / 448
+            full = scale.repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :dim]
+        q = (w.float() / full).to(torch.float8_e4m3fn)
+        if twin:
+            tensors[name] = q.float() * full
+        else:
+            tensors[name] = q
+            suffix = "weight_scale_inv" if kind == "block" else "weight_scale"
+            tensors[name.removesuffix("weight") + suffix] = scale.contiguous()
+    save_file(tensors, str(dst / "model.safetensors"))
+
+
+@pytest.mark.parametrize("kind", ["tensor", "row", "block"])
+def test_an_fp8_ngram_table_reads_its_scales(flash_dirs, make_engine, tmp_path, kind):
+    """An e4m3 table with a per-tensor, per-row or per-block scale beside each shard: the
+    rows it gathers are exactly its fp32 twin's, and so are greedy tokens; without the
+    scales the rows differ. The block case's shards span several 128-row blocks."""
+    path, _ = flash_dirs["sigmoid"]
+    if kind == "block":
+        path = write_tiny_checkpoint(tmp_path / "src", kind="flash_next", init=0.25,
+                                     flash={"ngram_vocab_size_base": 400})
+    _fp8_table(path, tmp_path / "fp8", kind)
+    _fp8_table(path, tmp_path / "twin", f"twin-{kind}")
+    fp8, twin = make_engine(tmp_path / "fp8"), make_engine(tmp_path / "twin")
+    table, twin_table = fp8.model.ple_layers[0].table, twin.model.ple_layers[0].table
+    assert kind != "block" or table.per_shard > 3 * 128
+    assert table.dtype == torch.float8_e4m3fn and table.nbytes * 4 == twin_table.nbytes
+    rows = torch.arange(0, table.rows, table.rows // 60)[:60].reshape(-1, 2)
+    assert torch.equal(table.gather(rows), twin_table.gather(rows))
+    table.scales = [None] * len(table.scales)
+    assert not torch.equal(table.gather(rows).float(), twin_table.gather(rows))
+    fp8 = make_engine(tmp_path / "fp8")
+    for ids in _prompts(fp8.model_config.vocab_size, _eos(path))[::3]:
+        settings = GenerationSettings(12, ignore_eos=True)
+        assert generate(fp8, ids, settings).token_ids == generate(twin, ids, settings).token_ids
+
+
+def test_an_ngram_scale_of_another_shape_is_refused_naming_it(flash_dirs, make_engine,
+                                                              tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from flash_planner.engine.checkpoint import CheckpointError
+
+    path, _ = flash_dirs["sigmoid"]
+    _fp8_table(path, tmp_path / "fp8", "row")
+    file = tmp_path / "fp8" / "model.safetensors"
+    tensors = load_file(file)
+    name = next(n for n in tensors if n.endswith("shard_0.weight_scale"))
+    tensors[name] = torch.ones(3, 2)
+    save_file(tensors, str(file))
+    with pytest.raises(CheckpointError, match=rf"{name} has shape \[3, 2\]"):
+        make_engine(tmp_path / "fp8")
 
 
 def test_plan_runs_a_tiny_flash_next_under_the_grammar(flash_dirs, capsys):
@@ -261,19 +347,20 @@ def test_batched_requests_equal_each_request_alone(flash_mtp_dir, make_engine, t
 
 @pytest.mark.parametrize("settings", [
     dict(method="dflash"), dict(method="auto"), dict(method="dflash", kv_dtype="fp8"),
-    dict(method="dflash", weights="fp8")])
+    dict(method="dflash", weights="fp8"), dict(method="dflash", weights="nvfp4")])
 def test_a_dflash_drafter_on_the_streams_is_lossless(flash_dirs, make_engine, tmp_path,
                                                      settings):
     """A DFlash drafter taps the mean of a layer's streams (the last layer: the mix lm_head
     reads); whatever it drafts, the tokens equal plain greedy decoding of the same engine (FP8
-    KV, and FP8 weights quantized at load, included)."""
+    KV, and FP8 or NVFP4 weights quantized at load, experts included)."""
     from flash_planner.train.tiny import write_tiny_drafter
 
     path, _ = flash_dirs["sigmoid"]
     drafter = write_tiny_drafter(tmp_path / "drafter", path, block_size=8)
     engine = make_engine(path, drafter_path=str(drafter), **settings)
     assert set(engine.proposers) >= {"dflash"}
-    assert ("fp8" in engine.weights_label) == ("weights" in settings)
+    formats = [f for f in ("fp8", "nvfp4") if f in engine.weights_label]
+    assert formats == [settings[k] for k in ("weights",) if k in settings]
     for ids in _prompts(engine.model_config.vocab_size, _eos(path))[1::4]:
         plain = generate(engine, ids, GenerationSettings(24, ignore_eos=True,
                                                          speculative=False)).token_ids
@@ -395,12 +482,14 @@ def test_a_prefix_snapshot_serves_its_mtp_module_too(flash_mtp_dir, make_engine)
         assert again.stats.method_cycles.get("mtp", 0) > 0
 
 
-@pytest.mark.parametrize("fmt", ["ct-mixed", "modelopt-nvfp4"])
+@pytest.mark.parametrize("fmt", ["ct-mixed", "modelopt-nvfp4", "ct-nvfp4"])
 def test_a_quantized_checkpoint_decodes_as_its_dequantized_twin(tmp_path, make_engine, fmt):
     """Checkpoints written in the published recipes' layouts (compressed-tensors' mixed
-    precision by its own compressor: FP8 attention, NVFP4 MLP; ModelOpt NVFP4): what a
+    precision by its own compressor: FP8 attention, NVFP4 MLP; ModelOpt NVFP4; every Linear
+    in NVFP4 by compressed-tensors, the shared expert's [1, H] gate included): what a
     recipe leaves plain without naming it (the hyper-connection mixers; the fused experts
-    compressed-tensors does not see as Linears) loads plain, the rest in its format; greedy
+    compressed-tensors does not see as Linears) loads plain, a gate the engine keeps plain
+    but the recipe quantized is dequantized at load, the rest loads in its format; greedy
     tokens equal the dequantized twin's."""
     from quantized_checkpoints import write_quantized
 
@@ -408,6 +497,8 @@ def test_a_quantized_checkpoint_decodes_as_its_dequantized_twin(tmp_path, make_e
     quant, ref = write_quantized(source, tmp_path / fmt, fmt, kind="flash_next")
     quantized, twin = make_engine(quant), make_engine(ref)
     assert "nvfp4" in quantized.weights_label
+    gates = [n for n in _tensor_names(quant) if ".shared_expert_gate." in n]
+    assert any(n.endswith(".weight_packed") for n in gates) == (fmt == "ct-nvfp4")
     for ids in _prompts(quantized.model_config.vocab_size, _eos(source))[::4]:
         settings = GenerationSettings(16, ignore_eos=True)
         assert generate(quantized, ids, settings).token_ids == \
