@@ -53,7 +53,8 @@ thor-image:
 TEST_WORKERS ?= auto
 test: ros-env thor-deps
 	. $(ROS_ENV)/env.sh && TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -q -rs \
-		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 test
+		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 \
+		--junitxml=build/test-report.xml test
 
 # Plan a sample task with the embedded demo model (shipped in flash_planner/assets/demo).
 demo: $(STAMP)

@@ -90,7 +90,7 @@ def test_stacked_experts_give_the_two_projections(family, backend):
     from flash_planner.engine.models.moe import Experts
 
     gen = torch.Generator().manual_seed(4)
-    experts, hidden, inter = 8, 256, 128
+    experts, hidden, inter = 4, 128, 128
     block = Experts(experts, hidden, inter).to(DEVICE)
     with torch.no_grad():
         for stack in (block.gate_proj, block.up_proj, block.down_proj):
