@@ -482,6 +482,24 @@ def test_a_prefix_snapshot_serves_its_mtp_module_too(flash_mtp_dir, make_engine)
         assert again.stats.method_cycles.get("mtp", 0) > 0
 
 
+def test_a_snapshot_counts_its_flash_state(flash_mtp_dir, make_engine):
+    """A prefix snapshot's bytes (the prefix cache's budget) include the PLE windows, the
+    n-gram history and the indexer keys it keeps."""
+    engine = make_engine(flash_mtp_dir)
+    prompt = _prompts(engine.model_config.vocab_size, _eos(flash_mtp_dir))[-1]
+    engine.state.reset()
+    engine.model(torch.tensor([prompt]), engine.state)
+    engine.state.commit(len(prompt))
+    copy = engine.state.save()
+    windows, history, keys = copy.flash
+    flash = (sum(w.nbytes for w in windows.values()) + history.nbytes
+             + sum(k.nbytes for k in keys.values()))
+    assert flash > 0 and all(k.shape[1] == len(prompt) for k in keys.values())
+    plain = sum(t.nbytes for t in (copy.k, copy.v, copy.k_scale, copy.v_scale,
+                                   copy.gdn_state, copy.gdn_conv))
+    assert copy.nbytes == plain + flash
+
+
 @pytest.mark.parametrize("fmt", ["ct-mixed", "modelopt-nvfp4", "ct-nvfp4"])
 def test_a_quantized_checkpoint_decodes_as_its_dequantized_twin(tmp_path, make_engine, fmt):
     """Checkpoints written in the published recipes' layouts (compressed-tensors' mixed
