@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -80,6 +80,26 @@ def _parse_config(path: Path, raw: dict) -> ModelConfig:
         raise CheckpointError(str(exc)) from exc
 
 
+# where a text decoder's tensors may live; transformers' own save_pretrained writes either
+# for the same text-only class (5.2 writes Qwen3_5ForCausalLM under model.language_model.,
+# 5.24 under model.)
+TEXT_PREFIXES = ("model.", "model.language_model.")
+
+
+def stored_prefix(cfg: ModelConfig, files: dict[str, Path]) -> ModelConfig:
+    """`cfg` with the prefix its decoder's tensors are stored under, when that is not the
+    one its config implies (unchanged when neither holds the embeddings: the loader then
+    names what is missing)."""
+    if f"{cfg.weight_prefix}embed_tokens.weight" in files:
+        return cfg
+    for prefix in TEXT_PREFIXES:
+        if f"{prefix}embed_tokens.weight" in files:
+            log.info("the decoder's tensors are stored under %s (its config implies %s)",
+                     prefix, cfg.weight_prefix)
+            return replace(cfg, weight_prefix=prefix)
+    return cfg
+
+
 def weight_map(path: Path) -> dict[str, Path]:
     """Tensor name -> safetensors file, from the index or the single file's header."""
     index = path / INDEX_FILE
@@ -135,6 +155,7 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
     except WeightFormatError as exc:
         raise CheckpointError(str(exc)) from exc
     files = weight_map(path)
+    cfg = stored_prefix(cfg, files)
     model_cls = TargetModel if cfg.flash_next is None else FlashNextModel
     if cfg.flash_next is not None and scheme.quantized:
         # its recipes leave modules plain that no exclusion names (the hyper-connection

@@ -74,6 +74,26 @@ def test_missing_tensor(broken):
         load_checkpoint(broken)
 
 
+def test_a_text_model_stored_under_the_wrappers_prefix_loads(broken, hybrid_dir, make_engine):
+    """transformers 5.2's save_pretrained writes a text-only Qwen3_5ForCausalLM under
+    `model.language_model.` (5.24 under `model.`): the same weights decode the same tokens
+    either way; with the embeddings under neither, the error names the tensors the config
+    implies."""
+    def wrap(t):
+        for name in [n for n in t if n.startswith("model.")]:
+            t["model.language_model." + name.removeprefix("model.")] = t.pop(name)
+    _edit_weights(broken, wrap)
+    assert json.loads((broken / "config.json").read_text())["architectures"] == [
+        "Qwen3_5ForCausalLM"]
+    settings = GenerationSettings(12, ignore_eos=True)
+    ids = list(range(5, 30))
+    assert generate(make_engine(broken), ids, settings).token_ids == \
+        generate(make_engine(hybrid_dir), ids, settings).token_ids
+    _edit_weights(broken, lambda t: t.pop("model.language_model.embed_tokens.weight"))
+    with pytest.raises(CheckpointError, match=r"missing tensor\(s\) model.embed_tokens.weight"):
+        load_checkpoint(broken)
+
+
 def test_misshaped_tensor(broken):
     def edit(t):
         t["model.norm.weight"] = torch.zeros(7)
