@@ -332,8 +332,11 @@ def _write_ct(fmt: str, src: Path, dst: Path, ignore: list[str], kind: str) -> N
     compressor.update_config(str(dst / "quantized"))
     ref_tensors = _load_all(src)
     for name, w in reference.items():
-        assert name in ref_tensors, name
-        ref_tensors[name] = w
+        # transformers 5.2 saves a text-only model's modules under model.language_model.
+        stored = name if name in ref_tensors else (
+            "model.language_model." + name.removeprefix("model."))
+        assert stored in ref_tensors, name
+        ref_tensors[stored] = w
     save_file(ref_tensors, str(dst / "reference" / "model.safetensors"))
 
 
@@ -345,13 +348,16 @@ def write_quantized(src: Path, dst: Path, fmt: str, kind: str = "hybrid",
     quant, ref = dst / "quantized", dst / "reference"
     _copy_dir(src, quant)
     _copy_dir(src, ref)
-    prefix = "model.language_model." if kind == "hybrid_vl" else "model."
+    tensors = _load_all(src)
+    # as the checkpoint spells its text modules (transformers 5.2 writes a text-only model's
+    # under model.language_model. too)
+    prefix = ("model.language_model." if any(n.startswith("model.language_model.")
+                                             for n in tensors) else "model.")
     ignore_prefix = prefix if ignore_prefix is None else ignore_prefix
     if fmt.startswith("ct-"):
         ignore = ["lm_head", "re:.*in_proj_a$", "re:.*in_proj_b$"]
         _write_ct(fmt, src, dst, ignore, kind)
         return quant, ref
-    tensors = _load_all(src)
     out, deq, config, hf_quant = _write_here(fmt, tensors, _linears(tensors), prefix,
                                              ignore_prefix)
     save_file(out, str(quant / "model.safetensors"))

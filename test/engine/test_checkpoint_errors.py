@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+from checkpoint_names import WRAPPED
 from safetensors.torch import load_file, save_file
 
 from flash_planner.engine.cache import ContextOverflowError
@@ -24,9 +25,17 @@ def broken(tmp_path, hybrid_dir):
 
 
 def _edit_weights(path, edit):
+    """`edit` the checkpoint's tensors by their `model.` names, whichever prefix the file
+    uses (transformers 5.2 saves the tiny text model under model.language_model.)."""
     tensors = load_file(str(path / "model.safetensors"))
-    edit(tensors)
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    wrapped = any(n.startswith(WRAPPED) for n in tensors)
+    named = {("model." + n.removeprefix(WRAPPED)) if n.startswith(WRAPPED) else n: t
+             for n, t in tensors.items()}
+    edit(named)
+    if wrapped:
+        named = {(WRAPPED + n.removeprefix("model.")) if n.startswith("model.") else n: t
+                 for n, t in named.items()}
+    save_file(named, str(path / "model.safetensors"), metadata={"format": "pt"})
 
 
 def test_missing_directory(tmp_path):
@@ -79,17 +88,17 @@ def test_a_text_model_stored_under_the_wrappers_prefix_loads(broken, hybrid_dir,
     `model.language_model.` (5.24 under `model.`): the same weights decode the same tokens
     either way; with the embeddings under neither, the error names the tensors the config
     implies."""
-    def wrap(t):
-        for name in [n for n in t if n.startswith("model.")]:
-            t["model.language_model." + name.removeprefix("model.")] = t.pop(name)
-    _edit_weights(broken, wrap)
+    file = broken / "model.safetensors"
+    tensors = load_file(str(file))
+    save_file({(WRAPPED + n.removeprefix("model.")) if not n.startswith(("lm_head.", WRAPPED))
+               else n: t for n, t in tensors.items()}, str(file), metadata={"format": "pt"})
     assert json.loads((broken / "config.json").read_text())["architectures"] == [
         "Qwen3_5ForCausalLM"]
     settings = GenerationSettings(12, ignore_eos=True)
     ids = list(range(5, 30))
     assert generate(make_engine(broken), ids, settings).token_ids == \
         generate(make_engine(hybrid_dir), ids, settings).token_ids
-    _edit_weights(broken, lambda t: t.pop("model.language_model.embed_tokens.weight"))
+    _edit_weights(broken, lambda t: t.pop("model.embed_tokens.weight"))
     with pytest.raises(CheckpointError, match=r"missing tensor\(s\) model.embed_tokens.weight"):
         load_checkpoint(broken)
 

@@ -52,8 +52,10 @@ def first_routing_flip(ckpt, path, kind, ids, device, dtype) -> bool:
             continue                                   # a dense MLP layer (mlp_only_layers)
         mine.mlp.gate.register_forward_hook(
             lambda m, a, o, i=i: ours.__setitem__(i, F.linear(a[0], m.weight).float()))
-        their.mlp.gate.register_forward_hook(
-            lambda m, a, o, i=i: theirs.__setitem__(i, o[0].float()))
+        # from the router's input: what its forward returns first changed over transformers'
+        # versions (5.2: the softmax; 5.24: the logits)
+        their.mlp.gate.register_forward_hook(lambda m, a, o, i=i: theirs.__setitem__(
+            i, F.linear(a[0].reshape(-1, m.weight.shape[1]), m.weight).float()))
     ckpt.model(ids, _state(ckpt, device, dtype), all_logits=True)
     with torch.no_grad():
         ref(input_ids=ids)

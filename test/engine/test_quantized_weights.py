@@ -133,8 +133,9 @@ def test_an_ignore_list_that_misses_a_full_precision_module_is_a_clear_error(
     cfg = json.loads((broken / "config.json").read_text())
     cfg["quantization_config"]["modules_to_not_convert"] = ["lm_head"]
     (broken / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match=r"missing tensor\(s\) model.layers.0.linear_attn"
-                       r".in_proj_a.weight_scale_inv.*fp8 block 32x32 \(Qwen\)"):
+    with pytest.raises(CheckpointError, match=r"missing tensor\(s\) model\.(language_model\.)?"
+                       r"layers.0.linear_attn.in_proj_a.weight_scale_inv.*fp8 block 32x32 "
+                       r"\(Qwen\)"):
         load_checkpoint(broken)
 
 

@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from checkpoint_names import stored_name
 from quantized_checkpoints import write_quantized
 from safetensors.torch import load_file, save_file
 from weight_bytes import FORMATS, MODELS, analytic_bytes, forward_bytes, meta_model
@@ -193,7 +194,7 @@ def test_unknown_compressed_tensors_format(fp8_dir, tmp_path):
 def test_scale_of_the_wrong_shape(fp8_dir, tmp_path):
     broken = _with_config(fp8_dir, tmp_path / "x", lambda cfg: None)
     tensors = load_file(str(broken / "model.safetensors"))
-    name = "model.layers.1.mlp.down_proj.weight_scale_inv"
+    name = stored_name(tensors, "model.layers.1.mlp.down_proj.weight_scale_inv")
     tensors[name] = torch.ones(3, 3, dtype=torch.bfloat16)
     save_file(tensors, str(broken / "model.safetensors"))
     with pytest.raises(CheckpointError, match=rf"{name} has shape \[3, 3\], expected \[2, 4\] "
@@ -204,8 +205,8 @@ def test_scale_of_the_wrong_shape(fp8_dir, tmp_path):
 def test_missing_scale(fp8_dir, tmp_path):
     broken = _with_config(fp8_dir, tmp_path / "x", lambda cfg: None)
     tensors = load_file(str(broken / "model.safetensors"))
-    tensors.pop("model.layers.2.self_attn.q_proj.weight_scale_inv", None)
-    tensors.pop("model.layers.3.self_attn.q_proj.weight_scale_inv")
+    tensors.pop(stored_name(tensors, "model.layers.2.self_attn.q_proj.weight_scale_inv"), None)
+    tensors.pop(stored_name(tensors, "model.layers.3.self_attn.q_proj.weight_scale_inv"))
     save_file(tensors, str(broken / "model.safetensors"))
     with pytest.raises(CheckpointError, match="missing tensor.*q_proj.weight_scale_inv"):
         load_checkpoint(broken)
