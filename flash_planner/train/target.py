@@ -198,11 +198,11 @@ def prefix_states(model: torch.nn.Module, prefix: torch.Tensor, rows: int,
     not laid out as transformers 5.2x lays it out (the caller then runs the whole rows). Each
     GDN layer's recurrent state is reassigned, not copied in place as the cache does at
     inference (that copy would overwrite a tensor backward reads)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
-    output = model(input_ids=prefix, **cache_kwarg(model, cache), use_cache=True,
-                   logits_to_keep=1, output_hidden_states=hidden_states)
+    output = model(input_ids=prefix, use_cache=True, logits_to_keep=1,
+                   output_hidden_states=hidden_states)
+    # the cache the model's own forward made (transformers 5.2's Qwen3.5 has a class of its
+    # own, laid out otherwise: then None below); the output names it `cache` from 5.24 on
+    cache = output.get("cache", output.get("past_key_values"))
     linear = attention = 0
     for layer in getattr(cache, "layers", ()):
         if getattr(layer, "keys", None) is not None and layer.keys.numel():
