@@ -60,11 +60,9 @@ class StateCopy:
     def nbytes(self) -> int:
         """What the copy holds, a Flash-Next target's windows, history and indexer keys
         included (the prefix cache's budget counts it)."""
-        flash = [] if self.flash is None else [
-            t for part in self.flash
-            for t in (part.values() if isinstance(part, dict) else (part,))]
-        return sum(t.nbytes for t in (self.k, self.v, self.k_scale, self.v_scale,
-                                      self.gdn_state, self.gdn_conv, *flash))
+        flash = 0 if self.flash is None else FlashState.saved_nbytes(self.flash)
+        return flash + sum(t.nbytes for t in (self.k, self.v, self.k_scale, self.v_scale,
+                                              self.gdn_state, self.gdn_conv))
 
 
 class KVCache:

@@ -23,7 +23,7 @@ from .models.mtp import MTPHead
 from .models.target import TargetModel
 from .models.vision import VISION_PREFIX, VisionConfig, VisionTower
 from .weights.bytes import bytes_per_forward, module_bytes
-from .weights.load import load_module, open_shard
+from .weights.load import load_module, open_shard, stored_quantized
 from .weights.scheme import UNQUANTIZED, WEIGHTS, Scheme, WeightFormatError, read_scheme
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
     if cfg.flash_next is not None and scheme.quantized:
         # its recipes leave modules plain that no exclusion names (the hyper-connection
         # mixers; compressed-tensors leaves transformers' fused experts, not Linears)
-        scheme = as_stored(scheme, files, cfg.weight_prefix)
+        scheme = as_stored(scheme, files)
     model, known, counts = _load(model_cls, cfg, lambda ours: _checkpoint_name(ours, cfg),
                                  files, dtype, device, scheme, weights)
     if cfg.flash_next is not None:
@@ -235,14 +235,13 @@ def load_vision_tower(path: str | Path, dtype: torch.dtype = torch.float32,
     # in full precision (Qwen FP8's modules_to_not_convert, ModelOpt's exclude lists): the
     # tower loads as stored (compressed-tensors recipes that do not ignore it quantize it)
     tower, _, _ = _load(VisionTower, cfg, lambda ours: VISION_PREFIX + ours, files,
-                        dtype, device, as_stored(scheme, files, VISION_PREFIX), "auto")
+                        dtype, device, as_stored(scheme, files), "auto")
     return tower
 
 
-def as_stored(scheme: Scheme, files: dict[str, Path], prefix: str) -> Scheme:
-    """`scheme` for the modules under `prefix`, except that one stored as a plain weight
-    (no quantization tensors beside it) loads as one: what a quantization config may leave
-    in full precision without naming it."""
-    stored = {name.rsplit(".", 1)[0] for name in files if name.startswith(prefix)
-              and name.rsplit(".", 1)[-1] not in ("weight", "bias")}
-    return Scheme(scheme.label, lambda name: scheme.rule(name) if name in stored else None)
+def as_stored(scheme: Scheme, files: dict[str, Path]) -> Scheme:
+    """`scheme`, except that a module stored as a plain weight (no quantization tensors
+    beside it) loads as one: what a quantization config may leave in full precision without
+    naming it."""
+    return Scheme(scheme.label, lambda name: scheme.rule(name)
+                  if stored_quantized(name, files) else None)

@@ -89,6 +89,13 @@ class FlashState:
         return ({i: w.clone() for i, w in self.ple_window.items()}, self.history.clone(),
                 {i: k[:, :length].clone() for i, k in self.index_keys.items()})
 
+    @staticmethod
+    def saved_nbytes(copy: tuple) -> int:
+        """Bytes of a copy `save` returned."""
+        windows, history, keys = copy
+        return (sum(w.nbytes for w in windows.values()) + history.nbytes
+                + sum(k.nbytes for k in keys.values()))
+
     def load(self, copy: tuple) -> None:
         windows, history, keys = copy
         for i, w in windows.items():

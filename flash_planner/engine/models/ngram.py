@@ -137,7 +137,7 @@ class StoredTensor:
         """`count` elements from element `at` (row-major)."""
         return os.pread(self.fd, count * self.itemsize, self.offset + at * self.itemsize)
 
-    def values(self, raw: bytes) -> torch.Tensor:
+    def values(self, raw: bytes | bytearray) -> torch.Tensor:
         return torch.from_numpy(np.frombuffer(raw, dtype=self.storage).copy()).view(self.dtype)
 
     def close(self) -> None:
@@ -184,14 +184,18 @@ class NGramTable:
             raise error(f"{first.path}: the n-gram table is {first.stored} with scales beside "
                         "it; scales are read for an F8_E4M3 table only")
 
-    def _scale(self, scale: StoredTensor, error: type[Exception]) -> tuple[str, StoredTensor]:
-        """(kind, tensor): kind `tensor`, `row` or `block`, from the tensor's name and shape."""
+    def _scale(self, scale: StoredTensor, error: type[Exception]
+               ) -> tuple[str, StoredTensor | torch.Tensor]:
+        """(kind, what): kind `tensor` (its value, read once), `row` or `block` (the tensor,
+        read per gathered row), from the tensor's name and shape."""
         size = math.prod(scale.shape)
         blocks = (-(-self.per_shard // FP8_BLOCK), -(-self.dim // FP8_BLOCK))
         if scale.name.endswith("_inv") and scale.shape == blocks:
             return "block", scale
         if not scale.name.endswith("_inv") and size == 1:
-            return "tensor", scale
+            value = scale.values(scale.read(0, 1)).float()
+            scale.close()
+            return "tensor", value
         if not scale.name.endswith("_inv") and scale.shape in ((self.per_shard,),
                                                                 (self.per_shard, 1)):
             return "row", scale
@@ -215,7 +219,7 @@ class NGramTable:
             shard = self.shards[row // self.per_shard]
             view[at:at + self.row_bytes] = shard.read((row % self.per_shard) * self.dim,
                                                       self.dim)
-        out = self.shards[0].values(bytes(buf)).reshape(len(flat), self.dim)
+        out = self.shards[0].values(buf).reshape(len(flat), self.dim)
         if any(s is not None for s in self.scales):
             out = out.float() * self._row_scales(flat)
         return out.reshape(*rows.shape, self.dim)
@@ -231,7 +235,7 @@ class NGramTable:
             kind, tensor = scale
             local = row % self.per_shard
             if kind == "tensor":
-                value = tensor.values(tensor.read(0, 1)).float()
+                value = tensor
             elif kind == "row":
                 value = tensor.values(tensor.read(local, 1)).float()
             else:
@@ -246,5 +250,5 @@ class NGramTable:
         for shard in getattr(self, "shards", ()):
             shard.close()
         for scale in getattr(self, "scales", ()):
-            if scale is not None:
+            if scale is not None and isinstance(scale[1], StoredTensor):
                 scale[1].close()

@@ -33,6 +33,11 @@ LOADABLE_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.fl
 QUANT_MARKERS = ("weight_scale_inv", "weight_scale", "weight_packed", "qweight")
 
 
+def stored_quantized(prefix: str, present: frozenset[str] | set[str] | dict) -> bool:
+    """Whether the checkpoint (its tensor names `present`) stores module `prefix` quantized."""
+    return any(f"{prefix}.{m}" in present for m in QUANT_MARKERS)
+
+
 @dataclass(frozen=True)
 class Planned:
     layout: Layout
@@ -90,7 +95,7 @@ def _stored_quantized(mod: nn.Module, name: str, names_of: Callable[[str], str],
         return None
     prefix = names_of(f"{name}.weight").removesuffix(".weight")
     stored = scheme.rule(prefix) if scheme.quantized else None
-    if stored is None or not any(f"{prefix}.{m}" in present for m in QUANT_MARKERS):
+    if stored is None or not stored_quantized(prefix, present):
         return None
     n, k = weight.shape
     return Planned(Dequantize(stored), prefix, n, k)
