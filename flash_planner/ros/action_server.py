@@ -27,6 +27,20 @@ from ..planning.request import PlanRequest, PlanResult, RequestError
 from ..planning.service import PlanFeedback, UnknownRequestError
 from . import convert
 
+# One feedback topic carries every goal's messages, and a message holds only the text since the
+# last one: a goal's text is lost with any message a subscriber's history drops. At the
+# default depth of 10, four goals decoding at once on a loaded machine overflowed a client's
+# history (a goal's last message never arrived). Clients that rebuild the text subscribe as
+# deep (`feedback_qos`, ActionClient's feedback_sub_qos_profile).
+FEEDBACK_DEPTH = 1000
+
+
+def feedback_qos():
+    """The QoS of `~/plan`'s feedback: reliable, FEEDBACK_DEPTH messages deep."""
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+    return QoSProfile(depth=FEEDBACK_DEPTH, reliability=ReliabilityPolicy.RELIABLE)
+
 
 class FeedbackThrottle:
     """At most one feedback message per `period_s` for one goal; the first goes out at once.
@@ -87,7 +101,7 @@ class PlanActionServer:
         self._server = ActionServer(
             node, Plan, name, execute_callback=self._execute, goal_callback=self._on_goal,
             handle_accepted_callback=self._on_accepted, cancel_callback=self._on_cancel,
-            callback_group=ReentrantCallbackGroup())
+            feedback_pub_qos_profile=feedback_qos(), callback_group=ReentrantCallbackGroup())
 
     def _on_goal(self, goal):
         """Accept every goal at once; the service queues, preempts or rejects it."""

@@ -67,6 +67,7 @@ class Harness:
         from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
         from std_msgs.msg import String
 
+        from flash_planner.ros.action_server import feedback_qos
         from flash_planner.ros.node import planner_node_class
         from flash_planner_interfaces.action import Plan
         from flash_planner_interfaces.msg import PlanTelemetry
@@ -78,7 +79,8 @@ class Harness:
             context=context,
             parameter_overrides=[Parameter(k, value=v) for k, v in values.items()])
         self.client_node = rclpy.create_node("plan_test_client", context=context)
-        self.client = ActionClient(self.client_node, Plan, f"/{NODE}/plan")
+        self.client = ActionClient(self.client_node, Plan, f"/{NODE}/plan",
+                                   feedback_sub_qos_profile=feedback_qos())
         self.plans: list[dict] = []
         self.telemetry: list = []
         self.diagnostics: list = []

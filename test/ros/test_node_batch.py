@@ -153,6 +153,31 @@ def test_four_goals_decode_at_once_each_with_its_own_feedback_and_result(harness
                                 for s in h.statuses()[n:]))
 
 
+def test_feedback_is_published_and_read_deep_enough_for_every_goal_at_once(harness,
+                                                                         monkeypatch):
+    """A feedback message holds only the text since the last, and one topic carries every
+    goal's: the server publishes it 1000 deep, and the harness's client reads it so (at
+    rclpy's default of 10 a goal's last message was lost under load, once in several runs of
+    the test above). Discovery does not report a history depth, so the server's is read
+    where the node makes it."""
+    import rclpy.action
+
+    from flash_planner.ros.action_server import FEEDBACK_DEPTH
+
+    made, real = [], rclpy.action.ActionServer
+
+    def recording(*args, **kwargs):
+        made.append(kwargs.get("feedback_pub_qos_profile"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rclpy.action, "ActionServer", recording)
+    h = harness(**{"engine.max_batch": 4})
+    h.bring_up()
+    assert [qos.depth if qos else None for qos in made] == [FEEDBACK_DEPTH]
+    status, result = h.plan(task="open the fridge")      # and it serves through it
+    assert status == GoalStatus.STATUS_SUCCEEDED, result.error
+
+
 def test_cancelling_one_of_four_goals_leaves_the_others_decoding(harness, gate):
     h = harness(**{"engine.max_batch": 4})
     h.bring_up()
