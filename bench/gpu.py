@@ -8,7 +8,7 @@ Parts (each one table, all of them in one JSON file):
             on CUDA), as time and as the fraction of the copy bandwidth their weight bytes
             reach; beside each quantized row the tiled kernel (the M > 16 one, which decode
             ran before the skinny kernels) and the skinny kernel at its counted configuration
-            (kernels/gemm_configs.py; the launch itself uses the measured table where it has
+            (kernels/gemm/configs.py; the launch itself uses the measured table where it has
             the shape: `--tune` measures it first), and the speed against bf16; then the
             27B's MLP gate and up projections fused (one GEMM with SwiGLU) against the two
             GEMMs and the activation apart;
@@ -130,7 +130,7 @@ def ceilings(device: str, small: bool) -> dict:
 
 
 def gemm_rows(device: str, small: bool, bw: float, repeats: int, tune: bool) -> list[dict]:
-    from flash_planner.kernels.tune import tune as tune_shape
+    from flash_planner.kernels.gemm.tune import tune as tune_shape
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     rows = ROWS[:2] if small else ROWS
@@ -175,18 +175,19 @@ def launches(calls: list, small: bool) -> list:
 
 def _beside(fmt: str, module, x: torch.Tensor, repeats: int) -> dict:
     """The tiled kernel's time and the skinny kernel's at its counted configuration."""
-    from flash_planner.kernels import gemm_configs
-    from flash_planner.kernels.gemm_configs import sm_count
-    from flash_planner.kernels.tune import LAUNCHERS, k_align
+    from flash_planner.kernels.gemm import configs, context
+    from flash_planner.kernels.gemm.formats import FORMATS as GEMM_FORMATS
+    from flash_planner.kernels.gemm.tune import skinny_launch, split_operands
 
     ops = module.operands()
-    counted = gemm_configs.heuristic(fmt, module.out_features, module.in_features,
-                                     x.shape[0], sm_count(x.device), k_align(fmt, ops),
-                                     False, x.dtype == torch.float32)
-    with gemm_configs.tiled_only():
+    gemm = context.context(x.device)
+    counted = configs.heuristic(fmt, module.out_features, module.in_features, x.shape[0],
+                                gemm.sms, GEMM_FORMATS[fmt].k_align(split_operands(fmt, ops)[1]),
+                                False, x.dtype == torch.float32)
+    with gemm.tiled_only():
         tiled_ms = timed_ms(lambda: module(x), repeats)
     return {"tiled_ms": tiled_ms,
-            "counted_ms": timed_ms(lambda: LAUNCHERS[fmt](x, *ops, config=counted), repeats)}
+            "counted_ms": timed_ms(lambda: skinny_launch(fmt, x, ops, False, counted), repeats)}
 
 
 def moe_rows(device: str, small: bool, bw: float, repeats: int) -> list[dict]:
@@ -194,7 +195,7 @@ def moe_rows(device: str, small: bool, bw: float, repeats: int) -> list[dict]:
     stacked (as the loader fuses them) and down, a decode row and verify blocks with random
     distinct routing; bytes: the distinct chosen experts'."""
     from flash_planner.engine.weights.fuse import stack_gate_up
-    from flash_planner.kernels import gemm_configs
+    from flash_planner.kernels.gemm.context import context
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     experts, topk = (4, 2) if small else (256, 8)
@@ -219,7 +220,7 @@ def moe_rows(device: str, small: bool, bw: float, repeats: int) -> list[dict]:
                 ids = routing()
                 x = torch.randn(m, slots, k, device=device, dtype=dtype)
                 ms = timed_ms(lambda x=x, ids=ids, g=stack.grouped: g(x, ids), repeats)
-                with gemm_configs.tiled_only():
+                with context(x.device).tiled_only():
                     tiled_ms = timed_ms(lambda x=x, ids=ids, g=stack.grouped: g(x, ids),
                                         repeats)
                 nbytes = per_expert * len(set(ids.flatten().tolist()))

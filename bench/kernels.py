@@ -28,9 +28,9 @@ from flash_planner.kernels.checkpoint_select import kernel as select_k  # noqa: 
 from flash_planner.kernels.checkpoint_select import reference as select_r  # noqa: E402
 from flash_planner.kernels.gdn_steps import kernel as gdn_k  # noqa: E402
 from flash_planner.kernels.gdn_steps import reference as gdn_r  # noqa: E402
+from flash_planner.kernels.gemm.tune import time_ms as timed_ms  # noqa: E402
 from flash_planner.kernels.kv_append import kernel as kv_k  # noqa: E402
 from flash_planner.kernels.kv_append import reference as kv_r  # noqa: E402
-from flash_planner.kernels.tune import time_ms as timed_ms  # noqa: E402
 
 BIG = dict(layers=48, hv=48, hk=16, d=128, steps=16, conv=10240, kv_heads=4, kv_dim=256,
            prefill=4096, vocab=248320, repeats=50)

@@ -84,7 +84,7 @@ def prefill_ms(raw: dict, rows: int, dtype: torch.dtype, device: str, repeats: i
     from slices import slice_model
 
     from flash_planner.engine.cache import InferenceState
-    from flash_planner.kernels.tune import time_ms as timed_ms
+    from flash_planner.kernels.gemm.tune import time_ms as timed_ms
 
     cfg, model = slice_model(raw, "bf16", dtype, device)
     gen = torch.Generator(device="cpu").manual_seed(0)

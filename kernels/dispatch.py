@@ -15,23 +15,13 @@ import torch
 
 from .accept.reference import accept_rows as _accept_rows_ref
 from .checkpoint_select.reference import checkpoint_select as _checkpoint_select_ref
-from .fp8_gemm.reference import dequantize_fp8
-from .fp8_gemm.reference import fp8_gate_up as _fp8_gate_up_ref
-from .fp8_gemm.reference import fp8_gemm as _fp8_gemm_ref
 from .gdn_steps.chunked import gdn_steps as _gdn_steps_chunked
 from .gdn_steps.reference import gdn_steps as _gdn_steps_ref
-from .int4_gemm.reference import dequantize_int4
-from .int4_gemm.reference import int4_gate_up as _int4_gate_up_ref
-from .int4_gemm.reference import int4_gemm as _int4_gemm_ref
+from .gemm import reference as _gemm_ref
+from .gemm.context import tracing
+from .gemm.reference import dequantize_fp8, dequantize_int4, dequantize_nvfp4
 from .kv_append.reference import kv_append as _kv_append_ref
 from .kv_append.reference import kv_read
-from .moe_gemm.reference import moe_fp8_gemm as _moe_fp8_gemm_ref
-from .moe_gemm.reference import moe_gemm as _moe_gemm_ref
-from .moe_gemm.reference import moe_int4_gemm as _moe_int4_gemm_ref
-from .moe_gemm.reference import moe_nvfp4_gemm as _moe_nvfp4_gemm_ref
-from .nvfp4_gemm.reference import dequantize_nvfp4
-from .nvfp4_gemm.reference import nvfp4_gate_up as _nvfp4_gate_up_ref
-from .nvfp4_gemm.reference import nvfp4_gemm as _nvfp4_gemm_ref
 from .toolchain import guarded
 
 log = logging.getLogger(__name__)
@@ -41,24 +31,22 @@ _backend = os.environ.get("FLASH_PLANNER_KERNELS", "auto")
 _warned: set[str] = set()
 
 
+GEMMS = ("fp8_gemm", "fp8_gate_up", "nvfp4_gemm", "nvfp4_gate_up", "int4_gemm", "int4_gate_up",
+         "moe_gemm", "moe_fp8_gemm", "moe_nvfp4_gemm", "moe_int4_gemm")
+
+
 def _triton_ops() -> tuple[dict[str, object], str]:
     try:
         from .accept.kernel import accept_rows
         from .checkpoint_select.kernel import checkpoint_select
-        from .fp8_gemm.kernel import fp8_gate_up, fp8_gemm
         from .gdn_steps.kernel import gdn_steps
-        from .int4_gemm.kernel import int4_gate_up, int4_gemm
+        from .gemm import ops as gemm
         from .kv_append.kernel import kv_append
-        from .moe_gemm.kernel import moe_fp8_gemm, moe_gemm, moe_int4_gemm, moe_nvfp4_gemm
-        from .nvfp4_gemm.kernel import nvfp4_gate_up, nvfp4_gemm
     except ImportError as exc:  # triton is optional at run time (CPU-only installs)
         return {}, f"Triton is not importable ({exc})"
     ops = {"accept_rows": accept_rows, "checkpoint_select": checkpoint_select,
-           "fp8_gate_up": fp8_gate_up, "fp8_gemm": fp8_gemm, "gdn_steps": gdn_steps,
-           "int4_gate_up": int4_gate_up, "int4_gemm": int4_gemm, "kv_append": kv_append,
-           "moe_fp8_gemm": moe_fp8_gemm, "moe_gemm": moe_gemm, "moe_int4_gemm": moe_int4_gemm,
-           "moe_nvfp4_gemm": moe_nvfp4_gemm, "nvfp4_gate_up": nvfp4_gate_up,
-           "nvfp4_gemm": nvfp4_gemm}
+           "gdn_steps": gdn_steps, "kv_append": kv_append,
+           **{name: getattr(gemm, name) for name in GEMMS}}
     # A launch compiles on first use, where a ptxas that does not know the GPU fails: each op
     # is guarded until it has run once, then called directly (no wrapper per launch).
     return {name: guarded(fn, lambda name=name, fn=fn: TRITON_OPS.__setitem__(name, fn))
@@ -92,7 +80,7 @@ def _pick(op: str, reference, tensor: torch.Tensor):
     choice = backend()
     if choice == "torch" or (choice == "auto" and not tensor.is_cuda):
         return reference
-    impl = (LAUNCHERS if torch.compiler.is_compiling() else TRITON_OPS).get(op)
+    impl = (LAUNCHERS if tracing() else TRITON_OPS).get(op)
     if impl is None:
         if op not in _warned:
             _warned.add(op)
@@ -128,30 +116,30 @@ def accept_rows(drafts, logits, relaxed, topk, delta):
 # The dequantize_* helpers (the references', exported above) give the float32 W [N, K].
 
 def fp8_gemm(x, weight, scale, block_n, block_k):
-    return _pick("fp8_gemm", _fp8_gemm_ref, x)(x, weight, scale, block_n, block_k)
+    return _pick("fp8_gemm", _gemm_ref.fp8_gemm, x)(x, weight, scale, block_n, block_k)
 
 
 def nvfp4_gemm(x, packed, scale, global_scale):
-    return _pick("nvfp4_gemm", _nvfp4_gemm_ref, x)(x, packed, scale, global_scale)
+    return _pick("nvfp4_gemm", _gemm_ref.nvfp4_gemm, x)(x, packed, scale, global_scale)
 
 
 def int4_gemm(x, packed, scale, zero, group):
-    return _pick("int4_gemm", _int4_gemm_ref, x)(x, packed, scale, zero, group)
+    return _pick("int4_gemm", _gemm_ref.int4_gemm, x)(x, packed, scale, zero, group)
 
 
 # The MLP's gate and up projections stacked [2I, K] (gate rows first) in one GEMM with SwiGLU's
-# activation in its epilogue: y [..., I] = silu(x @ gate.T) * (x @ up.T) (kernels/gate_up.py).
+# activation in its epilogue: y [..., I] = silu(x @ gate.T) * (x @ up.T) (kernels/gemm).
 
 def fp8_gate_up(x, weight, scale, block_n, block_k):
-    return _pick("fp8_gate_up", _fp8_gate_up_ref, x)(x, weight, scale, block_n, block_k)
+    return _pick("fp8_gate_up", _gemm_ref.fp8_gate_up, x)(x, weight, scale, block_n, block_k)
 
 
 def nvfp4_gate_up(x, packed, scale, global_scale):
-    return _pick("nvfp4_gate_up", _nvfp4_gate_up_ref, x)(x, packed, scale, global_scale)
+    return _pick("nvfp4_gate_up", _gemm_ref.nvfp4_gate_up, x)(x, packed, scale, global_scale)
 
 
 def int4_gate_up(x, packed, scale, zero, group):
-    return _pick("int4_gate_up", _int4_gate_up_ref, x)(x, packed, scale, zero, group)
+    return _pick("int4_gate_up", _gemm_ref.int4_gate_up, x)(x, packed, scale, zero, group)
 
 
 # Mixture-of-experts grouped GEMMs over the same formats, experts stacked E first:
@@ -159,22 +147,22 @@ def int4_gate_up(x, packed, scale, zero, group):
 # gated: each expert's gate rows then its up rows, y = silu(gate) * up [M, k, N / 2].
 
 def moe_gemm(x, topk_ids, weight, gated=False):
-    return _pick("moe_gemm", _moe_gemm_ref, x)(x, topk_ids, weight, gated)
+    return _pick("moe_gemm", _gemm_ref.moe_gemm, x)(x, topk_ids, weight, gated)
 
 
 def moe_fp8_gemm(x, topk_ids, weight, scale, block_n, block_k, gated=False):
-    return _pick("moe_fp8_gemm", _moe_fp8_gemm_ref, x)(x, topk_ids, weight, scale, block_n,
-                                                        block_k, gated)
+    return _pick("moe_fp8_gemm", _gemm_ref.moe_fp8_gemm, x)(x, topk_ids, weight, scale,
+                                                            block_n, block_k, gated)
 
 
 def moe_nvfp4_gemm(x, topk_ids, packed, scale, global_scale, gated=False):
-    return _pick("moe_nvfp4_gemm", _moe_nvfp4_gemm_ref, x)(x, topk_ids, packed, scale,
-                                                            global_scale, gated)
+    return _pick("moe_nvfp4_gemm", _gemm_ref.moe_nvfp4_gemm, x)(x, topk_ids, packed, scale,
+                                                                global_scale, gated)
 
 
 def moe_int4_gemm(x, topk_ids, packed, scale, zero, group, gated=False):
-    return _pick("moe_int4_gemm", _moe_int4_gemm_ref, x)(x, topk_ids, packed, scale, zero,
-                                                          group, gated)
+    return _pick("moe_int4_gemm", _gemm_ref.moe_int4_gemm, x)(x, topk_ids, packed, scale,
+                                                              zero, group, gated)
 
 
 __all__ = ["accept_rows", "backend", "checkpoint_select", "dequantize_fp8", "dequantize_int4",

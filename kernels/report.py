@@ -35,9 +35,8 @@ from pathlib import Path
 from .specs import Spec
 from .toolchain import ToolchainError, guarded
 
-MODULES = ("accept.kernel", "checkpoint_select.kernel", "fp8_gemm.kernel", "fp8_gemm.skinny",
-           "gdn_steps.kernel", "int4_gemm.kernel", "int4_gemm.skinny", "kv_append.kernel",
-           "moe_gemm.kernel", "moe_gemm.skinny", "nvfp4_gemm.kernel", "nvfp4_gemm.skinny")
+MODULES = ("accept.kernel", "checkpoint_select.kernel", "gdn_steps.kernel", "gemm.skinny",
+           "gemm.tiled", "kv_append.kernel")
 TARGETS = {"sm_90": 90, "sm_110": 110}
 SHARED_LIMIT = 227 * 1024  # bytes per block, sm_90; taken for sm_110 too (see the docstring)
 MAX_REGS = 255
@@ -55,7 +54,7 @@ def all_specs() -> list[Spec]:
 def uses_dot(spec: Spec) -> bool:
     """Whether the kernel is a matmul kernel: its source, or that of a @triton.jit helper it
     calls (at any depth; the weight-only GEMMs share one dot helper), calls tl.dot. A skinny
-    GEMM's BLOCK_M under 16 compiles its FMA path instead (split_k.dot_rows)."""
+    GEMM's BLOCK_M under 16 compiles its FMA path instead (gemm/tiles.dot_step)."""
     from triton.runtime.jit import JITFunction
 
     if spec.constexprs.get("BLOCK_M", 16) < 16:

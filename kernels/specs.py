@@ -65,15 +65,11 @@ class Spec:
                 == (launched.num_warps, launched.num_stages))
 
 
-# integer arguments that are multiples of 16 at every declared model shape (sizes and strides
-# of the 27B's and the demo's weights; per-row scale counts such as K / 128 are not)
-SIXTEENS = ("N", "K", "stride_xm", "block_n", "block_k", "packed_cols", "group")
-
-
-def aligned(types: dict[str, str]) -> tuple[str, ...]:
-    """A spec's `aligned`: its pointers and the SIXTEENS it takes."""
-    return tuple(name for name, kind in types.items()
-                 if kind.startswith("*") or name in SIXTEENS)
+def aligned(types: dict[str, str], values: dict[str, int]) -> tuple[str, ...]:
+    """A spec's `aligned`: its pointers, and its integers divisible by 16 at the declared
+    shape (`values`; M aside: it varies), as Triton specializes a launch."""
+    return tuple(name for name, kind in types.items() if kind.startswith("*")
+                 or (name != "M" and values.get(name, 1) % 16 == 0))
 
 
 def kernel_name(kernel: Any) -> str:

@@ -96,6 +96,7 @@ class Engine:
         self.compile_report: CompileReport | None = None   # None: every forward is eager
         self._batch_slots: dict[int, SlotStates] = {}      # batch.py's, by max_batch
         self.threads: Threads | None = None   # set by `load`; None: as the process had it
+        self.gemm = None     # set by `load`: the device's GemmContext (kernels/gemm/context.py)
         self.prefix_cache = (PrefixCache(config.prefix_cache_entries) if config.prefix_cache
                              else None)
         # the checkpoint's own sampling defaults (generation_config.json; `sampling: model`)
@@ -167,6 +168,7 @@ class Engine:
         proposers, extra = build_proposers(config, checkpoint, state, dtype, device)
         engine = cls(config, checkpoint, state, device, dtype, proposers, extra)
         engine.threads = threads
+        engine.gemm = tuning.gemm_context(device)
         if tuning.wanted(device):     # before the graphs: they capture the chosen launches
             tuning.tune_linears([checkpoint.model, *proposers.values()], dtype, progress)
         if config.resolve_compile(device):

@@ -5,7 +5,7 @@ index, and how many logits beat the draft's own. One program per row left a 15-d
 at 15 programs reading 1 MB each (248k vocabulary): too few to load at the memory's speed.
 Grid (rows, splits): each program reduces one chunk of its row's vocabulary and stores its
 partial (max, first index, count); the last program of the row to arrive (a counter per row,
-kernels/split_k.py's) combines the partials in split order, so ties go to the earlier index
+kernels/gemm/skinny.py's) combines the partials in split order, so ties go to the earlier index
 as in torch.argmax, writes the verdict and resets the counter.
 """
 
@@ -15,9 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..gemm_configs import COUNTERS, sm_count
+from ..gemm.configs import COUNTERS
+from ..gemm.context import context
 from ..specs import Spec, launch
-from ..split_k import counters
 
 BLOCK_V = 1024
 MAX_SPLITS = 64
@@ -77,7 +77,7 @@ def _accept_kernel(drafts, logits, relaxed, ok, part_max, part_first, part_above
 def split(rows: int, vocab: int, device: torch.device) -> tuple[int, int]:
     """(chunk, splits): enough programs for PROGRAMS_PER_SM per SM, whole BLOCK_V steps per
     chunk, at most MAX_SPLITS (and none where the rows outnumber the counters)."""
-    want = min(MAX_SPLITS, -(-PROGRAMS_PER_SM * sm_count(device) // rows))
+    want = min(MAX_SPLITS, -(-PROGRAMS_PER_SM * context(device).sms // rows))
     if rows > COUNTERS:
         want = 1
     chunk = -(-max(1, -(-vocab // want)) // BLOCK_V) * BLOCK_V
@@ -105,9 +105,9 @@ def accept_rows(
                 for dtype in (torch.float32, torch.int32, torch.int32)]
         args = dict(drafts=drafts.to(torch.int64).contiguous(), logits=logits.contiguous(),
                     relaxed=relaxed.to(torch.int8).contiguous(), ok=ok, part_max=part[0],
-                    part_first=part[1], part_above=part[2], counts=counters(drafts.device, b * k),
-                    k=k, vocab=vocab, chunk=chunk, splits=splits, topk=topk,
-                    delta=float(delta))
+                    part_first=part[1], part_above=part[2],
+                    counts=context(drafts.device).counters(b * k), k=k, vocab=vocab,
+                    chunk=chunk, splits=splits, topk=topk, delta=float(delta))
         launch(_accept_kernel, (b * k, splits), args, meta(splits))
     return ok.bool()
 

@@ -72,9 +72,10 @@ def test_quantized_weights_on_the_gemm_kernels_match_the_references(hybrid_dir, 
     assert dispatch._pick(op, None, torch.zeros(1, device=DEVICE)) is dispatch.TRITON_OPS[op]
     assert kernels.token_ids == reference.token_ids == ref
     assert kernels.stats.accept_hist == reference.stats.accept_hist
-    ran = {(spec.name, spec.constexprs.get("GATED")) for spec in launches}
-    assert {(f"_{weights}_rows_kernel", True), (f"_{weights}_rows_kernel", False),
-            (f"_{weights}_gemm_kernel", None)} <= ran
+    ran = {(spec.name, spec.constexprs.get("FORMAT"), spec.constexprs.get("GATED"))
+           for spec in launches}
+    assert {("_gemm_rows_kernel", weights, True), ("_gemm_rows_kernel", weights, False),
+            ("_gemm_tiles_kernel", weights, None)} <= ran
 
 
 @pytest.mark.parametrize("weights", ["auto", "fp8", "nvfp4", "int4"])
@@ -92,5 +93,6 @@ def test_moe_target_on_the_moe_kernels_matches_the_references(checkpoints, make_
     assert kernels.stats.accept_hist == reference.stats.accept_hist
     fmt = "float" if weights == "auto" else weights
     gated = {spec.constexprs.get("GATED") for spec in launches
-             if spec.name == f"_moe_{fmt}_rows_kernel"}
+             if spec.name == "_gemm_rows_kernel" and spec.constexprs["ROUTED"]
+             and spec.constexprs["FORMAT"] == fmt}
     assert gated == ({False} if weights == "fp8" else {True, False})

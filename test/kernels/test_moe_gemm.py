@@ -17,10 +17,13 @@ import pytest
 import torch
 
 from flash_planner.kernels import dispatch, report
-from flash_planner.kernels.fp8_gemm.reference import dequantize_fp8
-from flash_planner.kernels.int4_gemm.reference import dequantize_int4
-from flash_planner.kernels.moe_gemm import kernel, reference
-from flash_planner.kernels.nvfp4_gemm.reference import dequantize_nvfp4
+from flash_planner.kernels.gemm import ops as kernel
+from flash_planner.kernels.gemm import reference
+from flash_planner.kernels.gemm.context import context
+from flash_planner.kernels.gemm.formats import FORMATS
+from flash_planner.kernels.gemm.reference import dequantize_fp8, dequantize_int4, dequantize_nvfp4
+from flash_planner.kernels.gemm.skinny import rows_gemm
+from flash_planner.kernels.gemm.tune import split_operands
 from flash_planner.kernels.specs import record_launches
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -175,18 +178,12 @@ def test_kernel_matches_reference_on_other_routings(fmt, route, s):
     _close(kernel_fn(x, ids, *args), reference_fn(x, ids, *args))
 
 
-def _skinny_operands(fmt, args, kdim):
-    """(integer arguments, weight tensors, K alignment) of skinny.moe_rows for `args`."""
-    if fmt == "float":
-        return {}, {"weight": args[0]}, 16
-    if fmt == "fp8":
-        return ({"block_n": args[2], "block_k": args[3], "scale_cols": args[1].shape[2]},
-                {"weight": args[0], "scale": args[1]}, args[3])
-    if fmt == "nvfp4":
-        return ({"stride_p": kdim // 2, "stride_s": kdim // 16},
-                dict(zip(("packed", "scale", "global_scale"), args)), 16)
-    return ({"packed_cols": args[0].shape[2], "group": args[3], "groups": args[1].shape[2]},
-            dict(zip(("packed", "scale", "zero"), args[:3])), args[3])
+def moe_rows(fmt, x, ids, e, width, args, config, gated=False):
+    """The skinny kernel on experts with one configuration (operands as the launcher takes
+    them)."""
+    tensors, params = split_operands(fmt, args)
+    return rows_gemm(context(x.device), fmt, x, tensors, FORMATS[fmt].ints(tensors, params, width),
+                     width, FORMATS[fmt].k_align(params), gated, config, topk_ids=ids, experts=e)
 
 
 # (rows, BLOCK_M, BLOCK_N, K step, split): the skinny kernels' FMA and tensor-core paths, K
@@ -199,9 +196,7 @@ SKINNY = [(1, 1, 32, 32, 1), (3, 4, 16, 32, 3), (5, 16, 32, 32, 2), (16, 16, 64,
 @pytest.mark.parametrize("case", ["float-40x96", "fp8-b16x32-72x160", "nvfp4-72x160",
                                   "int4-g64-72x159"])
 def test_skinny_paths_match_the_reference(case, config, s):
-    from flash_planner.kernels.gemm_configs import RowsConfig
-    from flash_planner.kernels.moe_gemm.skinny import moe_rows
-    from flash_planner.kernels.split_k import counters
+    from flash_planner.kernels.gemm.configs import RowsConfig
 
     m, *tiles = config
     k = 3
@@ -209,11 +204,9 @@ def test_skinny_paths_match_the_reference(case, config, s):
     for dtype in (torch.float32, torch.bfloat16):
         fmt, x, ids, args = _inputs(case, m, k, e, 1 if s == "S1" else k, dtype, seed=m)
         ref = _functions(fmt)[1](x, ids, *args)
-        ints, weights, align = _skinny_operands(fmt, args, x.shape[2])
-        out = moe_rows(fmt, x, ids.to(torch.int32), e, ref.shape[2], weights, ints, align,
-                       RowsConfig(*tiles))
+        out = moe_rows(fmt, x, ids.to(torch.int32), e, ref.shape[2], args, RowsConfig(*tiles))
         _close(out, ref)
-        assert int(counters(x.device, 1).abs().sum()) == 0
+        assert int(context(x.device).counters(1).abs().sum()) == 0
 
 
 def test_int64_ids_strided_x_and_an_empty_block():
@@ -366,18 +359,15 @@ def test_gated_kernel_matches_reference(fmt, m, dtype):
 @pytest.mark.parametrize("config", SKINNY, ids=lambda c: "M{}-BM{}-BN{}-BK{}-S{}".format(*c))
 @pytest.mark.parametrize("fmt", GATED)
 def test_gated_skinny_paths_match_the_reference(fmt, config):
-    from flash_planner.kernels.gemm_configs import RowsConfig
-    from flash_planner.kernels.moe_gemm.skinny import moe_rows
-    from flash_planner.kernels.split_k import counters
+    from flash_planner.kernels.gemm.configs import RowsConfig
 
     m, *tiles = config
     e = fewest_experts(3)
     x, ids, args = _gated_inputs(fmt, m, 3, e, torch.float32, seed=m)
-    ints, weights, align = _skinny_operands(fmt, args, x.shape[2])
-    out = moe_rows(fmt, x, ids.to(torch.int32), e, args[0].shape[1] // 2, weights, ints,
-                   align, RowsConfig(*tiles), gated=True)
+    out = moe_rows(fmt, x, ids.to(torch.int32), e, args[0].shape[1] // 2, args,
+                   RowsConfig(*tiles), gated=True)
     _close(out, _functions(fmt)[1](x, ids, *args, gated=True))
-    assert int(counters(x.device, 1).abs().sum()) == 0
+    assert int(context(x.device).counters(1).abs().sum()) == 0
 
 
 def test_a_gated_stack_that_cannot_split_evenly_is_refused():

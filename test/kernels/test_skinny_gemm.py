@@ -17,26 +17,19 @@ import pytest
 import torch
 from test_weight_gemm import _close, _on, fp8_args, int4_args, nvfp4_args
 
-from flash_planner.kernels import dispatch, gemm_configs
-from flash_planner.kernels.fp8_gemm import kernel as fp8_k
-from flash_planner.kernels.fp8_gemm import reference as fp8_r
-from flash_planner.kernels.fp8_gemm.skinny import fp8_rows
-from flash_planner.kernels.gemm_configs import RowsConfig
-from flash_planner.kernels.int4_gemm import kernel as int4_k
-from flash_planner.kernels.int4_gemm import reference as int4_r
-from flash_planner.kernels.int4_gemm.skinny import int4_rows
-from flash_planner.kernels.nvfp4_gemm import kernel as nvfp4_k
-from flash_planner.kernels.nvfp4_gemm import reference as nvfp4_r
-from flash_planner.kernels.nvfp4_gemm.skinny import nvfp4_rows
-from flash_planner.kernels.split_k import counters
+from flash_planner.kernels import dispatch
+from flash_planner.kernels.gemm import configs, context, ops, reference
+from flash_planner.kernels.gemm.configs import RowsConfig
+from flash_planner.kernels.gemm.tune import skinny_launch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-ROWS = {"fp8": fp8_rows, "nvfp4": nvfp4_rows, "int4": int4_rows}
-GEMM = {"fp8": (fp8_k.fp8_gemm, fp8_r.fp8_gemm), "nvfp4": (nvfp4_k.nvfp4_gemm, nvfp4_r.nvfp4_gemm),
-        "int4": (int4_k.int4_gemm, int4_r.int4_gemm)}
-GATE_UP = {"fp8": (fp8_k.fp8_gate_up, fp8_r.fp8_gate_up),
-           "nvfp4": (nvfp4_k.nvfp4_gate_up, nvfp4_r.nvfp4_gate_up),
-           "int4": (int4_k.int4_gate_up, int4_r.int4_gate_up)}
+ROWS = {fmt: lambda x, *args, fmt=fmt, gated=False, config=None: skinny_launch(
+    fmt, x, args, gated, config) for fmt in ("fp8", "nvfp4", "int4")}
+GEMM = {"fp8": (ops.fp8_gemm, reference.fp8_gemm), "nvfp4": (ops.nvfp4_gemm, reference.nvfp4_gemm),
+        "int4": (ops.int4_gemm, reference.int4_gemm)}
+GATE_UP = {"fp8": (ops.fp8_gate_up, reference.fp8_gate_up),
+           "nvfp4": (ops.nvfp4_gate_up, reference.nvfp4_gate_up),
+           "int4": (ops.int4_gate_up, reference.int4_gate_up)}
 # name -> (format, K, weight arguments from a generator, rows of the weight)
 SHAPES = {
     "fp8-even": ("fp8", 512, lambda g, n: fp8_args(n, 512, 8, 128, g)),
@@ -70,7 +63,7 @@ def test_every_path_matches_the_reference(shape, config, dtype):
     x = torch.randn(m, k, generator=gen).to(dtype).to(DEVICE)
     out = ROWS[fmt](x, *args, config=RowsConfig(*tiles))
     _close(out, GEMM[fmt][1](x, *args))
-    assert int(counters(x.device, 1).abs().sum()) == 0        # every split tile reset its counter
+    assert int(context.context(x.device).counters(1).abs().sum()) == 0   # each split tile reset it
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -86,7 +79,7 @@ def test_gated_paths_match_the_reference(shape, config, dtype):
     out = ROWS[fmt](x, *args, gated=True, config=RowsConfig(*tiles))
     assert out.shape == (m, 24)
     _close(out, GATE_UP[fmt][1](x, *args))
-    assert int(counters(x.device, 1).abs().sum()) == 0
+    assert int(context.context(x.device).counters(1).abs().sum()) == 0
 
 
 @pytest.mark.parametrize("m", [1, 5, 16, 37], ids=lambda m: f"M{m}")
@@ -113,10 +106,10 @@ def test_gate_up_is_the_two_projections_with_swiglu():
     gen = torch.Generator().manual_seed(3)
     w, s, _, _ = fp8_args(32, 256, 8, 128, gen)
     x = torch.randn(3, 256, generator=gen)
-    gate = fp8_r.fp8_gemm(x, w[:16], s[:2], 8, 128)
-    up = fp8_r.fp8_gemm(x, w[16:], s[2:], 8, 128)
+    gate = reference.fp8_gemm(x, w[:16], s[:2], 8, 128)
+    up = reference.fp8_gemm(x, w[16:], s[2:], 8, 128)
     want = torch.nn.functional.silu(gate) * up
-    torch.testing.assert_close(fp8_r.fp8_gate_up(x, w, s, 8, 128), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(reference.fp8_gate_up(x, w, s, 8, 128), want, rtol=1e-5, atol=1e-5)
 
 
 def _bad_gate_up():
@@ -126,9 +119,9 @@ def _bad_gate_up():
     p, e, _ = nvfp4_args(40, 256, gen)
     q, f, z, _ = int4_args(41, 256, 32, gen)
     return {
-        "fp8-straddles": (fp8_k.fp8_gate_up, (x, w[:36], s[:5], 8, 128), "block_n"),
-        "nvfp4-one-global": (nvfp4_k.nvfp4_gate_up, (x, p, e, torch.ones(1)), "global_scale"),
-        "int4-odd-rows": (int4_k.int4_gate_up, (x, q, f, z, 32), "gate rows"),
+        "fp8-straddles": (ops.fp8_gate_up, (x, w[:36], s[:5], 8, 128), "block_n"),
+        "nvfp4-one-global": (ops.nvfp4_gate_up, (x, p, e, torch.ones(1)), "global_scale"),
+        "int4-odd-rows": (ops.int4_gate_up, (x, q, f, z, 32), "gate rows"),
     }
 
 
@@ -147,7 +140,7 @@ def test_a_tile_too_short_for_the_rows_is_refused():
     args = _on(DEVICE, nvfp4_args(20, 256, gen))
     x = torch.randn(5, 256).to(DEVICE)
     with pytest.raises(ValueError, match="BLOCK_M 4 < 5 rows"):
-        nvfp4_rows(x, *args, config=RowsConfig(4, 32, 128, 1))
+        ROWS["nvfp4"](x, *args, config=RowsConfig(4, 32, 128, 1))
 
 
 # ---- configurations
@@ -162,7 +155,7 @@ def test_counted_configurations_are_launchable(family, k_align, sms):
     for n, k in SHAPES_27B:
         for rows in range(1, 17):
             for gated, fp32 in ((False, False), (True, True)):
-                c = gemm_configs.heuristic(family, n, k, rows, sms, k_align, gated, fp32)
+                c = configs.heuristic(family, n, k, rows, sms, k_align, gated, fp32)
                 assert c.block_m >= rows and (c.block_m >= 16) == c.use_dot
                 assert c.split in (1, 2, 4, 8, 16)
                 if family == "nvfp4":
@@ -178,25 +171,26 @@ def test_counted_configurations_are_launchable(family, k_align, sms):
 def test_down_projection_splits_on_an_h100_and_not_on_thor():
     """The 27B's MLP down projection has 80 tiles of 64 rows: under 4 per SM on an H100's 132
     SMs, so K is split; on Thor's 20 SMs the tiles alone fill them."""
-    h100 = gemm_configs.heuristic("nvfp4", 5120, 17408, 1, 132, 16)
-    thor = gemm_configs.heuristic("nvfp4", 5120, 17408, 1, 20, 16)
+    h100 = configs.heuristic("nvfp4", 5120, 17408, 1, 132, 16)
+    thor = configs.heuristic("nvfp4", 5120, 17408, 1, 20, 16)
     assert h100.split > 1 and h100.grid(5120, 17408)[0] * h100.split >= 4 * 132
     assert thor.split == 1
 
 
 def test_the_measured_table_is_read_back(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASH_PLANNER_CACHE", str(tmp_path))
-    monkeypatch.setattr(gemm_configs, "_table", None)
-    monkeypatch.setattr(gemm_configs, "_chosen", {})     # the choices made here end with it
     cpu = torch.device("cpu")
-    key = gemm_configs.shape_key(cpu, "nvfp4", 77, 512, 16, 3, False, True)
+    gemm = context.GemmContext(cpu)                  # the choices made here end with it
+    monkeypatch.setitem(context._contexts, cpu, gemm)
+    key = context.shape_key(cpu, "nvfp4", 77, 512, 16, 3, False, True)
     measured = RowsConfig(4, 16, 128, 2, num_warps=8)
-    gemm_configs.record(key, measured)
-    monkeypatch.setattr(gemm_configs, "_table", None)             # a new process reads it
-    assert gemm_configs.choose("nvfp4", 77, 512, 4, cpu, 16, False, True) == measured
-    assert gemm_configs.choose("nvfp4", 77, 512, 4, cpu, 16, True, True) == (
-        gemm_configs.heuristic("nvfp4", 77, 512, 4, 4, 16, True, True))
-    assert json.loads(gemm_configs.table_path().read_text())[key]["num_warps"] == 8
+    gemm.record(key, measured)
+    gemm = context.GemmContext(cpu)                  # a new process reads it
+    monkeypatch.setitem(context._contexts, cpu, gemm)
+    assert gemm.choose("nvfp4", 77, 512, 4, 16, False, True) == measured
+    assert gemm.choose("nvfp4", 77, 512, 4, 16, True, True) == (
+        configs.heuristic("nvfp4", 77, 512, 4, 4, 16, True, True))
+    assert json.loads(context.table_path().read_text())[key]["num_warps"] == 8
     gen = torch.Generator().manual_seed(0)
     args = _on(DEVICE, nvfp4_args(77, 512, gen))
     x = torch.randn(3, 512, generator=gen).to(DEVICE)
@@ -204,49 +198,66 @@ def test_the_measured_table_is_read_back(tmp_path, monkeypatch):
         from flash_planner.kernels.specs import record_launches
 
         with record_launches() as launches:
-            nvfp4_k.nvfp4_gemm(x, *args)
+            ops.nvfp4_gemm(x, *args)
         assert launches[0].num_warps == 8 and launches[0].constexprs["BLOCK_N"] == 16
-    _close(nvfp4_k.nvfp4_gemm(x, *args), nvfp4_r.nvfp4_gemm(x, *args))
+    _close(ops.nvfp4_gemm(x, *args), reference.nvfp4_gemm(x, *args))
 
 
 def test_an_unreadable_table_falls_back_to_counting(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("FLASH_PLANNER_CACHE", str(tmp_path))
-    monkeypatch.setattr(gemm_configs, "_table", None)
-    monkeypatch.setattr(gemm_configs, "_chosen", {})
-    gemm_configs.table_path().write_text("{not json")
-    cpu = torch.device("cpu")
+    context.table_path().write_text("{not json")
+    gemm = context.GemmContext(torch.device("cpu"))
     with caplog.at_level("WARNING"):
-        got = gemm_configs.choose("fp8", 64, 256, 1, cpu, 128, False, False)
-    assert got == gemm_configs.heuristic("fp8", 64, 256, 1, 4, 128)
+        got = gemm.choose("fp8", 64, 256, 1, 128, False, False)
+    assert got == configs.heuristic("fp8", 64, 256, 1, 4, 128)
     assert "unreadable" in caplog.text
-    monkeypatch.setattr(gemm_configs, "_table", None)
+
+
+def test_no_kernel_module_reads_the_disk_or_the_device_at_import(tmp_path):
+    """A fresh interpreter imports every GEMM module with the table's file unreadable and no
+    context made: nothing is read until a launch asks."""
+    import subprocess
+    import sys
+
+    (tmp_path / "gemm_configs.json").write_text("{not json")
+    code = ("import logging, flash_planner.kernels.dispatch, flash_planner.kernels.report; "
+            "from flash_planner.kernels.gemm import context, ops, tiled, skinny, tune; "
+            "assert context._contexts == {}, context._contexts; print('ok')")
+    env = {**__import__("os").environ, "FLASH_PLANNER_CACHE": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.returncode == 0 and "unreadable" not in run.stderr, run.stderr
+    assert run.stdout.strip() == "ok"
 
 
 def test_the_launch_path_traces_into_a_compiled_graph_without_a_break(monkeypatch):
     """Compiled forwards (fullgraph) trace the launchers' host side: choosing the
     configuration, the counters and the workspace must not read files, remember anything
     or make a module-level tensor inside the trace."""
-    def host(x):
-        config = gemm_configs.choose("nvfp4", 5120, 17408, x.shape[0], x.device, 16, False,
-                                     x.dtype == torch.float32)
-        tiles, steps, split = config.grid(5120, 17408)
-        from flash_planner.kernels.split_k import workspace
+    from flash_planner.kernels.gemm.skinny import workspace
 
+    cpu = torch.device("cpu")
+    gemm = context.GemmContext(cpu)
+    monkeypatch.setitem(context._contexts, cpu, gemm)
+
+    def host(x):
+        ctx = context.context(x.device)
+        config = ctx.choose("nvfp4", 5120, 17408, x.shape[0], 16, False,
+                            x.dtype == torch.float32)
+        tiles, steps, split = config.grid(5120, 17408)
         part = workspace(split, 1, x.shape[0], 5120, x.device)
-        return x * steps + counters(x.device, tiles).sum() + part.numel()
+        return x * steps + ctx.counters(tiles).sum() + part.numel()
 
     x = torch.ones(3, 4)
-    monkeypatch.setattr(gemm_configs, "_chosen", {})
     traced = torch.compile(host, fullgraph=True, backend="eager")(x)
-    assert gemm_configs._chosen == {}                        # the trace remembered nothing
+    assert gemm.chosen == {}                                 # the trace remembered nothing
     assert torch.equal(traced, host(x))
-    assert set(gemm_configs._chosen) == {                    # the eager call did
-        ("nvfp4", 5120, 17408, 4, torch.device("cpu"), 16, False, True)}
+    assert set(gemm.chosen) == {                             # the eager call did
+        ("nvfp4", 5120, 17408, 4, 16, False, True)}
 
 
 def test_tuning_measures_on_a_gpu_only(monkeypatch):
     from flash_planner.engine.weights import tuning
-    from flash_planner.kernels.tune import tune
+    from flash_planner.kernels.gemm.tune import tune
 
     gen = torch.Generator().manual_seed(0)
     args = nvfp4_args(32, 256, gen)
@@ -267,4 +278,4 @@ def test_the_table_lives_under_the_engines_cache_root(monkeypatch, env):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert gemm_configs.table_path() == cache_home() / "gemm_configs.json"
+    assert context.table_path() == cache_home() / "gemm_configs.json"

@@ -51,11 +51,7 @@ CONFIGS = [("fp32", "fp32"), ("fp32", "fp8"), ("bf16", "bf16"), ("bf16", "fp8")]
 # The weight-only GEMMs run only for quantized checkpoints and the MoE GEMMs only for MoE
 # targets, neither of which this dense-MLP hybrid run loads; test_weight_gemm.py and
 # test_moe_gemm.py check that their launches are declared specs.
-QUANTIZED_ONLY = {"_fp8_gemm_kernel", "_int4_gemm_kernel", "_nvfp4_gemm_kernel",
-                  "_fp8_rows_kernel", "_int4_rows_kernel", "_nvfp4_rows_kernel",
-                  "_moe_float_rows_kernel", "_moe_fp8_rows_kernel", "_moe_nvfp4_rows_kernel",
-                  "_moe_int4_rows_kernel",
-                  "_moe_gemm_kernel", "_moe_fp8_kernel", "_moe_nvfp4_kernel", "_moe_int4_kernel"}
+QUANTIZED_ONLY = {"_gemm_tiles_kernel", "_gemm_rows_kernel"}
 
 
 def test_engine_launches_only_declared_specs_and_every_spec_is_launched(hybrid_dir,

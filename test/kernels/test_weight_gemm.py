@@ -16,16 +16,11 @@ import pytest
 import torch
 
 from flash_planner.kernels import dispatch, report
-from flash_planner.kernels.fp8_gemm import kernel as fp8_k
-from flash_planner.kernels.fp8_gemm import reference as fp8_r
-from flash_planner.kernels.int4_gemm import kernel as int4_k
-from flash_planner.kernels.int4_gemm import reference as int4_r
-from flash_planner.kernels.nvfp4_gemm import kernel as nvfp4_k
-from flash_planner.kernels.nvfp4_gemm import reference as nvfp4_r
+from flash_planner.kernels.gemm import ops, reference
 from flash_planner.kernels.specs import record_launches
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-MODULES = {"fp8": (fp8_k, fp8_r), "nvfp4": (nvfp4_k, nvfp4_r), "int4": (int4_k, int4_r)}
+MODULES = {"fp8": (ops, reference), "nvfp4": (ops, reference), "int4": (ops, reference)}
 
 
 # ---- the baseline, from the formats' definitions
@@ -132,11 +127,11 @@ def test_reference_matches_the_baseline(case):
     gen = torch.Generator().manual_seed(1)
     args = make(gen)
     if fmt == "fp8":
-        w, want = fp8_r.dequantize_fp8(*args), baseline_fp8(*args)
+        w, want = reference.dequantize_fp8(*args), baseline_fp8(*args)
     elif fmt == "nvfp4":
-        w, want = nvfp4_r.dequantize_nvfp4(*args), baseline_nvfp4(*args)
+        w, want = reference.dequantize_nvfp4(*args), baseline_nvfp4(*args)
     else:
-        w, want = int4_r.dequantize_int4(*args, k), baseline_int4(*args, k)
+        w, want = reference.dequantize_int4(*args, k), baseline_int4(*args, k)
     assert torch.equal(w, want)
     x = torch.randn(3, k, generator=gen)
     y = _functions(fmt)[1](x, *args)
@@ -146,7 +141,7 @@ def test_reference_matches_the_baseline(case):
 def test_baseline_tables_agree_with_torch_float8():
     finite = FINITE_E4M3
     assert torch.equal(E4M3[finite.long()], finite.view(torch.float8_e4m3fn).float())
-    assert E2M1.tolist() == list(nvfp4_r.E2M1)
+    assert E2M1.tolist() == list(reference.E2M1)
 
 
 # ---- kernels against references
@@ -184,19 +179,19 @@ def test_kernels_decode_every_code_exactly():
     weight = torch.cat((weight, weight.flip(1)), 1)                       # [2, 254]
     scale = torch.ones(1, 2)
     args = _on(DEVICE, (weight, scale, 128, 128))
-    assert torch.equal(fp8_k.fp8_gemm(eye[:254, :254], *args).T.cpu(), baseline_fp8(
+    assert torch.equal(ops.fp8_gemm(eye[:254, :254], *args).T.cpu(), baseline_fp8(
         weight, scale, 128, 128))
     packed = torch.arange(256, dtype=torch.uint8).reshape(4, 64)       # every nibble pair
     scale = torch.tensor([[0x01, 0x08, 0x38, 0x7E, 0x3F, 0x41, 0x29, 0x30]] * 4,
                          dtype=torch.uint8)
     args = _on(DEVICE, (packed, scale, torch.tensor([1.0])))
-    assert torch.equal(nvfp4_k.nvfp4_gemm(eye[:128, :128], *args).T.cpu(),
+    assert torch.equal(ops.nvfp4_gemm(eye[:128, :128], *args).T.cpu(),
                        baseline_nvfp4(packed, scale, 1.0))
     zero = torch.tensor([[0, 8, 15, 2], [3, 12, 1, 9], [15, 0, 7, 4], [8, 8, 8, 8]],
                         dtype=torch.uint8)
     scale = torch.tensor([[1.0, 0.5, 0.25, 2.0]] * 4)
     args = _on(DEVICE, (packed, scale, zero, 32))                      # K = 127: odd, partial
-    assert torch.equal(int4_k.int4_gemm(eye[:127, :127], *args).T.cpu(),
+    assert torch.equal(ops.int4_gemm(eye[:127, :127], *args).T.cpu(),
                        baseline_int4(packed, scale, zero, 32, 127))
 
 
@@ -246,7 +241,8 @@ def test_launches_are_declared_specs(case):
             for m in (1, 37):
                 kernel(torch.randn(m, k).to(dtype).to(DEVICE), *args)
     assert len(launches) == 4
-    skinny = [launch for launch in launches if launch.name == f"_{fmt}_rows_kernel"]
+    skinny = [launch for launch in launches if launch.name == "_gemm_rows_kernel"
+              and launch.constexprs["FORMAT"] == fmt]
     assert len(skinny) == 2                                 # M = 1: the split-K kernel
     specs = report.all_specs()
     assert all(any(spec.admits(launch) for spec in specs) for launch in launches)
@@ -269,19 +265,19 @@ def _bad_calls():
     p, e, g = nvfp4_args(40, 256, gen)
     q, f, z, _ = int4_args(40, 256, 32, gen)
     return {
-        "fp8-weight-K": (fp8_k.fp8_gemm, (x, w[:, :200], s, 128, 128), "weight"),
-        "fp8-scale-shape": (fp8_k.fp8_gemm, (x, w, s[:, :1], 128, 128), "scale"),
-        "fp8-scale-dtype": (fp8_k.fp8_gemm, (x, w, s.half(), 128, 128), "scale"),
-        "fp8-block_k": (fp8_k.fp8_gemm, (x, w, s, 128, 48), "block_k"),
-        "fp8-x-dtype": (fp8_k.fp8_gemm, (x.long(), w, s, 128, 128), "x"),
-        "nvfp4-K": (nvfp4_k.nvfp4_gemm, (x[:, :250], p, e, g), "K"),
-        "nvfp4-packed": (nvfp4_k.nvfp4_gemm, (x, p[:, :64], e, g), "packed"),
-        "nvfp4-scale": (nvfp4_k.nvfp4_gemm, (x, p, e.float(), g), "scale"),
-        "nvfp4-global_scale": (nvfp4_k.nvfp4_gemm, (x, p, e, torch.ones(2)), "global_scale"),
-        "int4-packed": (int4_k.int4_gemm, (x, q[:, 1:], f, z, 32), "packed"),
-        "int4-scale": (int4_k.int4_gemm, (x, q, f[:, :3], z, 32), "scale"),
-        "int4-zero": (int4_k.int4_gemm, (x, q, f, z.int(), 32), "zero"),
-        "int4-group": (int4_k.int4_gemm, (x, q, f, z, 24), "group"),
+        "fp8-weight-K": (ops.fp8_gemm, (x, w[:, :200], s, 128, 128), "weight"),
+        "fp8-scale-shape": (ops.fp8_gemm, (x, w, s[:, :1], 128, 128), "scale"),
+        "fp8-scale-dtype": (ops.fp8_gemm, (x, w, s.half(), 128, 128), "scale"),
+        "fp8-block_k": (ops.fp8_gemm, (x, w, s, 128, 48), "block_k"),
+        "fp8-x-dtype": (ops.fp8_gemm, (x.long(), w, s, 128, 128), "x"),
+        "nvfp4-K": (ops.nvfp4_gemm, (x[:, :250], p, e, g), "K"),
+        "nvfp4-packed": (ops.nvfp4_gemm, (x, p[:, :64], e, g), "packed"),
+        "nvfp4-scale": (ops.nvfp4_gemm, (x, p, e.float(), g), "scale"),
+        "nvfp4-global_scale": (ops.nvfp4_gemm, (x, p, e, torch.ones(2)), "global_scale"),
+        "int4-packed": (ops.int4_gemm, (x, q[:, 1:], f, z, 32), "packed"),
+        "int4-scale": (ops.int4_gemm, (x, q, f[:, :3], z, 32), "scale"),
+        "int4-zero": (ops.int4_gemm, (x, q, f, z.int(), 32), "zero"),
+        "int4-group": (ops.int4_gemm, (x, q, f, z, 24), "group"),
     }
 
 

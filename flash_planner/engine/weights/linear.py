@@ -40,7 +40,7 @@ class QuantLinear(nn.Module):
         raise NotImplementedError
 
     def gate_up(self, x: torch.Tensor) -> torch.Tensor:
-        """A gated module's fused GEMM: silu(x @ gate.T) * (x @ up.T) (kernels/gate_up.py)."""
+        """A gated module's fused GEMM: silu(x @ gate.T) * (x @ up.T) (kernels/gemm)."""
         raise NotImplementedError
 
     def stacks_with(self, other: QuantLinear) -> bool:

@@ -3,9 +3,9 @@
 With FLASH_PLANNER_TUNE_GEMMS=1 the engine, on a CUDA GPU, times each distinct quantized
 Linear shape of the target and its proposers' modules (the DFlash drafter, the MTP head;
 fused gate/up projections included) at 1, 2, 4, 8 and 16 rows before it
-compiles its graphs (kernels/tune.py), and caches the fastest configurations on disk per GPU:
+compiles its graphs (kernels/gemm/tune.py), and caches the fastest configurations on disk per GPU:
 the first start with a new model pays a few seconds per shape, later starts read the table.
-Without it the kernels run the counted configurations (kernels/gemm_configs.py).
+Without it the kernels run the counted configurations (kernels/gemm/configs.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,16 @@ from torch import nn
 from .linear import QuantLinear
 
 ENV = "FLASH_PLANNER_TUNE_GEMMS"
+
+
+def gemm_context(device: torch.device):
+    """The device's GEMM state (kernels/gemm/context.py), its measured table read now: a
+    compiled graph's trace reads the table as loaded, never the disk."""
+    from ...kernels.gemm.context import context
+
+    gemm = context(device)
+    gemm.table()
+    return gemm
 
 
 def wanted(device: torch.device) -> bool:
@@ -46,7 +56,7 @@ def tune_linears(owners: Iterable[object], dtype: torch.dtype,
                  progress: Callable[[str], None] | None = None) -> int:
     """Tune every distinct kind of quantized Linear under `owners` (`distinct_linears`);
     returns how many there were."""
-    from ...kernels.tune import tune
+    from ...kernels.gemm.tune import tune
 
     seen = distinct_linears(owners)
     for i, ((family, n, k, gated, _), linear) in enumerate(seen.items(), 1):
