@@ -116,15 +116,11 @@ def _gemm_rows_kernel(x, topk_ids, w, s, z, out, part, counts, M, N, K, topk, st
     mn = rn < N
     k_lo = tl.program_id(1) * steps * BLOCK_K     # a multiple of BLOCK_K the compiler can see
     k_hi = tl.minimum(K, k_lo + steps * BLOCK_K)
-    if not ROUTED:
-        w_off, s_off = row_offsets(rn, K, i0, i1, i2, FORMAT)
-        u_off, t_off = row_offsets(rn + N, K, i0, i1, i2, FORMAT)
+    w_off, s_off = row_offsets(rn, K, i0, i1, i2, FORMAT)
+    u_off, t_off = row_offsets(rn + N, K, i0, i1, i2, FORMAT)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        if ROUTED:        # made in each step: row offsets live across the loop cost experts
-            w_off, s_off = row_offsets(rn, K, i0, i1, i2, FORMAT)     # up to 40 registers
-            u_off, t_off = row_offsets(rn + N, K, i0, i1, i2, FORMAT)
         acc, up = k_step(acc, up, x, x_off, rows, w, s, z, w_off, s_off, u_off, t_off, mn, k0,
                          k_hi, i1, FORMAT, BLOCK_N, BLOCK_K, EVEN, USE_DOT, False,
                          ROUTED and (FORMAT == "nvfp4" or FORMAT == "int4"), GATED)
