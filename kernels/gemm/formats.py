@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 
 NVFP4_GROUP = 16
-# The tiled kernels' K step (values); the skinny kernels' comes from gemm/configs.step_k.
+# The tiled kernel's K step in values (nvfp4's on 2-D weights: 64), which block_k and group
+# must be multiples of; the skinny kernel's comes from configs.step_k.
 TILED_K = 32
 
 
