@@ -1,8 +1,8 @@
 """The weight formats of the GEMM family, one row each: what every launcher, reference, spec,
 the tuner and the checks read.
 
-A format names its tensors (in the launchers' order after x, and after topk_ids for experts),
-its integer parameters after them, its weight bits, the K step of the tiled kernel, and:
+A format names its tensors (in the launchers' order after x, and after topk_ids for experts;
+its integer parameters follow them), its weight bits, the K step of the tiled kernel, and:
   layout(n, k, params, gated)   each tensor's dtype (None: x's) and shape for one weight of
                                 n rows (experts prepend E); a nvfp4 global scale holds one
                                 value per stacked half
@@ -36,7 +36,6 @@ class Format:
     name: str
     bits: int
     tensors: tuple[str, ...]
-    params: tuple[str, ...]
     layout: Callable[..., tuple[tuple[torch.dtype | None, tuple[int, ...]], ...]]
     ints: Callable[..., tuple[int, int, int]]
     k_align: Callable[[tuple], int]
@@ -44,7 +43,10 @@ class Format:
     routed_k: int = TILED_K           # and on experts
 
     def slots(self, tensors: tuple) -> tuple:
-        """(w, s, z): the tensors, the weight repeated into the slots a format leaves free."""
+        """(w, s, z): the tensors, the weight repeated into the slots a format leaves free;
+        nvfp4's global scale flat, whatever shape holds its values."""
+        if self.name == "nvfp4":
+            tensors = (*tensors[:2], tensors[2].reshape(-1))
         return (*tensors, *(tensors[0],) * (3 - len(tensors)))
 
     def validate(self, op: str, k: int, n: int, params: tuple, gated: bool,
@@ -89,22 +91,22 @@ def _int4_layout(n, k, params, gated):
 
 FORMATS = {
     # float experts (bf16, fp16, or the fp32 demo's), x's dtype
-    "float": Format("float", 16, ("weight",), (), lambda n, k, params, gated: ((None, (n, k)),),
+    "float": Format("float", 16, ("weight",), lambda n, k, params, gated: ((None, (n, k)),),
                     lambda tensors, params, half: (0, 0, 0), lambda params: 16),
     # e4m3 bits, one float32 scale per (block_n x block_k): i0 block_n, i1 block_k, i2 the
     # scale's columns
-    "fp8": Format("fp8", 8, ("weight", "scale"), ("block_n", "block_k"), _fp8_layout,
+    "fp8": Format("fp8", 8, ("weight", "scale"), _fp8_layout,
                   lambda tensors, params, half: (*params, tensors[1].shape[-1]),
                   lambda params: params[1]),
     # E2M1 nibbles, an e4m3 scale per 16, an fp32 scale per stacked half: i0 and i1 the
     # row strides of packed and scale, i2 the first row of the second half (N when none)
-    "nvfp4": Format("nvfp4", 4, ("packed", "scale", "global_scale"), (), _nvfp4_layout,
+    "nvfp4": Format("nvfp4", 4, ("packed", "scale", "global_scale"), _nvfp4_layout,
                     lambda tensors, params, half: (tensors[0].shape[-1], tensors[1].shape[-1],
                                                    half),
                     lambda params: NVFP4_GROUP, tiled_k=64),
     # nibbles with a float32 scale and a uint8 zero point per group: i0 packed's row stride,
     # i1 the group, i2 the groups per row
-    "int4": Format("int4", 4, ("packed", "scale", "zero"), ("group",), _int4_layout,
+    "int4": Format("int4", 4, ("packed", "scale", "zero"), _int4_layout,
                    lambda tensors, params, half: (tensors[0].shape[-1], params[0],
                                                   tensors[1].shape[-1]),
                    lambda params: params[0]),

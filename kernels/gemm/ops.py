@@ -27,8 +27,6 @@ def linear(op: str, fmt: str, x: torch.Tensor, tensors: tuple, params: tuple,
            gated: bool) -> torch.Tensor:
     """y [..., N] (gated: silu(gate) * up, [..., N / 2]) for x [..., K]."""
     rows = flatten_rows(op, x)
-    if fmt == "nvfp4":                  # a global scale of any shape holding its values
-        tensors = (*tensors[:2], tensors[2].reshape(-1))
     n = check_weights(op, fmt, x.dtype, rows.shape[1], tensors, params, gated, kernel=True)
     check_memory(op, dict(zip(FORMATS[fmt].tensors, tensors)), x.device)
     check_int32(op, rows.shape[0] * rows.stride(0), tensors[0].numel(), rows.shape[0] * n,

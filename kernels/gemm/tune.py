@@ -39,8 +39,6 @@ def skinny_launch(fmt: str, x: torch.Tensor, operands: Sequence, gated: bool,
                   config: RowsConfig | None = None) -> torch.Tensor:
     """The skinny kernel on rows x [M <= 16, K] with one configuration (checked operands)."""
     tensors, params = split_operands(fmt, operands)
-    if fmt == "nvfp4":
-        tensors = (*tensors[:2], tensors[2].reshape(-1))
     rows = tensors[0].shape[0]
     width = rows // 2 if gated else rows
     ints = FORMATS[fmt].ints(tensors, params, width)
