@@ -31,7 +31,8 @@ MTP_DEPTH = 3           # chain steps trained: the engine's default mtp_steps
 
 
 def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_train_steps: int,
-          threads: int, check: int, only: str | None = None) -> None:
+          threads: int, check: int, only: str | None = None,
+          resume: Path | None = None) -> None:
     t0 = time.perf_counter()
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     catalog = SkillCatalog.from_yaml(default_skills_path())
@@ -51,7 +52,7 @@ def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_train
         train_target(data, ids["vocab_size"], ids["eos_id"], ids["pad_id"], target_dir,
                      TargetSpec(), TrainSettings(steps=target_steps, seed=seed,
                                                  threads=threads, length_buckets=False),
-                     log=log)
+                     log=log, resume=resume and resume / "target.pt")
     if only in (None, "drafter"):
         train_drafter(data, target_dir, ids["mask_id"], ids["pad_id"], drafter_dir,
                       DrafterSpec(), TrainSettings(steps=drafter_steps, batch_size=16, lr=1e-3,
@@ -85,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="tasks to check of each held-out set")
     # training steps of the head (not `flash-planner --mtp-steps`, its drafts per cycle)
     parser.add_argument("--mtp-train-steps", type=int, default=MTP_TRAIN_STEPS)
+    parser.add_argument("--resume-dir", type=Path, default=Path("build/demo_model"),
+                        help="where the target's training state is kept every 50 steps, so "
+                             "a stopped build goes on where it stopped ('' to keep none)")
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--drafter-only", action="store_const", const="drafter", dest="only",
                       help="keep the target in OUT/target, train only the drafter")
@@ -96,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     build(args.out, args.seed, args.target_steps, args.drafter_steps, args.mtp_train_steps,
-          args.threads, args.check, args.only)
+          args.threads, args.check, args.only, args.resume_dir if str(args.resume_dir) not in
+          ("", ".") else None)
     return 0
 
 

@@ -8,10 +8,12 @@ keeps a run reproducible from its seed.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import math
 import random
 import time
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,8 @@ import torch.nn.functional as F
 
 # A batch's rows run in this many length-sorted slices (see `answer_loss`).
 LOSS_GROUPS = 4
+# steps between the writes of a resumable run's state (`optimise`)
+RESUME_EVERY = 50
 
 
 @dataclass(frozen=True)
@@ -95,9 +99,11 @@ def lr_at(step: int, settings: TrainSettings) -> float:
     return settings.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
-def progress_line(name: str, step: int, total: int, loss: float, t0: float) -> str:
+def progress_line(name: str, step: int, total: int, loss: float, t0: float,
+                  first: int = 0) -> str:
+    """A progress line; `first`: the step this process began at (a resumed run)."""
     elapsed = time.perf_counter() - t0
-    eta = elapsed / max(step, 1) * (total - step)
+    eta = elapsed / max(step - first, 1) * (total - step)
     return (f"[{name}] step {step}/{total}  loss {loss:.4f}  "
             f"{elapsed / 60:.1f} min elapsed, ~{eta / 60:.1f} min left")
 
@@ -121,10 +127,15 @@ def length_bucketed_batches(lengths: Sequence[int], batch_size: int, rng: random
 
 
 def optimise(name: str, model: torch.nn.Module, examples, pad_id: int,
-             settings: TrainSettings, loss_fn, log) -> list[float]:
+             settings: TrainSettings, loss_fn, log, resume: Path | None = None) -> list[float]:
     """The loop both trainers share: shuffled (length-bucketed) batches, warmup + cosine LR,
     AdamW, gradient clipping, progress lines. loss_fn(ids, mask, rng) -> loss; rng is the
-    loop's own generator (seeded from settings.seed), so a run is reproducible end to end."""
+    loop's own generator (seeded from settings.seed), so a run is reproducible end to end.
+
+    resume: a file the loop's whole state is written to every RESUME_EVERY steps (weights,
+    optimizer, generators, the epoch's batches left, losses) and read back from when it holds
+    a run of the same settings and data, so a stopped run goes on where it stopped and ends
+    with the bytes an unstopped one writes; it is removed when the run ends."""
     rng = random.Random(settings.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95),
@@ -135,8 +146,19 @@ def optimise(name: str, model: torch.nn.Module, examples, pad_id: int,
     lengths = [len(ids) for ids, _ in examples]
     batches: list[list[int]] = []
     order: list[int] = []
-    losses, t0 = [], time.perf_counter()
-    for step in range(settings.steps):
+    losses, t0, first = [], time.perf_counter(), 0
+    key = _run_key(name, settings, examples)
+    if resume is not None and resume.is_file():
+        saved = torch.load(resume, weights_only=False)
+        if saved["key"] == key:
+            model.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["opt"])
+            rng.setstate(saved["rng"])
+            torch.set_rng_state(saved["torch_rng"])
+            batches, order, losses, first = (saved["batches"], saved["order"],
+                                             saved["losses"], saved["step"])
+            log(f"[{name}] resumed at step {first} from {resume}")
+    for step in range(first, settings.steps):
         if settings.length_buckets:
             if not batches:
                 batches = length_bucketed_batches(lengths, settings.batch_size, rng)
@@ -158,8 +180,25 @@ def optimise(name: str, model: torch.nn.Module, examples, pad_id: int,
             raise RuntimeError(f"{name} loss is {loss.item()} at step {step}")
         if step % settings.log_every == 0 or step == settings.steps - 1:
             losses.append(loss.item())
-            log(progress_line(name, step + 1, settings.steps, losses[-1], t0))
+            log(progress_line(name, step + 1, settings.steps, losses[-1], t0, first))
+        if resume is not None and (step + 1) % RESUME_EVERY == 0:
+            resume.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"key": key, "step": step + 1, "model": model.state_dict(),
+                        "opt": opt.state_dict(), "rng": rng.getstate(),
+                        "torch_rng": torch.get_rng_state(), "batches": batches,
+                        "order": order, "losses": losses}, resume.with_suffix(".tmp"))
+            resume.with_suffix(".tmp").replace(resume)
+    if resume is not None:
+        resume.unlink(missing_ok=True)
     return losses
+
+
+def _run_key(name: str, settings: TrainSettings, examples) -> str:
+    """What a resumed run must share with the stopped one: the stage, settings, data."""
+    digest = hashlib.sha256(repr((name, settings)).encode())
+    for ids, mask in examples:
+        digest.update(array("i", [*ids, -1, *mask, -2]).tobytes())
+    return f"{name} {digest.hexdigest()}"
 
 
 def frozen_target(target_dir: str | Path, settings: TrainSettings):
@@ -297,10 +336,11 @@ def frozen_outputs(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
 def train_target(examples: Sequence[tuple[list[int], list[int]]], vocab_size: int,
                  eos_id: int, pad_id: int, out_dir: str | Path,
                  spec: TargetSpec | None = None, settings: TrainSettings | None = None,
-                 log=print) -> list[float]:
+                 log=print, resume: Path | None = None) -> list[float]:
     """Train from scratch and `save_pretrained` to out_dir; returns the logged losses.
 
-    examples: (input_ids, loss_mask) pairs; loss_mask[t] marks tokens to predict.
+    examples: (input_ids, loss_mask) pairs; loss_mask[t] marks tokens to predict. resume:
+    where a stopped run's state waits (`optimise`).
     """
     from transformers import Qwen3_5ForCausalLM
 
@@ -313,6 +353,6 @@ def train_target(examples: Sequence[tuple[list[int], list[int]]], vocab_size: in
         f"{settings.batch_size}, {torch.get_num_threads()} thread(s)")
     losses = optimise("target", model, examples, pad_id, settings,
                       lambda ids, mask, _rng: answer_loss(model, ids, mask, groups=LOSS_GROUPS),
-                      log)
+                      log, resume)
     model.eval().save_pretrained(str(out_dir))
     return losses

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
 import torch
 import transformers
 from packaging.version import Version
@@ -204,3 +205,69 @@ def test_frozen_outputs_match_one_plain_pass_where_the_loss_reads_them():
             assert torch.allclose(hidden[row, :end], want[row, :end], atol=1e-5, rtol=1e-4)
             answer = mask[row, 1:].nonzero().flatten() + 1
             assert torch.equal(greedy[row, answer], want_greedy[row, answer - 1])
+
+
+def test_each_stage_retrains_bit_for_bit(tmp_path):
+    """`make demo-model` rebuilds the shipped files exactly: the target, the drafter and the
+    MTP head, each trained twice from the same seed, write the same bytes."""
+    import shutil
+
+    from flash_planner.train.mtp import train_mtp
+
+    data = _examples(48)
+    quiet = dict(log=lambda _: None)
+    settings = TrainSettings(steps=4, batch_size=8, lr=5e-3, warmup=2, log_every=5, seed=3)
+    spec = DrafterSpec(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                       intermediate_size=64, block_size=4, tap_ids=(1, 3),
+                       anchors_per_sequence=4)
+    written = []
+    for run in ("a", "b"):
+        root = tmp_path / run
+        train_target(data, VOCAB, EOS, PAD, root / "target", SPEC, settings, **quiet)
+        train_drafter(data, root / "target", MASK, PAD, root / "drafter", spec, settings,
+                      **quiet)
+        shutil.copytree(root / "target", root / "with_mtp")
+        train_mtp(data, root / "with_mtp", PAD, 2, settings, **quiet)
+        written.append([(root / part / "model.safetensors").read_bytes()
+                        for part in ("target", "drafter", "with_mtp")])
+    assert written[0] == written[1]
+    assert written[0][0] != written[0][2]          # the head was added to the target's file
+
+
+def test_a_stopped_target_run_resumes_to_the_bytes_of_an_unstopped_one(tmp_path, monkeypatch):
+    """`make demo-model` keeps the target's training state every RESUME_EVERY steps: a run
+    stopped after some of them and started again writes the same file as a run never
+    stopped, and the state file is gone at the end."""
+    from flash_planner.train import target as target_mod
+
+    monkeypatch.setattr(target_mod, "RESUME_EVERY", 3)
+    data = _examples(48)
+    settings = TrainSettings(steps=8, batch_size=8, lr=5e-3, warmup=2, log_every=1, seed=3)
+    train_target(data, VOCAB, EOS, PAD, tmp_path / "whole", SPEC, settings, log=lambda _: None)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_step_7(line):
+        if "step 7/" in line:
+            raise Stop
+    state = tmp_path / "state" / "target.pt"
+    with pytest.raises(Stop):
+        train_target(data, VOCAB, EOS, PAD, tmp_path / "stopped", SPEC, settings,
+                     log=stop_at_step_7, resume=state)
+    assert state.is_file()                             # written after step 6
+    lines = []
+    train_target(data, VOCAB, EOS, PAD, tmp_path / "stopped", SPEC, settings,
+                 log=lines.append, resume=state)
+    assert any("resumed at step 6" in line for line in lines)
+    assert not state.exists()
+    assert ((tmp_path / "stopped" / "model.safetensors").read_bytes()
+            == (tmp_path / "whole" / "model.safetensors").read_bytes())
+    other = TrainSettings(steps=8, batch_size=8, lr=4e-3, warmup=2, log_every=1, seed=3)
+    with pytest.raises(Stop):                          # a state of other settings is not read
+        train_target(data, VOCAB, EOS, PAD, tmp_path / "x", SPEC, settings,
+                     log=stop_at_step_7, resume=state)
+    lines = []
+    train_target(data, VOCAB, EOS, PAD, tmp_path / "x", SPEC, other, log=lines.append,
+                 resume=state)
+    assert not any("resumed" in line for line in lines)
