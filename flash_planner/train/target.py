@@ -147,7 +147,8 @@ def optimise(name: str, model: torch.nn.Module, examples, pad_id: int,
     batches: list[list[int]] = []
     order: list[int] = []
     losses, t0, first = [], time.perf_counter(), 0
-    key = _run_key(name, settings, examples)
+    # hashing the whole corpus is only worth it for a run that keeps its state
+    key = _run_key(name, settings, examples) if resume is not None else None
     if resume is not None and resume.is_file():
         saved = torch.load(resume, weights_only=False)
         if saved["key"] == key:
