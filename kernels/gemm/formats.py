@@ -41,12 +41,13 @@ class Format:
     k_align: Callable[[tuple], int]
     tiled_k: int = TILED_K            # tiled kernel's K step on 2-D weights
     routed_k: int = TILED_K           # and on experts
+    flat_last: bool = False           # the last tensor read flat (nvfp4's global scale)
 
     def slots(self, tensors: tuple) -> tuple:
         """(w, s, z): the tensors, the weight repeated into the slots a format leaves free;
         nvfp4's global scale flat, whatever shape holds its values."""
-        if self.name == "nvfp4":
-            tensors = (*tensors[:2], tensors[2].reshape(-1))
+        if self.flat_last:
+            tensors = (*tensors[:-1], tensors[-1].reshape(-1))
         return (*tensors, *(tensors[0],) * (3 - len(tensors)))
 
     def validate(self, op: str, k: int, n: int, params: tuple, gated: bool,
@@ -103,7 +104,7 @@ FORMATS = {
     "nvfp4": Format("nvfp4", 4, ("packed", "scale", "global_scale"), _nvfp4_layout,
                     lambda tensors, params, half: (tensors[0].shape[-1], tensors[1].shape[-1],
                                                    half),
-                    lambda params: NVFP4_GROUP, tiled_k=64),
+                    lambda params: NVFP4_GROUP, tiled_k=64, flat_last=True),
     # nibbles with a float32 scale and a uint8 zero point per group: i0 packed's row stride,
     # i1 the group, i2 the groups per row
     "int4": Format("int4", 4, ("packed", "scale", "zero"), _int4_layout,
