@@ -135,7 +135,7 @@ def optimise(name: str, model: torch.nn.Module, examples, pad_id: int,
     resume: a file the loop's whole state is written to every RESUME_EVERY steps (weights,
     optimizer, generators, the epoch's batches left, losses) and read back from when it holds
     a run of the same settings and data, so a stopped run goes on where it stopped and ends
-    with the bytes an unstopped one writes; it is removed when the run ends."""
+    with the bytes an unstopped one writes; the caller removes it once the result is saved."""
     rng = random.Random(settings.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95),
@@ -189,8 +189,6 @@ def optimise(name: str, model: torch.nn.Module, examples, pad_id: int,
                         "torch_rng": torch.get_rng_state(), "batches": batches,
                         "order": order, "losses": losses}, resume.with_suffix(".tmp"))
             resume.with_suffix(".tmp").replace(resume)
-    if resume is not None:
-        resume.unlink(missing_ok=True)
     return losses
 
 
@@ -356,4 +354,6 @@ def train_target(examples: Sequence[tuple[list[int], list[int]]], vocab_size: in
                       lambda ids, mask, _rng: answer_loss(model, ids, mask, groups=LOSS_GROUPS),
                       log, resume)
     model.eval().save_pretrained(str(out_dir))
+    if resume is not None:      # only once the weights it would rebuild are written
+        resume.unlink(missing_ok=True)
     return losses
