@@ -6,8 +6,9 @@ the two round differently (fused kernels keep float32 where eager rounds to bf16
 in another order), so there a flip is tolerated only at a genuine tie: eager's top-2
 logits at the first divergence within one bf16 step of each other. No graph break
 (`fullgraph=True` raises on one) and no recompile after warm-up over varied requests
-(dynamo's own counters). Engines here hold blocks of up to 4 rows (buckets 1, 2, 4), which
-keeps the compiling short; bench/overhead.py measures the default buckets.
+(dynamo's own counters). Engines here hold blocks of up to 4 rows (buckets 1, 2, 4) and
+targets of two layers, which keeps the compiling short; bench/overhead.py measures the
+default buckets.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ SCHEMA = {"type": "object", "required": ["steps"], "properties": {
     "steps": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
         "type": "string", "enum": ["pick", "place", "open the drawer", "wait"]}}}}
 BLOCK = 4
+# Two layers, one GDN and one attention (the tiny default has two of each): the graphs hold
+# every kind of layer, and a cold compile, which grows with the layers a graph holds, is
+# about half as long (the hybrid's first engine: 245 -> 91 s on one core, its unused DFlash
+# drafters dropped too). The spans test keeps four layers, in two spans.
+LAYERS = 2
 
 
 def test_buckets_cover_every_block_size():
@@ -61,17 +67,21 @@ def compile_cache():
 
 @pytest.fixture(scope="module")
 def pairs(checkpoints, make_engine, tmp_path_factory, compile_cache):
-    """(kind, kv, dtype) -> (eager engine, compiled engine) with a DFlash drafter (and the
-    MTP head where the kind has one)."""
+    """(kind, kv, dtype) -> (eager engine, compiled engine) with the MTP head where the kind
+    has one, and a DFlash drafter where a case of CASES drafts with it (each drafter is a
+    cold compile of its own)."""
     cache = {}
 
     def get(kind: str, kv: str = "fp32", dtype: str = "fp32"):
         if (kind, kv, dtype) not in cache:
             mtp = kind in ("hybrid", "hybrid_moe")
-            path = checkpoints(kind, init=0.25, **({"mtp": True} if mtp else {}))
+            path = checkpoints(kind, init=0.25, layers=LAYERS, **({"mtp": True} if mtp else {}))
+            drafts = any(case[1] in ("dflash", "auto") for case in CASES
+                         if (case[0], case[2], case[3]) == (kind, kv, dtype))
             drafter = write_tiny_drafter(tmp_path_factory.mktemp(f"drafter-{kind}"), path,
-                                         num_layers=2, block_size=BLOCK)
-            common = dict(max_batch=1, kv_dtype=kv, dtype=dtype, drafter_path=str(drafter),
+                                         num_layers=2, block_size=BLOCK) if drafts else None
+            common = dict(max_batch=1, kv_dtype=kv, dtype=dtype,
+                          drafter_path=str(drafter) if drafter else None,
                           max_block=BLOCK, mtp_steps=BLOCK - 1, compile_cache=compile_cache)
             cache[kind, kv, dtype] = (make_engine(path, compile="off", **common),
                                       make_engine(path, compile="on", **common))
@@ -115,9 +125,10 @@ def test_compiled_tokens_equal_eager(pairs, kind, method, kv, dtype):
     eager, compiled = pairs(kind, kv, dtype)
     before = compiled.model.static.calls
     head = compiled.proposers["mtp"].head.static if "mtp" in compiled.proposers else None
-    drafter = compiled.proposers["dflash"].drafter.static
+    dflash = compiled.proposers.get("dflash")
+    drafter = dflash.drafter.static if dflash is not None else None
     head_before = head.calls if head is not None else 0
-    drafter_before = drafter.calls
+    drafter_before = drafter.calls if drafter is not None else 0
     ref, got = _generate(eager, method), _generate(compiled, method)
     if dtype == "bf16":
         assert_equal_or_bf16_tie(eager, ref.token_ids, got.token_ids)
@@ -154,7 +165,7 @@ def test_a_dflash2_drafter_runs_compiled_with_the_eager_tokens(
         checkpoints, make_engine, tmp_path_factory, compile_cache, sampled):
     """The DFlash2 block (convs, two-sided window) and its selector's pair scores as one
     compiled graph; the walk after it draws greedy or sampled drafts as eager does."""
-    path = checkpoints("hybrid", init=0.25, mtp=True)
+    path = checkpoints("hybrid", init=0.25, layers=LAYERS, mtp=True)
     drafter = write_tiny_drafter(tmp_path_factory.mktemp("dflash2"), path, num_layers=2,
                                  block_size=BLOCK, sliding_window=3,
                                  layer_types=["sliding_attention"] * 2, dflash2={})
@@ -172,8 +183,9 @@ def test_a_dflash2_drafter_runs_compiled_with_the_eager_tokens(
 def test_compiled_tokens_equal_eager_under_the_grammar(pairs, method):
     eager, compiled = pairs("hybrid")
     grammar = JsonGrammarCompiler.for_engine(eager).compile(SCHEMA)
-    ref = _generate(eager, method, 96, constraint=grammar.constraint())
-    got = _generate(compiled, method, 96, constraint=grammar.constraint())
+    # room for the thought this random model writes before its JSON (about 80 tokens)
+    ref = _generate(eager, method, 128, constraint=grammar.constraint())
+    got = _generate(compiled, method, 128, constraint=grammar.constraint())
     assert got.token_ids == ref.token_ids and got.finish_reason == ref.finish_reason == "eos"
 
 
@@ -295,7 +307,7 @@ def test_direct_calls_that_disagree_with_dynamo_are_not_used(checkpoints, make_e
         return site
 
     monkeypatch.setattr(direct_mod.DirectGraph, "_site", staticmethod(off_by_a_little))
-    path = checkpoints("hybrid", init=0.25)
+    path = checkpoints("hybrid", init=0.25, layers=LAYERS)
     common = dict(max_batch=1, max_block=2, mtp_steps=1, compile_cache=compile_cache)
     eager = make_engine(path, compile="off", **common)
     with caplog.at_level("WARNING"):
@@ -311,7 +323,7 @@ def test_direct_calls_that_disagree_with_dynamo_are_not_used(checkpoints, make_e
 def test_weights_quantized_at_load_run_compiled(checkpoints, make_engine, compile_cache):
     """NVFP4 weights (packed bytes, FP8 block scales, float global scales: three dtypes
     beside the float ones) go through the span packing and the graph as through eager."""
-    path = checkpoints("hybrid", init=0.25)
+    path = checkpoints("hybrid", init=0.25, layers=LAYERS)
     common = dict(max_batch=1, max_block=2, mtp_steps=1, compile_cache=compile_cache,
                   weights="nvfp4")
     eager, compiled = (make_engine(path, compile=c, **common) for c in ("off", "on"))
