@@ -47,6 +47,11 @@ CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED
                "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
                "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_COMMON=OFF")
+# The tests need a llama.cpp that decodes our checkpoints, not a fast one: -O1 and no
+# llamafile GEMMs build in 60% of the Release build's compile time (206 s against 351 on one
+# core of a 2-core machine). Timings (main()) always use the Release build.
+CHECK_FLAGS = ("-DCMAKE_BUILD_TYPE=None", "-DCMAKE_C_FLAGS=-O1", "-DCMAKE_CXX_FLAGS=-O1",
+               "-DGGML_LLAMAFILE=OFF", *CMAKE_FLAGS[1:])
 TOOL_SOURCE = HERE / "peer_greedy.cpp"
 # name: (kind, size, depth, vocabulary); hidden 64 ("tiny") leaves host work per layer as
 # the cost. "qwen": the real 151,936-row vocabulary, whose output head dominates a tiny
@@ -92,14 +97,14 @@ def _run(cmd: list[str], what: str, progress=log, env: dict | None = None) -> st
     return "".join(lines)
 
 
-def build_dir() -> Path:
-    digest = hashlib.sha256(" ".join(CMAKE_FLAGS).encode()).hexdigest()[:12]
+def build_dir(flags: tuple[str, ...] = CMAKE_FLAGS) -> Path:
+    digest = hashlib.sha256(" ".join(flags).encode()).hexdigest()[:12]
     return llama_cpp_sdist.source_dir() / f"build-{llama_cpp_sdist.VERSION}-{digest}"
 
 
-def tool_path() -> Path:
+def tool_path(flags: tuple[str, ...] = CMAKE_FLAGS) -> Path:
     digest = hashlib.sha256(TOOL_SOURCE.read_bytes()).hexdigest()[:12]
-    return build_dir() / f"peer_greedy-{digest}"
+    return build_dir(flags) / f"peer_greedy-{digest}"
 
 
 def llama_cpp_tree(progress=log) -> Path:
@@ -107,18 +112,19 @@ def llama_cpp_tree(progress=log) -> Path:
     return root / llama_cpp_sdist.LLAMA_CPP
 
 
-def build(progress=log) -> Path:
-    """llama.cpp's library (cmake, once) and our greedy tool linked to it; returns the tool."""
-    tool = tool_path()
+def build(progress=log, flags: tuple[str, ...] = CMAKE_FLAGS) -> Path:
+    """llama.cpp's library (cmake, once per set of flags) and our greedy tool linked to it;
+    returns the tool."""
+    tool = tool_path(flags)
     if tool.is_file():
         return tool
-    tree, out = llama_cpp_tree(progress), build_dir()
+    tree, out = llama_cpp_tree(progress), build_dir(flags)
     libs = [out / "src" / "libllama.a", out / "ggml" / "src" / "libggml.a",
             out / "ggml" / "src" / "libggml-cpu.a", out / "ggml" / "src" / "libggml-base.a"]
     if not all(lib.is_file() for lib in libs):
         t0 = time.perf_counter()
         progress(f"building llama.cpp ({llama_cpp_sdist.FILENAME}) into {out}")
-        _run(["cmake", "-S", str(tree), "-B", str(out), *CMAKE_FLAGS], "cmake configure",
+        _run(["cmake", "-S", str(tree), "-B", str(out), *flags], "cmake configure",
              progress)
         _run(["cmake", "--build", str(out), "--target", "llama", "-j", str(os.cpu_count())],
              "cmake build", progress)

@@ -2,8 +2,9 @@
 own converter, and the agreement check that gates its timings.
 
 The first run on a machine fetches the pinned llama-cpp-python source distribution (77 MB,
-shared with the Qwen vocabulary fixture) and builds llama.cpp's library (about 1.5 minutes on
-2 cores) into ~/.cache/flash_planner/llama_cpp; later runs reuse both. No timing is asserted.
+shared with the Qwen vocabulary fixture) and builds llama.cpp's library at -O1
+(`peer.CHECK_FLAGS`, about 2 minutes on 2 cores) into ~/.cache/flash_planner/llama_cpp; later
+runs reuse both. No timing is asserted.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("g++
 
 @pytest.fixture(scope="module")
 def tool():
-    return peer.build(progress=print)
+    return peer.build(progress=print, flags=peer.CHECK_FLAGS)
 
 
 @pytest.fixture(scope="module", params=["hybrid", "hybrid_moe"])
