@@ -18,6 +18,9 @@ from flash_planner.kernels.specs import record_launches
 
 # Triton runs on a CPU only in its interpreter: with a GPU the engines live on it
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Targets of one GDN and one attention layer: every kind of layer, half the interpreted
+# launches of the tiny default's four
+LAYERS = 2
 
 
 @pytest.fixture
@@ -50,9 +53,9 @@ def _references_then_kernels(engine, request, new_tokens):
 
 
 @pytest.mark.parametrize("kv", ["fp32", "fp8"])
-def test_speculative_decoding_on_kernels_matches_the_references(hybrid_dir, make_engine, kv,
+def test_speculative_decoding_on_kernels_matches_the_references(checkpoints, make_engine, kv,
                                                                 request):
-    engine = make_engine(hybrid_dir, kv_dtype=kv, device=DEVICE)
+    engine = make_engine(checkpoints("hybrid", layers=LAYERS), kv_dtype=kv, device=DEVICE)
     ref, reference, kernels = _references_then_kernels(engine, request, 24)
     assert kernels.token_ids == reference.token_ids == ref
     assert kernels.stats.accept_hist == reference.stats.accept_hist
@@ -60,12 +63,12 @@ def test_speculative_decoding_on_kernels_matches_the_references(hybrid_dir, make
 
 
 @pytest.mark.parametrize("weights", ["fp8", "nvfp4", "int4"])
-def test_quantized_weights_on_the_gemm_kernels_match_the_references(hybrid_dir, make_engine,
+def test_quantized_weights_on_the_gemm_kernels_match_the_references(checkpoints, make_engine,
                                                                    weights, request):
     """The same speculative request with every Linear on its weight-only GEMM kernel: the
     skinny kernel for decode and verify rows, the fused gate and up projection among them,
     the tiled kernel for the prompt."""
-    engine = make_engine(hybrid_dir, weights=weights, device=DEVICE)
+    engine = make_engine(checkpoints("hybrid", layers=LAYERS), weights=weights, device=DEVICE)
     with record_launches() as launches:
         ref, reference, kernels = _references_then_kernels(engine, request, 12)
     op = f"{weights}_gemm"
@@ -84,7 +87,8 @@ def test_moe_target_on_the_moe_kernels_matches_the_references(checkpoints, make_
     """An MoE target's experts on the grouped GEMM kernels, full precision and quantized at
     load: the same speculative request as on the references, gate and up stacked per
     expert where they stack (not FP8 here: the tiny experts' I = 32 is under a block)."""
-    engine = make_engine(checkpoints("hybrid_moe"), weights=weights, device=DEVICE)
+    engine = make_engine(checkpoints("hybrid_moe", layers=LAYERS), weights=weights,
+                         device=DEVICE)
     with record_launches() as launches:
         ref, reference, kernels = _references_then_kernels(engine, request, 12)
     op = "moe_gemm" if weights == "auto" else f"moe_{weights}_gemm"
