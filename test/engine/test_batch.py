@@ -348,7 +348,7 @@ def test_compiled_batches_equal_each_request_alone(checkpoints, make_engine, tmp
 
     from flash_planner.engine.config import cache_home
 
-    # one GDN and one attention layer: every kind of layer, half a cold compile's graph
+    # one GDN and one attention layer: every kind of layer, in smaller graphs to compile
     target = checkpoints("hybrid", mtp=True, init=0.25, layers=2)
     drafter = write_tiny_drafter(tmp_path_factory.mktemp("compiled"), target, block_size=2)
     common = dict(drafter_path=str(drafter), kv_dtype="fp8", method="auto", max_block=2,

@@ -33,9 +33,8 @@ SCHEMA = {"type": "object", "required": ["steps"], "properties": {
         "type": "string", "enum": ["pick", "place", "open the drawer", "wait"]}}}}
 BLOCK = 4
 # Two layers, one GDN and one attention (the tiny default has two of each): the graphs hold
-# every kind of layer, and a cold compile, which grows with the layers a graph holds, is
-# about half as long (the hybrid's first engine: 245 -> 91 s on one core, its unused DFlash
-# drafters dropped too). The spans test keeps four layers, in two spans.
+# every kind of layer and compile cold in less time (the hybrid's first engine, 7 graphs:
+# 131 -> 112 s on one core). The spans test keeps four layers, in two spans.
 LAYERS = 2
 
 
