@@ -43,15 +43,15 @@ sys.path.insert(0, str(HERE.parent))
 from flash_planner.train import llama_cpp_sdist  # noqa: E402
 
 # Only the library our tool links; static, so the tool does not depend on where it is.
-CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
-               "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-               "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
-               "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_COMMON=OFF")
+LIBRARY_ONLY = ("-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF",
+                "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_COMMON=OFF")
+CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", *LIBRARY_ONLY)
 # The tests need a llama.cpp that decodes our checkpoints, not a fast one: -O1 and no
 # llamafile GEMMs build in 60% of the Release build's compile time (206 s against 351 on one
 # core of a 2-core machine). Timings (main()) always use the Release build.
 CHECK_FLAGS = ("-DCMAKE_BUILD_TYPE=None", "-DCMAKE_C_FLAGS=-O1", "-DCMAKE_CXX_FLAGS=-O1",
-               "-DGGML_LLAMAFILE=OFF", *CMAKE_FLAGS[1:])
+               "-DGGML_LLAMAFILE=OFF", *LIBRARY_ONLY)
 TOOL_SOURCE = HERE / "peer_greedy.cpp"
 # name: (kind, size, depth, vocabulary); hidden 64 ("tiny") leaves host work per layer as
 # the cost. "qwen": the real 151,936-row vocabulary, whose output head dominates a tiny

@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="tasks to check of each held-out set")
     # training steps of the head (not `flash-planner --mtp-steps`, its drafts per cycle)
     parser.add_argument("--mtp-train-steps", type=int, default=MTP_TRAIN_STEPS)
-    parser.add_argument("--resume-dir", type=Path, default=Path("build/demo_model"),
+    parser.add_argument("--resume-dir", type=lambda arg: Path(arg) if arg else None,
+                        default="build/demo_model",
                         help="where the target's training state is kept every 50 steps, so "
                              "a stopped build goes on where it stopped ('' to keep none)")
     only = parser.add_mutually_exclusive_group()
@@ -100,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     build(args.out, args.seed, args.target_steps, args.drafter_steps, args.mtp_train_steps,
-          args.threads, args.check, args.only, args.resume_dir if str(args.resume_dir) not in
-          ("", ".") else None)
+          args.threads, args.check, args.only, args.resume_dir)
     return 0
 
 

@@ -184,11 +184,12 @@ def optimise(name: str, model: torch.nn.Module, examples, pad_id: int,
             log(progress_line(name, step + 1, settings.steps, losses[-1], t0, first))
         if resume is not None and (step + 1) % RESUME_EVERY == 0:
             resume.parent.mkdir(parents=True, exist_ok=True)
+            partial = resume.with_suffix(".tmp")     # a stop mid-write keeps the last state
             torch.save({"key": key, "step": step + 1, "model": model.state_dict(),
                         "opt": opt.state_dict(), "rng": rng.getstate(),
                         "torch_rng": torch.get_rng_state(), "batches": batches,
-                        "order": order, "losses": losses}, resume.with_suffix(".tmp"))
-            resume.with_suffix(".tmp").replace(resume)
+                        "order": order, "losses": losses}, partial)
+            partial.replace(resume)
     return losses
 
 
