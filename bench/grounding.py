@@ -16,7 +16,11 @@ grounded arguments admit only runs of the task's and scene's words, as the plann
 decodes by default). The misses follow the table: each task with what the model answered.
 
     python bench/grounding.py [--n 200] [--before DIR] [--grammar off,catalog,request]
+                              [--catalog default|example] [--hint off|on|both]
                               [--threads 1] [--json]
+
+`--catalog example` runs the same three sets in the example catalog
+(config/catalogs/mobile_manipulator.yaml, `train/mobile.py`): each task with its scene list.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from flash_planner.engine.grammar import JsonGrammarCompiler
 from flash_planner.planning.plan_grammar import PlanGrammar
 from flash_planner.planning.presets import ModelPreset, default_skills_path
 from flash_planner.planning.skills import SkillCatalog
+from flash_planner.train import mobile
 from flash_planner.train.corpus import HELDOUT_SETS, heldout_sets
 from flash_planner.train.evaluate import Score, evaluate
 
@@ -49,10 +54,11 @@ def load(preset: ModelPreset, root: Path | None) -> Engine:
 GRAMMARS = ("off", "catalog", "request")
 
 
-def run(engines: dict[str, Engine], sets: dict, catalog, grammars: list[str]) -> list[dict]:
+def run(engines: dict[str, Engine], sets: dict, catalog, grammars: list[str],
+        hints: tuple[bool, ...] = (False, True)) -> list[dict]:
     compiled = {m: PlanGrammar(catalog, JsonGrammarCompiler.for_engine(e))
                 for m, e in engines.items() if grammars != ["off"]}
-    keys = [(m, s, h, g) for s in sets for h in (False, True) for g in grammars
+    keys = [(m, s, h, g) for s in sets for h in hints for g in grammars
             for m in engines]
     scores = {key: Score() for key in keys}
     for name, examples in sets.items():
@@ -69,7 +75,9 @@ def run(engines: dict[str, Engine], sets: dict, catalog, grammars: list[str]) ->
                     setattr(total, f, getattr(total, f) + getattr(one, f))
                 if not one.exact:  # the misses, with what the model answered
                     answer = texts[0].split("</think>")[-1].strip()
-                    total.errors.append(f"{ex.task!r} (scene {ex.context!r}) -> {answer}")
+                    listed = f", objects {list(ex.scene)}" if ex.scene else ""
+                    total.errors.append(f"{ex.task!r} (scene {ex.context!r}{listed}) -> "
+                                        f"{answer}")
     return [{"model": m, "set": s, "hint": h, "grammar": g, "n": sc.n,
              **{f"{c}_pct": sc.percent(c) for c in COLUMNS},
              "tokens_per_cycle": sc.tokens_per_cycle, "tok_s": sc.tokens_per_s,
@@ -79,6 +87,9 @@ def run(engines: dict[str, Engine], sets: dict, catalog, grammars: list[str]) ->
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=200, help="tasks per held-out set")
+    parser.add_argument("--demo", type=Path, default=None,
+                        help="a demo pair (DIR/target, DIR/drafter) to score instead of the "
+                             "shipped one (a build's --out)")
     parser.add_argument("--before", type=Path, default=None,
                         help="another demo pair (DIR/target, DIR/drafter) to compare")
     parser.add_argument("--threads", type=int, default=1)
@@ -86,6 +97,11 @@ def main(argv=None) -> int:
                         help="comma-separated, each in turn per task: off (free decoding), "
                              "catalog (the catalog's plan grammar), request (the request's "
                              "grammar with grounded arguments, as the planner service runs)")
+    parser.add_argument("--catalog", choices=("default", "example"), default="default",
+                        help="the default catalog's held-out sets, or the example catalog's "
+                             "(config/catalogs/mobile_manipulator.yaml, with scene lists)")
+    parser.add_argument("--hint", choices=("off", "on", "both"), default="both",
+                        help="the refusal shape named in the prompt")
     parser.add_argument("--misses", type=int, default=8,
                         help="misses of the (new) model listed per set and hint")
     parser.add_argument("--json", action="store_true")
@@ -98,17 +114,22 @@ def main(argv=None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    catalog = SkillCatalog.from_yaml(default_skills_path())
+    if args.catalog == "example":
+        catalog, sets = mobile.catalog(), mobile.heldout_examples(0, args.n)
+    else:
+        catalog, sets = SkillCatalog.from_yaml(default_skills_path()), heldout_sets(0, args.n)
+    hints = {"off": (False,), "on": (True,), "both": (False, True)}[args.hint]
     preset = ModelPreset.load("demo")
-    engines = {"shipped": load(preset, None)}
+    engines = {"shipped" if args.demo is None else "built": load(preset, args.demo)}
     if args.before is not None:
-        engines = {"before": load(preset, args.before), "after": engines["shipped"]}
+        engines = {"before": load(preset, args.before), "after": next(iter(engines.values()))}
     t0 = time.perf_counter()
-    rows = run(engines, heldout_sets(0, args.n), catalog, grammars)
+    rows = run(engines, sets, catalog, grammars, hints)
     if args.json:
         print(json.dumps({"n": args.n, "rows": rows}))
         return 0
-    print(f"held-out sets, {args.n} tasks each, {torch.get_num_threads()} thread(s), fp32 CPU, "
+    print(f"{args.catalog} catalog's held-out sets, {args.n} tasks each, "
+          f"{torch.get_num_threads()} thread(s), fp32 CPU, "
           f"method {preset.method}; hint = the refusal shape named in the prompt; grammar = "
           "off, the catalog's, or the request's (grounded arguments)")
     head = (f"{'set':<15}{'model':<9}{'hint':<6}{'grammar':<9}"

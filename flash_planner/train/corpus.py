@@ -180,6 +180,8 @@ class Example:
     combo: tuple
     refusal: str = ""         # the reason, when the catalog cannot express the task
     hint: bool = False        # the prompt names the refusal shape (training prompts only)
+    scene: tuple[str, ...] = ()   # the request's scene list ("name|short form", `mobile.py`)
+    catalog: str = ""         # the skill catalog the plan is written in ("": the default)
 
 
 def _plan(family: str, combo: tuple, sc: Scene) -> list[dict]:
@@ -254,7 +256,7 @@ def answer_text(example: Example) -> str:
     return f"{THINK_OPEN}\n{example.thinking}\n{THINK_CLOSE}\n\n{plan}"
 
 
-def _rng(seed: int, split: str) -> random.Random:
+def rng_for(seed: int, split: str) -> random.Random:
     digest = hashlib.sha256(f"{seed}|{split}".encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "big"))
 
@@ -291,19 +293,21 @@ def _open_examples(rng: random.Random, split: str, n: int) -> list[Example]:
 
 
 def _generate(seed: int, split: str, n: int) -> list[Example]:
-    """The training mix (closed world, open vocabulary, refusals; half the prompts with the
-    refusal hint), or held-out set (a)."""
-    rng = _rng(seed, split)
-    if split != "train":
-        out = _world_examples(rng, split, n)
-    else:
-        n_open, n_refuse = round(n * OPEN_SHARE), round(n * REFUSE_SHARE)
-        out = (_world_examples(rng, split, n - n_open - n_refuse)
-               + _open_examples(rng, split, n_open)
-               + [refusal_example(rng, split) for _ in range(n_refuse)])
-        out = [_unquoted(replace(ex, hint=rng.random() < HINT_SHARE), rng) for ex in out]
+    """The training mix (`training_mix`), or held-out set (a)."""
+    rng = rng_for(seed, split)
+    out = training_mix(rng, n) if split == "train" else _world_examples(rng, split, n)
     rng.shuffle(out)
     return out
+
+
+def training_mix(rng: random.Random, n: int) -> list[Example]:
+    """n training examples: closed world, open vocabulary and refusals (OPEN_SHARE,
+    REFUSE_SHARE), half the prompts with the refusal hint, in that order."""
+    n_open, n_refuse = round(n * OPEN_SHARE), round(n * REFUSE_SHARE)
+    out = (_world_examples(rng, "train", n - n_open - n_refuse)
+           + _open_examples(rng, "train", n_open)
+           + [refusal_example(rng, "train") for _ in range(n_refuse)])
+    return [_unquoted(replace(ex, hint=rng.random() < HINT_SHARE), rng) for ex in out]
 
 
 def _unquoted(example: Example, rng: random.Random) -> Example:
@@ -328,7 +332,7 @@ def make_corpus(seed: int = 0, n_train: int = 20000, n_heldout: int = 500
 
 def heldout_sets(seed: int = 0, n: int = 500) -> dict[str, list[Example]]:
     """The three held-out sets of HELDOUT_SETS, n tasks each, deterministic for a seed."""
-    rng = _rng(seed, "heldout-open")
+    rng = rng_for(seed, "heldout-open")
     unseen = _open_examples(rng, "heldout", n)
     rng.shuffle(unseen)
     return {"world": _generate(seed, "heldout", n), "unseen": unseen,
@@ -337,7 +341,7 @@ def heldout_sets(seed: int = 0, n: int = 500) -> dict[str, list[Example]]:
 
 def iter_examples(seed: int = 0, split: str = "train") -> Iterator[Example]:
     """An endless deterministic stream of examples of a split (families drawn by WEIGHTS)."""
-    rng = _rng(seed, f"{split}-stream")
+    rng = rng_for(seed, f"{split}-stream")
     families, weights = list(WEIGHTS), list(WEIGHTS.values())
     while True:
         family = rng.choices(families, weights)[0]
@@ -358,7 +362,7 @@ def prompt_text(example: Example, tokenizer=None, catalog: SkillCatalog | None =
     in plain Python (for training the tokenizer itself).
     """
     messages = build_messages(catalog or default_catalog(), example.task, example.context,
-                              refusal_hint=example.hint)
+                              refusal_hint=example.hint, scene=example.scene)
     thinking = example.thinking is not None
     if tokenizer is None:
         return chat_prompt(messages, add_generation_prompt=True, enable_thinking=thinking)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from ..engine.config import RopeConfig
 from ..engine.models.dflash import DFlashDrafter, DraftConfig
@@ -133,14 +133,19 @@ def save_drafter(drafter: DFlashDrafter, out_dir: str | Path) -> Path:
 def train_drafter(examples: Sequence[tuple[list[int], list[int]]], target_dir: str | Path,
                   mask_id: int, pad_id: int, out_dir: str | Path,
                   spec: DrafterSpec | None = None, settings: TrainSettings | None = None,
-                  log=print) -> list[float]:
-    """Train against the frozen target in target_dir and save to out_dir; returns losses."""
+                  log=print, groups: Sequence[int] | None = None,
+                  init: str | Path | None = None) -> list[float]:
+    """Train against the frozen target in target_dir and save to out_dir; returns losses.
+    groups: batches of one group each (`optimise`); init: a drafter directory of the same
+    spec to go on training (`save_drafter`'s layout)."""
     spec = spec or DrafterSpec()
     settings = settings or TrainSettings(steps=600, batch_size=16, lr=1e-3)
     target = frozen_target(target_dir, settings)
     tcfg = target.config
     drafter = DFlashDrafter(spec.config(tcfg.hidden_size, tcfg.vocab_size, mask_id,
                                         tcfg.num_hidden_layers)).train()
+    if init is not None:
+        drafter.load_state_dict(load_file(str(Path(init) / "model.safetensors")))
     params = sum(p.numel() for p in drafter.parameters())
     log(f"[drafter] {params / 1e6:.2f}M parameters, block {spec.block_size}, "
         f"{settings.steps} steps of {settings.batch_size} x {spec.anchors_per_sequence} blocks")
@@ -149,6 +154,7 @@ def train_drafter(examples: Sequence[tuple[list[int], list[int]]], target_dir: s
         anchors = sample_anchors(mask, spec.anchors_per_sequence, rng)
         return drafter_loss(drafter, target, ids, mask, anchors, spec.window)
 
-    losses = optimise("drafter", drafter, examples, pad_id, settings, loss_fn, log)
+    losses = optimise("drafter", drafter, examples, pad_id, settings, loss_fn, log,
+                      groups=groups)
     save_drafter(drafter.eval(), out_dir)
     return losses

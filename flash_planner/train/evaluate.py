@@ -18,11 +18,11 @@ from ..planning.skills import SkillCatalog
 from .corpus import Example
 
 
-def grounded(steps: list[dict], task: str, context: str = "") -> bool:
-    """Every string argument (grounded in the catalog or not) is a run of words of the task
-    or scene, modulo case and a leading article (`RequestWords.contains`): a plan that names
-    something the request never mentioned is not."""
-    words = RequestWords.of(task, context)
+def grounded(steps: list[dict], task: str, context: str = "", scene=()) -> bool:
+    """Every string argument (grounded in the catalog or not) is a run of words of the task,
+    the scene or a listed name, modulo case and a leading article (`RequestWords.contains`):
+    a plan that names something the request never mentioned is not."""
+    words = RequestWords.of(task, context, scene)
     return all(words.contains(value) for step in steps for value in step["args"].values()
                if isinstance(value, str))
 
@@ -74,11 +74,11 @@ def evaluate(engine: Engine, examples: Sequence[Example], catalog: SkillCatalog,
         settings = GenerationSettings(max_new_tokens=max_new_tokens, speculative=speculative,
                                       relaxed_thinking=relaxed,
                                       enable_thinking=ex.thinking is not None)
-        messages = build_messages(catalog, ex.task, ex.context, refusal_hint)
+        messages = build_messages(catalog, ex.task, ex.context, refusal_hint, scene=ex.scene)
+        words = RequestWords.of(ex.task, ex.context, ex.scene)
         constraint = (None if grammar is None
                       else grammar.constraint(think_budget=max(0, max_new_tokens - reserve),
-                                              words=RequestWords.of(ex.task, ex.context)
-                                              if ground else None))
+                                              words=words if ground else None))
         out = generate(engine, messages, settings, constraint=constraint)
         s = out.stats
         score.n += 1
@@ -87,7 +87,9 @@ def evaluate(engine: Engine, examples: Sequence[Example], catalog: SkillCatalog,
         score.decode_ms += s.decode_ms
         score.ttft_ms += s.ttft_ms
         try:
-            steps, _ = parse_plan(out.text, catalog, truncated=out.finish_reason == "length")
+            # a scene list's names are checked (and written in full) as the service does
+            steps, _ = parse_plan(out.text, catalog, truncated=out.finish_reason == "length",
+                                  words=words if ex.scene else None)
         except PlanRefused:
             score.valid += 1
             score.refused += 1
@@ -97,7 +99,7 @@ def evaluate(engine: Engine, examples: Sequence[Example], catalog: SkillCatalog,
         else:
             score.valid += 1
             score.exact += steps == ex.plan and not ex.refusal
-            score.grounded += grounded(steps, ex.task, ex.context)
+            score.grounded += grounded(steps, ex.task, ex.context, ex.scene)
         if on_result is not None:
             on_result(ex, out)
     return score

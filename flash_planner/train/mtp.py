@@ -109,13 +109,18 @@ def save_head(head: MTPHead, target_dir: Path) -> None:
 
 def train_mtp(examples: Sequence[tuple[list[int], list[int]]], target_dir: str | Path,
               pad_id: int, depth: int = 3, settings: TrainSettings | None = None,
-              log=print) -> list[float]:
-    """Train against the frozen target in target_dir and add the head to it."""
+              log=print, init: str | Path | None = None) -> list[float]:
+    """Train against the frozen target in target_dir and add the head to it; init: a target
+    directory whose head (`mtp.*`) to go on training."""
     target_dir = Path(target_dir)
     settings = settings or TrainSettings(steps=600, batch_size=16, lr=1e-3)
     target = frozen_target(target_dir, settings)
     cfg = replace(read_config(target_dir), mtp_layers=1, mtp_dedicated_embeddings=False)
     head = MTPHead(cfg).train()
+    if init is not None:
+        with safe_open(str(Path(init) / "model.safetensors"), framework="pt") as f:
+            head.load_state_dict({k[len(MTP_PREFIX):]: f.get_tensor(k) for k in f.keys()
+                                  if k.startswith(MTP_PREFIX)})
     log(f"[mtp] {sum(p.numel() for p in head.parameters()) / 1e6:.2f}M parameters, chain "
         f"depth {depth}, {settings.steps} steps of {settings.batch_size}")
     losses = optimise("mtp", head, examples, pad_id, settings,

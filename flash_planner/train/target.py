@@ -127,7 +127,8 @@ def length_bucketed_batches(lengths: Sequence[int], batch_size: int, rng: random
 
 
 def optimise(name: str, model: torch.nn.Module, examples, pad_id: int,
-             settings: TrainSettings, loss_fn, log, resume: Path | None = None) -> list[float]:
+             settings: TrainSettings, loss_fn, log, resume: Path | None = None,
+             groups: Sequence[int] | None = None) -> list[float]:
     """The loop both trainers share: shuffled (length-bucketed) batches, warmup + cosine LR,
     AdamW, gradient clipping, progress lines. loss_fn(ids, mask, rng) -> loss; rng is the
     loop's own generator (seeded from settings.seed), so a run is reproducible end to end.
@@ -135,7 +136,11 @@ def optimise(name: str, model: torch.nn.Module, examples, pad_id: int,
     resume: a file the loop's whole state is written to every RESUME_EVERY steps (weights,
     optimizer, generators, the epoch's batches left, losses) and read back from when it holds
     a run of the same settings and data, so a stopped run goes on where it stopped and ends
-    with the bytes an unstopped one writes; the caller removes it once the result is saved."""
+    with the bytes an unstopped one writes; the caller removes it once the result is saved.
+
+    groups: a group per example (the skill catalog its prompt lists); each batch then holds
+    one group's examples, so its rows share their system prompt (`answer_loss` runs it once),
+    drawn in proportion to the groups' sizes (length buckets: each epoch's every batch)."""
     rng = random.Random(settings.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95),
@@ -148,7 +153,7 @@ def optimise(name: str, model: torch.nn.Module, examples, pad_id: int,
     order: list[int] = []
     losses, t0, first = [], time.perf_counter(), 0
     # hashing the whole corpus is only worth it for a run that keeps its state
-    key = _run_key(name, settings, examples) if resume is not None else None
+    key = _run_key(name, settings, examples, groups) if resume is not None else None
     if resume is not None and resume.is_file():
         saved = torch.load(resume, weights_only=False)
         if saved["key"] == key:
@@ -159,11 +164,21 @@ def optimise(name: str, model: torch.nn.Module, examples, pad_id: int,
             batches, order, losses, first = (saved["batches"], saved["order"],
                                              saved["losses"], saved["step"])
             log(f"[{name}] resumed at step {first} from {resume}")
+    members = _members(groups) if groups is not None else []
+    if any(len(m) < settings.batch_size for m in members):
+        raise ValueError(f"{name}: a group has fewer examples than one batch of "
+                         f"{settings.batch_size}")
     for step in range(first, settings.steps):
         if settings.length_buckets:
             if not batches:
-                batches = length_bucketed_batches(lengths, settings.batch_size, rng)
+                batches = [[m[i] for i in batch] for m in (members or [range(len(lengths))])
+                           for batch in length_bucketed_batches([lengths[i] for i in m],
+                                                                settings.batch_size, rng)]
+                if members:         # each group's batches come in random order already
+                    rng.shuffle(batches)
             batch = batches.pop()
+        elif members:
+            batch = _group_batch(members, order, settings.batch_size, rng)
         else:
             if len(order) < settings.batch_size:
                 order = list(range(len(examples)))
@@ -193,9 +208,31 @@ def optimise(name: str, model: torch.nn.Module, examples, pad_id: int,
     return losses
 
 
-def _run_key(name: str, settings: TrainSettings, examples) -> str:
+def _members(groups: Sequence[int]) -> list[list[int]]:
+    """The examples of each group, groups in order of their first example."""
+    found: dict[int, list[int]] = {}
+    for i, group in enumerate(groups):
+        found.setdefault(group, []).append(i)
+    return list(found.values())
+
+
+def _group_batch(members: list[list[int]], orders: list, size: int,
+                 rng: random.Random) -> list[int]:
+    """A batch of one group, the group drawn in proportion to its size; `orders` holds each
+    group's shuffled examples not yet drawn this epoch (refilled as a group runs short)."""
+    if not orders:
+        orders.extend([] for _ in members)
+    g = rng.choices(range(len(members)), weights=[len(m) for m in members])[0]
+    if len(orders[g]) < size:
+        orders[g] = list(members[g])
+        rng.shuffle(orders[g])
+    return [orders[g].pop() for _ in range(size)]
+
+
+def _run_key(name: str, settings: TrainSettings, examples, groups=None) -> str:
     """What a resumed run must share with the stopped one: the stage, settings, data."""
-    digest = hashlib.sha256(repr((name, settings)).encode())
+    what = (name, settings) if groups is None else (name, settings, tuple(groups))
+    digest = hashlib.sha256(repr(what).encode())
     for ids, mask in examples:
         digest.update(array("i", [*ids, -1, *mask, -2]).tobytes())
     return f"{name} {digest.hexdigest()}"
@@ -336,24 +373,29 @@ def frozen_outputs(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
 def train_target(examples: Sequence[tuple[list[int], list[int]]], vocab_size: int,
                  eos_id: int, pad_id: int, out_dir: str | Path,
                  spec: TargetSpec | None = None, settings: TrainSettings | None = None,
-                 log=print, resume: Path | None = None) -> list[float]:
-    """Train from scratch and `save_pretrained` to out_dir; returns the logged losses.
+                 log=print, resume: Path | None = None, init: str | Path | None = None,
+                 groups: Sequence[int] | None = None) -> list[float]:
+    """Train from scratch (or go on training the checkpoint in `init`; `spec` then unused)
+    and `save_pretrained` to out_dir; returns the logged losses.
 
     examples: (input_ids, loss_mask) pairs; loss_mask[t] marks tokens to predict. resume:
-    where a stopped run's state waits (`optimise`).
+    where a stopped run's state waits; groups: batches of one group each (`optimise`).
     """
     from transformers import Qwen3_5ForCausalLM
 
     spec, settings = spec or TargetSpec(), settings or TrainSettings()
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
-    model = Qwen3_5ForCausalLM(spec.hf_config(vocab_size, eos_id, pad_id)).train()
+    if init is None:
+        model = Qwen3_5ForCausalLM(spec.hf_config(vocab_size, eos_id, pad_id)).train()
+    else:   # an MTP head stored beside the weights (mtp.*) is not the model's: left out
+        model = Qwen3_5ForCausalLM.from_pretrained(str(init), dtype=torch.float32).train()
     params = sum(p.numel() for p in model.parameters())
     log(f"[target] {params / 1e6:.2f}M parameters, {settings.steps} steps of "
         f"{settings.batch_size}, {torch.get_num_threads()} thread(s)")
     losses = optimise("target", model, examples, pad_id, settings,
                       lambda ids, mask, _rng: answer_loss(model, ids, mask, groups=LOSS_GROUPS),
-                      log, resume)
+                      log, resume, groups)
     model.eval().save_pretrained(str(out_dir))
     if resume is not None:      # only once the weights it would rebuild are written
         resume.unlink(missing_ok=True)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 import transformers
 from packaging.version import Version
+from safetensors.torch import load_file
 
 from flash_planner.engine.checkpoint import load_checkpoint
 from flash_planner.engine.models.dflash import DFlashDrafter, load_drafter
@@ -27,6 +29,7 @@ from flash_planner.train.target import (
     frozen_outputs,
     frozen_target,
     length_bucketed_batches,
+    optimise,
     pad_batch,
     prefix_states,
     shared_prefix,
@@ -111,6 +114,28 @@ def test_length_bucketed_batches_cover_the_epoch_with_little_padding():
                 - sum(lengths[i] for i in shuffled[j:j + 32]) for j in range(0, 992, 32))
     assert waste < plain / 4
     assert batches == length_bucketed_batches(lengths, 32, random.Random(0))   # seeded
+
+
+@pytest.mark.parametrize("buckets", [False, True])
+def test_batches_by_group_hold_one_group_each_and_draw_every_group(buckets):
+    """Batches of one catalog each, so that their rows share the system prompt."""
+    model = torch.nn.Linear(1, 1)
+    examples = [([i + 3] * (1 + i % 5), [1] * (1 + i % 5)) for i in range(60)]
+    groups = [i % 3 == 0 for i in range(60)]
+    seen = []
+
+    def loss_fn(ids, mask, rng):
+        seen.append([int(i) - 3 for i in ids[:, 0]])
+        return model(torch.ones(1, 1)).sum()
+    settings = TrainSettings(steps=20, batch_size=4, warmup=1, length_buckets=buckets)
+    optimise("t", model, examples, PAD, settings, loss_fn, lambda _: None, groups=groups)
+    assert len(seen) == 20 and all(len(batch) == 4 for batch in seen)
+    assert all(len({groups[i] for i in batch}) == 1 for batch in seen)
+    assert {groups[batch[0]] for batch in seen} == {True, False}
+    assert all(len(set(batch)) == 4 for batch in seen)
+    with pytest.raises(ValueError, match="fewer examples than one batch"):
+        optimise("t", model, examples, PAD, replace(settings, batch_size=32), loss_fn,
+                 lambda _: None, groups=groups)
 
 
 def test_drafter_learns_the_targets_greedy_tokens_not_the_corpus(tmp_path):
@@ -232,6 +257,20 @@ def test_each_stage_retrains_bit_for_bit(tmp_path):
                         for part in ("target", "drafter", "with_mtp")])
     assert written[0] == written[1]
     assert written[0][0] != written[0][2]          # the head was added to the target's file
+    # each part goes on from the weights it is given (the rounds of both catalogs)
+    root, on = tmp_path / "a", tmp_path / "on"
+    none = replace(settings, steps=0)
+    train_target(data, VOCAB, EOS, PAD, on / "target", settings=none, init=root / "target",
+                 **quiet)
+    train_drafter(data, root / "target", MASK, PAD, on / "drafter", spec, none,
+                  init=root / "drafter", **quiet)
+    shutil.copytree(root / "target", on / "with_mtp")
+    train_mtp(data, on / "with_mtp", PAD, 2, none, init=root / "with_mtp", **quiet)
+    for part in ("target", "drafter", "with_mtp"):
+        assert (load_file(str(on / part / "model.safetensors"))
+                .keys() == load_file(str(root / part / "model.safetensors")).keys())
+        for name, tensor in load_file(str(on / part / "model.safetensors")).items():
+            assert torch.equal(tensor, load_file(str(root / part / "model.safetensors"))[name])
 
 
 def test_a_stopped_target_run_resumes_to_the_bytes_of_an_unstopped_one(tmp_path, monkeypatch):
