@@ -100,6 +100,8 @@ def main(argv=None) -> int:
     parser.add_argument("--catalog", choices=("default", "example"), default="default",
                         help="the default catalog's held-out sets, or the example catalog's "
                              "(config/catalogs/mobile_manipulator.yaml, with scene lists)")
+    parser.add_argument("--sets", default=",".join(HELDOUT_SETS),
+                        help=f"comma-separated, of {', '.join(HELDOUT_SETS)}")
     parser.add_argument("--hint", choices=("off", "on", "both"), default="both",
                         help="the refusal shape named in the prompt")
     parser.add_argument("--misses", type=int, default=8,
@@ -119,6 +121,11 @@ def main(argv=None) -> int:
     else:
         catalog, sets = SkillCatalog.from_yaml(default_skills_path()), heldout_sets(0, args.n)
     hints = {"off": (False,), "on": (True,), "both": (False, True)}[args.hint]
+    chosen = [name.strip() for name in args.sets.split(",") if name.strip()]
+    if not chosen or any(name not in sets for name in chosen):
+        parser.error(f"--sets takes a comma-separated list of {', '.join(HELDOUT_SETS)}; "
+                     f"got {args.sets!r}")
+    sets = {name: sets[name] for name in chosen}
     preset = ModelPreset.load("demo")
     engines = {"shipped" if args.demo is None else "built": load(preset, args.demo)}
     if args.before is not None:
