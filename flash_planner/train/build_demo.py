@@ -60,11 +60,14 @@ def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_train
     data = [encode(ex, tok, catalog) for ex in train]
     log(f"[tokenizer] {ids['vocab_size']} tokens; mean example "
         f"{sum(len(i) for i, _ in data) / len(data):.0f} tokens")
-    rounds = [_catalog_round(r, seed, data, tok) for r in range(len(CATALOG_STEPS))]
-    log(f"[corpus] {len(CATALOG_STEPS)} rounds of both catalogs, {2 * CATALOG_EXAMPLES} "
-        f"examples each; example catalog's mean "
-        f"{sum(len(i) for i, _ in rounds[0][0][CATALOG_EXAMPLES:]) / CATALOG_EXAMPLES:.0f} "
-        "tokens")
+    # only the rounds this run trains on (the drafter and the head read the last one)
+    last = len(CATALOG_STEPS) - 1
+    rounds = {r: _catalog_round(r, seed, data, tok)
+              for r in (range(from_round, last + 1) if only is None else [last])}
+    first = rounds[min(rounds)][0][CATALOG_EXAMPLES:]
+    log(f"[corpus] round(s) {', '.join(str(r + 1) for r in rounds)} of both catalogs, "
+        f"{2 * CATALOG_EXAMPLES} examples each; example catalog's mean "
+        f"{sum(len(i) for i, _ in first) / CATALOG_EXAMPLES:.0f} tokens")
     with tempfile.TemporaryDirectory() as scratch:
         work = resume or Path(scratch)
         base = default_dir or work / "default"
@@ -89,8 +92,8 @@ def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_train
                                         else base / "target")
             if not previous.is_dir():
                 raise SystemExit(f"no target to start round {from_round + 1} from: {previous}")
-            for r in range(from_round, len(CATALOG_STEPS)):
-                dest = target_dir if r == len(CATALOG_STEPS) - 1 else work / f"round{r}"
+            for r in range(from_round, last + 1):
+                dest = target_dir if r == last else work / f"round{r}"
                 mixed, groups = rounds[r]
                 log(f"[target] round {r + 1} of both catalogs, from {previous}")
                 train_target(mixed, ids["vocab_size"], ids["eos_id"], ids["pad_id"], dest,
@@ -104,7 +107,7 @@ def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_train
             raise SystemExit(f"--{only}-only: no trained target in {target_dir}")
         else:
             log(f"[target] kept: {target_dir}")
-        mixed, groups = rounds[-1]
+        mixed, groups = rounds[last]
         if only in (None, "drafter"):
             train_drafter(mixed, target_dir, ids["mask_id"], ids["pad_id"], drafter_dir,
                           DrafterSpec(), TrainSettings(steps=DRAFTER_TUNE_STEPS, batch_size=16,

@@ -92,10 +92,15 @@ def _rewrite_steps(plan: list[dict]) -> tuple[list[dict], list[str]]:
     return steps, named
 
 
+def _words(name: str) -> frozenset[str]:
+    return frozenset(re.findall(r"\w+", name.lower()))
+
+
 @cache
-def _distractor_pool() -> tuple[str, ...]:
-    return tuple(sorted({e.name for w in WORLDS
-                         for e in (*w.objects, *w.places, *w.containers)} - set(rooms())))
+def _distractor_pool() -> tuple[tuple[str, frozenset[str]], ...]:
+    """The closed worlds' names that are not rooms, each with its words."""
+    names = {e.name for w in WORLDS for e in (*w.objects, *w.places, *w.containers)}
+    return tuple((name, _words(name)) for name in sorted(names - set(rooms())))
 
 
 def _last_word(name: str) -> str:
@@ -105,9 +110,8 @@ def _last_word(name: str) -> str:
 def _with_scene(example: Example, named: list[str], rng: random.Random) -> Example:
     """The example with a scene list of `named` and up to two distractors; some entries
     given a short form, which the task then says instead of the name."""
-    words = set(re.findall(r"\w+", " ".join(named).lower()))
-    pool = [n for n in _distractor_pool()
-            if not words & set(re.findall(r"\w+", n.lower()))]
+    words = _words(" ".join(named))
+    pool = [name for name, its in _distractor_pool() if not words & its]
     entries = named + rng.sample(pool, rng.choice((0, 1, 1, 2)))
     rng.shuffle(entries)
     task, scene = example.task, []
@@ -131,8 +135,8 @@ def rewrite(example: Example, rng: random.Random) -> Example:
     """A default-catalog example as this catalog plans it (see the module's docstring)."""
     steps, named = _rewrite_steps(example.plan)
     if example.refusal:     # a task neither catalog can do: the scene lists what it names
-        named = [n for n in _distractor_pool() if re.search(rf"\b{re.escape(n)}\b",
-                                                               example.task)][:2]
+        named = [name for name, _ in _distractor_pool()
+                 if re.search(rf"\b{re.escape(name)}\b", example.task)][:2]
     return _with_scene(replace(example, plan=steps), named, rng)
 
 
