@@ -21,9 +21,11 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --upgrade 'setuptools>=70.1'
 
+# --no-compile: pip would byte-compile every file of every wheel (half of a fresh venv's two
+# minutes, on one core); Python compiles the modules a run imports, once, as it imports them.
 $(STAMP): setup.py setup.cfg | $(VENV)/bin/python
-	$(VENV)/bin/pip install '$(TORCH_SPEC)'
-	$(VENV)/bin/pip install -e '.[test]'
+	$(VENV)/bin/pip install --no-compile '$(TORCH_SPEC)'
+	$(VENV)/bin/pip install --no-compile -e '.[test]'
 	touch $@
 
 # ROS 2 for the node's tests: Jazzy's PyPI wheels in the venv and our interfaces built with
@@ -34,7 +36,8 @@ ros-env: $(STAMP)
 	tools/ros_env.sh $(VENV) $(ROS_ENV)
 
 # The Thor image's Python dependencies resolve for Python 3.12 manylinux aarch64 from wheels
-# (a pip dry run: nothing is installed; see tools/thor_deps.py).
+# (a pip dry run: nothing is installed; see tools/thor_deps.py). `make test` runs the same
+# check as a test (test/test_thor_deps.py), beside the others rather than before them.
 thor-deps: $(STAMP)
 	$(VENV)/bin/python tools/thor_deps.py
 
@@ -51,7 +54,7 @@ thor-image:
 # worker, so its module fixtures (engines, compiled graphs, a server) are built once. The
 # slowest tests are printed: docs/development.md says what each proves.
 TEST_WORKERS ?= auto
-test: ros-env thor-deps
+test: ros-env
 	. $(ROS_ENV)/env.sh && TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -q -rs \
 		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 \
 		--junitxml=build/test-report.xml test

@@ -10,6 +10,12 @@ import torch
 # @triton.jit function is created (i.e. before flash_planner.kernels is imported).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # The compiled-forward tests prove capture, guards and equal tokens, not a CPU's speed:
+    # inductor's C++ without SIMD code and at -O0 (-g) compiles cold in about 3/4 of the time
+    # (one hybrid engine, 7 graphs: 99 -> 72 s on one core). Read when inductor's config is
+    # first imported, which `import torch` does not do. bench/overhead.py keeps the defaults.
+    os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
+    os.environ.setdefault("TORCHINDUCTOR_DEBUG_COMPILE", "1")
 
 # pytest-xdist runs each worker in a process of its own: split the cores among them, or each
 # worker's torch (and every server or node a test starts) would use all of them. Engines read

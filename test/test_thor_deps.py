@@ -1,6 +1,6 @@
 """tools/thor_deps.py: the Thor image's Python dependencies resolve for Python 3.12 manylinux
-aarch64 from wheels, every dependency pinned (`make thor-deps` runs the check on the committed
-file in every `make test`; here it must fail, naming the package, when it should)."""
+aarch64 from wheels, every dependency pinned: the committed file passes the check (`make
+thor-deps` runs it alone), and a file with a fault fails it, naming the package."""
 
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ def test_the_committed_file_pins_the_runtimes_whole_closure():
     pins = thor_deps.read_lock(thor_deps.LOCK)
     assert set(map(thor_deps.canonicalize_name, thor_deps.ROOTS)) <= set(pins)
     assert not any(thor_deps.PROVIDED.match(name) for name in pins)   # the container's own
+
+
+def test_the_committed_file_resolves_for_thor(capsys):
+    assert thor_deps.main([]) == 0, capsys.readouterr().err
+    assert "every dependency pinned" in capsys.readouterr().out
 
 
 def test_a_pin_without_an_aarch64_wheel_fails_naming_the_package(tmp_path, capsys):
