@@ -21,11 +21,16 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --upgrade 'setuptools>=70.1'
 
-# --no-compile: pip would byte-compile every file of every wheel (half of a fresh venv's two
-# minutes, on one core); Python compiles the modules a run imports, once, as it imports them.
+# pip byte-compiles every installed file on one core (half of a fresh venv's two minutes);
+# compileall does it on every core. Ahead of time, because a machine may set
+# PYTHONDONTWRITEBYTECODE, and then each process would compile what it imports again. Its
+# status is not checked: like pip, it skips files for newer Pythons (one of torch's tests).
 $(STAMP): setup.py setup.cfg | $(VENV)/bin/python
 	$(VENV)/bin/pip install --no-compile '$(TORCH_SPEC)'
 	$(VENV)/bin/pip install --no-compile -e '.[test]'
+	$(VENV)/bin/python -m compileall -qq -j 0 \
+		"$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+		|| true
 	touch $@
 
 # ROS 2 for the node's tests: Jazzy's PyPI wheels in the venv and our interfaces built with

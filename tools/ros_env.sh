@@ -48,7 +48,7 @@ install_colcon() {
     fi
     stamp_ok "$VENV/.colcon" "$want" && return
     say "installing colcon from PyPI into $VENV"
-    "$PY" -m pip install -q --no-compile -r "$COLCON_REQ"
+    "$PY" -m pip install -q -r "$COLCON_REQ"
     echo "$want" > "$VENV/.colcon"
 }
 
@@ -57,7 +57,7 @@ install_wheels() {
     want=$(hash_of "$ROS_REQ")
     stamp_ok "$VENV/.ros_wheels" "$want" && return
     say "installing ROS 2 Jazzy wheels into $VENV"
-    "$PY" -m pip install -q --no-compile -r "$ROS_REQ"
+    "$PY" -m pip install -q -r "$ROS_REQ"
     # Workaround: the wheels' CMake exports name the wheel builder's Python
     # (/opt/python/cp3X-cp3X/...) for the Python and numpy include dirs; point them here.
     local include site

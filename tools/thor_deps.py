@@ -29,6 +29,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 HERE = Path(__file__).resolve().parent
 LOCK = HERE / "requirements-thor.txt"
@@ -71,8 +72,27 @@ def applies(req: Requirement, extras: tuple[str, ...] = ("",)) -> bool:
     return any(req.marker.evaluate({**THOR, "extra": extra}) for extra in extras)
 
 
+# (name, version) -> its wheel's entry in pip's report: each pin resolves alone (--no-deps),
+# so a process that checks several files asks pip only for the pins it has not seen
+_RESOLVED: dict[tuple[str, Version], dict] = {}
+
+
 def resolve_wheels(pins: dict[str, str]) -> list[dict]:
-    """pip's dry-run report for exactly these pins, cp312 aarch64, wheels only."""
+    """pip's dry-run report entries for exactly these pins, cp312 aarch64, wheels only."""
+    keys = {(name, Version(version)): f"{name}=={version}" for name, version in pins.items()}
+    todo = {name: version for name, version in pins.items()
+            if (name, Version(version)) not in _RESOLVED}
+    if todo:
+        for item in _pip_dry_run(todo):
+            meta = item["metadata"]
+            _RESOLVED[canonicalize_name(meta["name"]), Version(meta["version"])] = item
+    missing = [pin for key, pin in keys.items() if key not in _RESOLVED]
+    if missing:
+        raise DepsError("pip's report left out " + ", ".join(missing))
+    return [_RESOLVED[key] for key in keys]
+
+
+def _pip_dry_run(pins: dict[str, str]) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="thor-deps-") as tmp:
         reqs = Path(tmp) / "requirements.txt"
         reqs.write_text("".join(f"{name}=={version}\n" for name, version in pins.items()))

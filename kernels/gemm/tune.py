@@ -13,6 +13,7 @@ the last bit between splits, never between runs of one configuration).
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -48,8 +49,10 @@ def skinny_launch(fmt: str, x: torch.Tensor, operands: Sequence, gated: bool,
 
 def time_ms(fn: Callable[[], object], repeats: int) -> float:
     """Median time of `fn` in ms after one warm-up call (the compile): CUDA events on a GPU,
-    the wall clock otherwise (bench/kernels.py times with it too)."""
-    fn()
+    the wall clock otherwise (bench/kernels.py times with it too). Interpreted kernels have
+    nothing to compile, and each call takes seconds: no warm-up then."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        fn()
     times = []
     if torch.cuda.is_available():
         torch.cuda.synchronize()
