@@ -79,17 +79,17 @@ _RESOLVED: dict[tuple[str, Version], dict] = {}
 
 def resolve_wheels(pins: dict[str, str]) -> list[dict]:
     """pip's dry-run report entries for exactly these pins, cp312 aarch64, wheels only."""
-    keys = {(name, Version(version)): f"{name}=={version}" for name, version in pins.items()}
-    todo = {name: version for name, version in pins.items()
-            if (name, Version(version)) not in _RESOLVED}
+    wanted = {(name, Version(version)): (name, version) for name, version in pins.items()}
+    todo = dict(pin for key, pin in wanted.items() if key not in _RESOLVED)
     if todo:
         for item in _pip_dry_run(todo):
             meta = item["metadata"]
             _RESOLVED[canonicalize_name(meta["name"]), Version(meta["version"])] = item
-    missing = [pin for key, pin in keys.items() if key not in _RESOLVED]
+    missing = [f"{name}=={version}" for key, (name, version) in wanted.items()
+               if key not in _RESOLVED]
     if missing:
         raise DepsError("pip's report left out " + ", ".join(missing))
-    return [_RESOLVED[key] for key in keys]
+    return [_RESOLVED[key] for key in wanted]
 
 
 def _pip_dry_run(pins: dict[str, str]) -> list[dict]:

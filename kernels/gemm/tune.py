@@ -13,7 +13,6 @@ the last bit between splits, never between runs of one configuration).
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +23,7 @@ from .configs import RowsConfig, candidates
 from .context import context, shape_key
 from .formats import FORMATS
 from .skinny import rows_gemm
+from .tiles import INTERPRETED
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def time_ms(fn: Callable[[], object], repeats: int) -> float:
     """Median time of `fn` in ms after one warm-up call (the compile): CUDA events on a GPU,
     the wall clock otherwise (bench/kernels.py times with it too). Interpreted kernels have
     nothing to compile, and each call takes seconds: no warm-up then."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if not INTERPRETED:
         fn()
     times = []
     if torch.cuda.is_available():
