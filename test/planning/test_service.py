@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from flash_planner.planning import service as service_module
 from flash_planner.planning.presets import default_skills_path
 from flash_planner.planning.request import PlanRequest
 from flash_planner.planning.service import PlannerConfig, PlannerService, UnknownRequestError
@@ -295,3 +296,34 @@ def test_eight_clients_at_once_are_all_answered_together(make_service):
     alone = make_service(max_batch=1, max_new_tokens=16)
     assert [r.raw_text for r in results] == \
         [alone.plan(PlanRequest(t), timeout=TIMEOUT).raw_text for t in tasks]
+
+
+def test_queued_requests_do_not_wake_the_scheduler_while_its_slot_prepares(
+        make_service, monkeypatch):
+    """One slot, its request's preparation held, two more queued: the scheduler sleeps until
+    the preparation ends (it spun through every queued request's preparation before, holding
+    the GIL from the preparing thread: one at a time ran ~0.6x as fast once requests queued,
+    docs/performance.md). Each request still runs, in order."""
+    held, entered = threading.Event(), threading.Event()
+
+    def plan_job(*args, _real=service_module.plan_job):
+        if not entered.is_set():
+            entered.set()
+            assert held.wait(TIMEOUT)
+        return _real(*args)
+
+    monkeypatch.setattr(service_module, "plan_job", plan_job)
+    service = make_service(max_batch=1, max_new_tokens=8)
+    passes = []
+    collect = service._collect
+    monkeypatch.setattr(service, "_collect", lambda: (passes.append(1), collect())[1])
+    tickets = [service.submit(PlanRequest(task, id=f"r{i}"))
+               for i, task in enumerate(("open the fridge", "go to the sink", "wave"))]
+    assert entered.wait(TIMEOUT)
+    start = len(passes)
+    # time for a spinning loop to show itself; a sleeping one makes no pass at all
+    threading.Event().wait(0.3)
+    during = len(passes) - start
+    held.set()
+    assert all(t.result(TIMEOUT).telemetry["new_tokens"] > 0 for t in tickets)
+    assert during <= 2, f"the scheduler made {during} passes while its only slot prepared"
