@@ -93,6 +93,8 @@ class PlanTicket:
         self.image_age_ms: float | None = None  # its camera frame's age when submitted
         self._done = threading.Event()
         self._result: PlanResult | None = None
+        self._callbacks: list[Callable[[PlanResult], None]] = []
+        self._callbacks_lock = threading.Lock()
         # in flight: the engine's future and how to read it, or a remote attempt's
         self.job: LocalJob | None = None
         self.future: Future | None = None
@@ -105,8 +107,28 @@ class PlanTicket:
         return self.request.id
 
     def resolve(self, result: PlanResult) -> None:
-        self._result = result
-        self._done.set()
+        with self._callbacks_lock:
+            self._result = result
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            self._call(callback)
+
+    def add_done_callback(self, callback: Callable[[PlanResult], None]) -> None:
+        """Call `callback(result)` once the ticket is resolved (at once if it is): on the
+        resolving thread, so it must only hand the result on (an event loop's
+        call_soon_threadsafe), never block. A waiter without a thread of its own."""
+        with self._callbacks_lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        self._call(callback)
+
+    def _call(self, callback: Callable[[PlanResult], None]) -> None:
+        try:
+            callback(self._result)
+        except Exception:  # a broken waiter must not break the scheduler
+            log.exception("a done callback of request %s failed", self.id)
 
     def done(self) -> bool:
         return self._done.is_set()

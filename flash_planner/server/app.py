@@ -121,7 +121,22 @@ class _Relay:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, item))
 
     def when_done(self, ticket) -> None:
-        threading.Thread(target=lambda: self.put("done", ticket.result()), daemon=True).start()
+        ticket.add_done_callback(lambda result: self.put("done", result))
+
+
+def result_of(ticket) -> asyncio.Future:
+    """The ticket's result, awaitable without a thread of its own: a thread per waiting
+    request (asyncio.to_thread) capped the requests a client set could keep in flight at
+    the default executor's size (cores + 4: 6 on two cores, under max_batch 8)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def deliver(result) -> None:
+        if not future.done():
+            future.set_result(result)
+
+    ticket.add_done_callback(lambda result: loop.call_soon_threadsafe(deliver, result))
+    return future
 
 
 def create_app(state: ServerState, load: Callable[[], PlannerService] | None = None
@@ -237,7 +252,7 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
         if chat.stream:
             return await _chat_stream(service, chat, cid, grammar, images)
         ticket = service.submit_completion(cid, _completion(chat, grammar, images))
-        result = await asyncio.to_thread(ticket.result)
+        result = await result_of(ticket)
         _check_ran(result, ticket)
         metrics.observe("/v1/chat/completions", 200, result.telemetry)
         return completion_body(cid, state.model_name, result.raw_text, result.finish_reason,
@@ -339,7 +354,7 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
             raise bad(str(exc), exc.field) from None
         if not stream:
             ticket = service.submit(plan_request)
-            result = await asyncio.to_thread(ticket.result)
+            result = await result_of(ticket)
             if not result.success and (result.rejected or result.finish_reason == "" and
                                        result.error.startswith((*BUSY, "the planner"))):
                 raise _refused(result, ticket.invalid_field)
