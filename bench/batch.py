@@ -14,7 +14,9 @@ speed (both cores are shared) hits both alike. Before each method's cells, both 
 the first tasks once at the most clients, untimed (first calls, auto's measurements).
 
 Columns per method and client count: aggregate tokens/s (tokens the cell's requests
-generated over its wall time) of batched and single and their ratio; per-request latency
+generated over its wall time) of batched and single; "vs alone": batched over single at one
+client (the service one client gets, measured in the same run: the headline), "vs queued":
+batched over single at the same client count; per-request latency
 p50/p95 (submit -> result, queueing included) and TTFT p50/p95 (submit -> the first token's
 feedback, as the client sees it), both services; tokens per cycle (tokens after each
 request's first over the cycles it took part in), both services; tok/verify: tokens the
@@ -24,7 +26,7 @@ together (first to last token fed back); mismatches: requests whose raw_text dif
 the same task alone (one client, single service), both services. After the table, per
 method: p50 latency at the most clients over p50 latency at one client, batched and single.
 A slice ends with its last requests decoding with fewer beside them, which the batched
-service pays and the single one does not: the tokens/s ratio understates a steady load.
+service pays and the single one does not: the tokens/s ratios understate a steady load.
 
     python bench/batch.py [--clients 1,2,4,8] [--methods none,dflash,mtp,auto] [--tasks 48]
                           [--rounds 2] [--threads 0] [--max-batch 8] [--compile] [--json]
@@ -235,6 +237,7 @@ def run(services: dict[str, PlannerService], tasks: list[tuple[int, object]],
         clients: list[int], methods: list[str], rounds: int) -> tuple[list[dict], dict]:
     rows, growth, flip = [], {}, False
     for method in methods:
+        alone = 0.0                    # single's tokens/s at one client, once measured
         warm = tasks[:max(clients)]
         for name in SERVICES:
             progress(f"{method}: warming {name}")
@@ -255,6 +258,10 @@ def run(services: dict[str, PlannerService], tasks: list[tuple[int, object]],
                    **{name: summarise(cell[name], reference) for name in SERVICES}}
             single = row["single"]["tok_s"]
             row["tok_s_ratio"] = row["batched"]["tok_s"] / single if single else 0.0
+            if n == 1:
+                alone = single
+            row["tok_s_vs_alone"] = (row["batched"]["tok_s"] / alone
+                                     if 1 in clients and alone else None)
             rows.append(row)
             by_clients[n] = row
         most = max(clients)
@@ -275,10 +282,11 @@ def print_table(report: dict) -> None:
     print(f"closed-loop clients, {report['tasks']} held-out tasks per cell in "
           f"{report['rounds']} round(s), greedy under the request's grammar; mismatches: "
           "raw_text against the task alone (1 client, single)")
-    print(f"{'':15}{'aggregate tok/s':^24}  {'latency p50/p95 ms':^23}  "
+    print(f"{'':15}{'aggregate tok/s, batched vs':^31}  {'latency p50/p95 ms':^23}  "
           f"{'TTFT p50/p95 ms':^23}  {'tok/cycle':^12}{'tok/':>7}{'at':>5}  "
           f"{'mismatches':^12}")
-    head = (f"{'method':<7}{'clients':>8}{'batched':>9}{'single':>8}{'ratio':>7}  "
+    head = (f"{'method':<7}{'clients':>8}{'batched':>9}{'single':>8}{'alone':>7}"
+            f"{'queued':>7}  "
             f"{'batched':>11}{'single':>12}  {'batched':>11}{'single':>12}  "
             f"{'batch':>5}{'single':>7}{'verify':>7}{'once':>5}  {'batch':>5}{'single':>7}")
     print(head + "\n" + "-" * len(head))
@@ -289,8 +297,9 @@ def print_table(report: dict) -> None:
         def pair(d: dict, key: str) -> str:
             return f"{d[key + '_p50']:.0f}/{d[key + '_p95']:.0f}"
 
+        vs_alone = "-" if r["tok_s_vs_alone"] is None else f"{r['tok_s_vs_alone']:.2f}x"
         print(f"{r['method']:<7}{r['clients']:>8}{b['tok_s']:>9.0f}{s['tok_s']:>8.0f}"
-              f"{r['tok_s_ratio']:>6.2f}x  {pair(b, 'latency_ms'):>11}"
+              f"{vs_alone:>7}{r['tok_s_ratio']:>6.2f}x  {pair(b, 'latency_ms'):>11}"
               f"{pair(s, 'latency_ms'):>12}  {pair(b, 'ttft_ms'):>11}{pair(s, 'ttft_ms'):>12}"
               f"  {b['tokens_per_cycle']:>5.2f}{s['tokens_per_cycle']:>7.2f}"
               f"{per_verify:>7}{b['most_at_once']:>5}  {b['mismatches']:>5}{s['mismatches']:>7}")

@@ -6,6 +6,13 @@ come back answered (200) or refused with 429 (the queue is full), none lost; pri
 counts, latency p50/p95 of the answered ones (request sent -> last byte), TTFT p50/p95 from
 their telemetry (`/v1/plans`), and the server's own metrics afterwards.
 
+`--scaling`: the same held-out tasks through `/v1/plans` (greedy, the server's grammar) by one
+client alone, by N closed-loop clients (each sends its next task when its last returns) and
+in bursts of N sent at once, the three in `--rounds` slices, the order turned per slice;
+printed: aggregate tokens/s of each (tokens of the answers over the wall time) and N
+clients' and the bursts' ratio to one client alone, latency and TTFT p50, and the answers
+whose raw text differs from the same task alone.
+
 `--vs-service`: one client instead, the same held-out tasks through `/v1/plans` and through
 the planner service in a process of its own (what `flash-planner plan` runs, warm), each
 task on both, alternating which goes first; printed: p50/p95 of both and of the per-task
@@ -14,6 +21,7 @@ ratio. `--neighbour` measures either mode beside a CPU-bound busy loop on every 
     python bench/serve_load.py [--clients 8] [--requests 25] [--queue-depth 8]
                                [--endpoint plans|chat] [--threads 0] [--neighbour] [--json]
     python bench/serve_load.py --vs-service [--n 30] [--threads 0] [--neighbour] [--json]
+    python bench/serve_load.py --scaling [--clients 8] [--n 48] [--rounds 2] [--threads 0]
 """
 
 from __future__ import annotations
@@ -72,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="measure beside a CPU-bound busy loop on every core")
     p.add_argument("--vs-service", action="store_true",
                    help="one client: /v1/plans against the planner service, task by task")
-    p.add_argument("--n", type=int, default=30, help="held-out tasks of --vs-service")
+    p.add_argument("--scaling", action="store_true",
+                   help="one client alone against N closed-loop clients and bursts of N")
+    p.add_argument("--rounds", type=int, default=2, help="slices of --scaling")
+    p.add_argument("--n", type=int, default=None,
+                   help="held-out tasks of --vs-service (30) or --scaling (48)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     port = free_port()
@@ -86,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         wait_ready(server, base)
         if args.vs_service:
             return versus_service(args, base)
+        if args.scaling:
+            with neighbour.neighbour(args.neighbour):
+                return scaling(args, base)
         with neighbour.neighbour(args.neighbour):
             return load(args, base)
     finally:
@@ -118,7 +133,7 @@ def versus_service(args, base: str) -> int:
             "enable_thinking": ex.thinking is not None})
         return {"ms": seconds * 1e3, "ok": status == 200 and body.get("success", False)}
 
-    examples = make_corpus(0, n_train=0)[1][:args.n]
+    examples = make_corpus(0, n_train=0)[1][:args.n or 30]
     service = ServiceProcess(args.threads)
     rows = []
     try:
@@ -151,6 +166,91 @@ def versus_service(args, base: str) -> int:
         for key, name in (("service_ms", "planner service (ms)"),
                           ("server_ms", "/v1/plans (ms)"), ("ratio", "server / service (x)")):
             print(f"{name:28}{report[key]['p50']:>9.2f}{report[key]['p95']:>9.2f}")
+    return 0
+
+
+def scaling(args, base: str) -> int:
+    """One client alone, N closed-loop clients, bursts of N: the same tasks, the same server."""
+    from flash_planner.train.corpus import heldout_sets
+
+    n_tasks, clients, rounds = args.n or 48, args.clients, args.rounds
+    if n_tasks < 1 or clients < 1 or not 1 <= rounds <= n_tasks:
+        raise SystemExit("--scaling wants --n >= 1, --clients >= 1, 1 <= --rounds <= --n")
+    sets = heldout_sets(0, -(-n_tasks // 3))
+    tasks = [ex for trio in zip(*sets.values()) for ex in trio][:n_tasks]
+
+    def ask(index: int) -> tuple[int, dict]:
+        ex = tasks[index]
+        t0 = time.perf_counter()
+        status, body, _ = post(base + "/v1/plans", {
+            "task": ex.task, "context": ex.context or "",
+            "enable_thinking": ex.thinking is not None})
+        if status != 200:
+            raise SystemExit(f"task {index}: HTTP {status}: {body}")
+        return index, {**body, "latency_ms": (time.perf_counter() - t0) * 1e3}
+
+    def closed_loop(part: list[int], n: int) -> list[tuple[int, dict]]:
+        pending = iter(part)
+
+        def client() -> list[tuple[int, dict]]:
+            return [ask(i) for i in iter(lambda: next(pending, None), None)]
+
+        with ThreadPoolExecutor(n) as pool:
+            return [r for run in pool.map(lambda _: client(), range(n)) for r in run]
+
+    def bursts(part: list[int]) -> list[tuple[int, dict]]:
+        out = []
+        with ThreadPoolExecutor(clients) as pool:
+            for lo in range(0, len(part), clients):
+                out += list(pool.map(ask, part[lo:lo + clients]))
+        return out
+
+    modes = {"alone": lambda part: closed_loop(part, 1),
+             "clients": lambda part: closed_loop(part, clients), "burst": bursts}
+    for i in range(min(clients, n_tasks)):          # first calls, untimed
+        ask(i)
+    answers = {name: {} for name in modes}
+    walls = dict.fromkeys(modes, 0.0)
+    size = -(-n_tasks // rounds)
+    for r in range(rounds):
+        part = list(range(r * size, min((r + 1) * size, n_tasks)))
+        order = list(modes) if r % 2 == 0 else list(modes)[::-1]
+        for name in order:
+            print(f"\rround {r + 1}/{rounds}: {name:<8}", end="", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            answers[name].update(modes[name](part))
+            walls[name] += time.perf_counter() - t0
+    print(file=sys.stderr)
+    report = {"mode": "scaling", "n_clients": clients, "tasks": n_tasks, "rounds": rounds,
+              "threads": args.threads or "auto", "where": neighbour.label(args.neighbour)}
+    alone = answers["alone"]
+    for name in modes:
+        got = answers[name].values()
+        tokens = sum(int(a["telemetry"].get("new_tokens", 0)) for a in got)
+        report[name] = {
+            "tokens": tokens, "wall_s": walls[name], "tok_s": tokens / walls[name],
+            "latency_ms_p50": percentile([a["latency_ms"] for a in got], 0.5),
+            "ttft_ms_p50": percentile([float(a["telemetry"].get("ttft_ms", 0.0))
+                                       for a in got], 0.5),
+            "plans": sum(bool(a.get("success")) for a in got),
+            "mismatches": sum(a.get("raw_text") != alone[i].get("raw_text")
+                              for i, a in answers[name].items())}
+    for name in ("clients", "burst"):
+        report[name]["vs_alone"] = report[name]["tok_s"] / report["alone"]["tok_s"]
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"/v1/plans, demo model, fp32 CPU, threads {report['threads']}, {report['where']}: "
+          f"{n_tasks} held-out tasks per mode in {rounds} slice(s), greedy under the grammar")
+    print(f"{'':26}{'tok/s':>8}{'vs alone':>10}{'p50 ms':>9}{'TTFT p50':>10}{'plans':>7}"
+          f"{'mismatch':>10}")
+    names = {"alone": "one client alone", "clients": f"{clients} closed-loop clients",
+             "burst": f"bursts of {clients} at once"}
+    for name, label in names.items():
+        row = report[name]
+        ratio = f"{row['vs_alone']:.2f}x" if "vs_alone" in row else "-"
+        print(f"{label:26}{row['tok_s']:>8.0f}{ratio:>10}{row['latency_ms_p50']:>9.0f}"
+              f"{row['ttft_ms_p50']:>10.1f}{row['plans']:>7}{row['mismatches']:>10}")
     return 0
 
 

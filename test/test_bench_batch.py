@@ -29,6 +29,9 @@ def test_the_batch_bench_runs_small_and_batching_changes_no_text():
     for row in rows:
         assert row["tasks"] == report["tasks"] > 0
         assert "tok_s_ratio" in row
+        # the headline: batched at n clients over single at one client, from the same run
+        alone = rows[0]["single"]["tok_s"]
+        assert abs(row["tok_s_vs_alone"] - row["batched"]["tok_s"] / alone) < 1e-9
         for name in ("batched", "single"):
             cell = row[name]
             assert set(cell) >= SUMMARY_KEYS
