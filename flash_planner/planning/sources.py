@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..engine.weights.shard import problem as shard_problem
 
 # What the engine reads from a checkpoint: config, weights (one file or shards and their
 # index), quantization metadata, generation defaults, and the tokenizer files.
@@ -112,25 +113,6 @@ def resolve(text: str | None, allow_download: bool = False,
     return path
 
 
-def _safetensors_problem(path: Path) -> str | None:
-    """Why a safetensors file is not whole (its size against its header's), or None."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        raw = f.read(8)
-        header_len = struct.unpack("<Q", raw)[0] if len(raw) == 8 else size
-        try:
-            header = json.loads(f.read(header_len)) if header_len < size else None
-            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"),
-                      default=0) if header else None
-        except (ValueError, TypeError, KeyError, AttributeError):
-            end = None
-    if end is None:
-        return f"{size} bytes and no readable safetensors header"
-    if 8 + header_len + end != size:
-        return f"{size} bytes, its header says {8 + header_len + end}"
-    return None
-
-
 def check_snapshot(path: Path, source: RepoSource | str) -> None:
     """Every file the engine will read is there and whole: config.json, the index's every
     shard, and each safetensors file as long as its header says."""
@@ -148,7 +130,6 @@ def check_snapshot(path: Path, source: RepoSource | str) -> None:
         shard = path / name
         if not shard.is_file():
             raise SourceError(f"model {source}: shard {name} is missing from {path}; {again}")
-        problem = _safetensors_problem(shard)
+        problem = shard_problem(shard)   # its size against its header's, and the header
         if problem:
-            raise SourceError(f"model {source}: {name} is corrupt or incomplete ({problem}); "
-                              f"{again}")
+            raise SourceError(f"model {source}: {name}: {problem}; {again}")

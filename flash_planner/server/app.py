@@ -159,10 +159,13 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
             service = load()
             service.on_result = metrics.finished
             state.service = service
-        except WarmUpError as exc:    # names the model and the cause: one line is the story
+        except (WarmUpError, ValueError, OSError) as exc:
+            # expected: a model that cannot decode, a bad checkpoint file (the engine's
+            # CheckpointError), preset or setting; the message names it: one line is the story
             log.error("loading the model failed: %s", exc)
+            log.debug("where loading failed", exc_info=True)
             state.error = str(exc)
-        except Exception as exc:      # reported by /health and every request's 503
+        except Exception as exc:      # a bug: its stack; reported by /health and every 503
             log.exception("loading the model failed")
             state.error = f"{type(exc).__name__}: {exc}"
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
 import threading
 
 import pytest
 from live import MISSING, requires_ros, result_of, values_of, wait_for
 
-from flash_planner.planning.presets import asset_path
 from flash_planner.ros import params
 
 if MISSING is None:
@@ -93,26 +91,36 @@ def test_deactivate_ends_a_running_goal_and_stops_the_worker(endless):
     h.transition("cleanup")
 
 
-def _truncated_demo(tmp_path) -> dict:
-    broken = tmp_path / "target"
-    shutil.copytree(asset_path("@assets/demo/target"), broken)
-    weights = broken / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:-4096])
-    return {"model.path": str(broken), "model.drafter_path": ""}
+def _damaged_demo(how: str):
+    """Node overrides for a demo target copy with its model.safetensors damaged `how`, and
+    the line /diagnostics must carry (damaged.py)."""
+    def make(tmp_path) -> tuple[dict, str]:
+        from damaged import damaged_demo
+
+        path, line = damaged_demo(tmp_path / "target", how)
+        return {"model.path": str(path), "model.drafter_path": ""}, line
+    return make
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (lambda _: {"model.preset": ""}, "model failed to load: no model"),  # nor a model.path
-    (_truncated_demo, "model.safetensors: not a readable safetensors file"),
-], ids=["no-model", "truncated-safetensors"])
+@pytest.mark.parametrize("overrides", [
+    lambda _: ({"model.preset": ""}, "no model"),  # nor a model.path
+    _damaged_demo("truncated"),                    # the file, then `truncated: the header...`
+    _damaged_demo("lying-header"),                 # `the header lies about tensor ...`
+], ids=["no-model", "truncated-safetensors", "lying-safetensors-header"])
 def test_failed_configure_reports_error_and_the_node_keeps_answering(harness, tmp_path,
-                                                                      overrides, message):
-    h = harness(**overrides(tmp_path))
+                                                                      overrides):
+    """Configure fails with one line naming what is wrong (for a damaged checkpoint: the
+    file and the cause), which /diagnostics carry as ERROR `model failed to load: ...`."""
+    settings, line = overrides(tmp_path)
+    h = harness(**settings)
     from rclpy.lifecycle import TransitionCallbackReturn
 
     assert h.node.trigger_configure() == TransitionCallbackReturn.FAILURE
-    assert wait_for(lambda: any(s.level == DiagnosticStatus.ERROR and message in s.message
-                                for s in h.statuses()))
+    expected = f"model failed to load: {line}"
+    assert wait_for(lambda: any(s.level == DiagnosticStatus.ERROR
+                                and s.message.startswith(expected) for s in h.statuses()))
+    message = next(s.message for s in h.statuses() if s.message.startswith(expected))
+    assert "\n" not in message and "not a readable safetensors" not in message, message
     status, result = h.plan()
     assert status == GoalStatus.STATUS_ABORTED and "is unconfigured" in result.error
     assert h.node.trigger_configure() == TransitionCallbackReturn.FAILURE  # again: same

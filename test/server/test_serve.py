@@ -397,3 +397,32 @@ def test_a_model_that_fails_its_warm_up_is_unhealthy_with_the_reason(tmp_path):
     assert "Traceback" not in log, log
     assert [line for line in log.splitlines() if "warm-up of" in line] == \
         [f"ERROR flash_planner.server.app: loading the model failed: {body['error']}"], log
+
+
+@pytest.mark.parametrize("how", ["truncated", "lying-header"])
+def test_a_damaged_checkpoint_file_is_unhealthy_with_the_file_and_the_cause(tmp_path, how):
+    """A model.safetensors cut short, or whose header lies about a tensor's size: /health
+    503 `error` with the engine's one line (the file, then the cause), every request's 503
+    repeats it, and the log has that line once, no traceback."""
+    from damaged import damaged_demo
+
+    path, line = damaged_demo(tmp_path / "target", how)
+    server = Server("--model", str(path), "--threads", "1")
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while (health := _http(server.url + "/health", key=None))[1]["status"] == "loading":
+            assert server.proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        status, body = health
+        assert status == 503 and body["status"] == "error", body
+        assert body["error"].startswith(line), body
+        status, answer = _http(server.url + "/v1/plans", {"task": "open the fridge"})
+        assert status == 503 and answer["error"]["code"] == "not_ready", answer
+        assert answer["error"]["message"] == f"the model failed to load: {body['error']}"
+        assert server.proc.poll() is None              # still up, answering why
+    finally:
+        server.stop()
+    log = server.proc.stdout.read()
+    assert "Traceback" not in log, log
+    assert [entry for entry in log.splitlines() if str(path) in entry] == \
+        [f"ERROR flash_planner.server.app: loading the model failed: {body['error']}"], log

@@ -17,14 +17,14 @@ order) in the safetensors files.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import struct
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from ..weights.shard import read_header
 
 MASK64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15
@@ -110,17 +110,11 @@ class NGramHasher:
         return torch.cat(out, dim=-1)[:, -ids.shape[1]:]
 
 
-def _header(path: Path) -> tuple[int, dict]:
-    with open(path, "rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        return 8 + size, json.loads(f.read(size))
-
-
 class StoredTensor:
     """One tensor in a safetensors file, read by element ranges (pread), never loaded."""
 
     def __init__(self, path: Path, name: str, error: type[Exception]):
-        start, header = _header(path)
+        start, header = read_header(path, error)  # checked: no read past the end
         entry = header.get(name)
         if entry is None or entry.get("dtype") not in STORED:
             raise error(f"{path}: {name} is missing or of a dtype the n-gram table cannot "

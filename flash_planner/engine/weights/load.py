@@ -25,6 +25,7 @@ from .fuse import fuse_gate_up
 from .layout import Dequantize, Layout, TensorSpec
 from .linear import QuantLinear
 from .scheme import Scheme, WeightFormatError
+from .shard import problem as shard_problem
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,13 @@ class Planned:
 
 
 def open_shard(shard: Path, error: type[Exception]):
+    """The file opened by safetensors, which checks its header against its size; a file it
+    refuses raises `error` naming the file and, from the header, what is wrong with it."""
     try:
         return safe_open(str(shard), framework="pt", device="cpu")
     except Exception as exc:  # safetensors raises its own error types for corrupt headers
-        raise error(f"{shard}: not a readable safetensors file ({exc})") from exc
+        why = shard_problem(shard) or f"not a readable safetensors file ({exc})"
+        raise error(f"{shard}: {why}") from exc
 
 
 def plan_linears(module: nn.Module, names_of: Callable[[str], str], scheme: Scheme,
