@@ -23,6 +23,7 @@ from ..kernels import dispatch
 from ..kernels.kv_append.reference import FP8_MAX
 from .config import ModelConfig
 from .flash_state import FlashState
+from .kv_scales import KVScales
 
 
 class ContextOverflowError(ValueError):
@@ -71,26 +72,35 @@ class KVCache:
     FP8 scales are per (layer, kv head), calibrated on the first write after `reset()` (the
     prompt's first prefill chunk) as amax * headroom / 448; later values beyond the range
     saturate at +-448 * scale. With `scale_per_row` each batch row (a slot of batched
-    requests, `slots.py`) has its own: [layers, B, Hkv], calibrated on its own prompt.
+    requests, `slots.py`) has its own: [layers, B, Hkv], calibrated on its own prompt. A
+    layer whose scales the checkpoint stores (`scales`, kv_scales.py) holds those in every
+    row and is `fixed`: calibrated from the start, through every `reset()`.
     """
 
     def __init__(self, cfg: ModelConfig, batch: int, capacity: int, dtype: torch.dtype,
                  compute_dtype: torch.dtype, device: torch.device, fp8_headroom: float = 2.0,
-                 scale_per_row: bool = False):
+                 scale_per_row: bool = False, scales: KVScales | None = None):
         n = len(cfg.full_attention_layers)
         shape = (n, batch, capacity, cfg.num_kv_heads, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.is_fp8 = dtype == torch.uint8
-        scales = (n, batch, cfg.num_kv_heads) if scale_per_row else (n, cfg.num_kv_heads)
-        self.k_scale = torch.ones(scales, dtype=torch.float32, device=device)
-        self.v_scale = torch.ones(scales, dtype=torch.float32, device=device)
-        self.calibrated = [False] * n
+        per = (n, batch, cfg.num_kv_heads) if scale_per_row else (n, cfg.num_kv_heads)
+        self.k_scale = torch.ones(per, dtype=torch.float32, device=device)
+        self.v_scale = torch.ones(per, dtype=torch.float32, device=device)
         self.compute_dtype = compute_dtype
         self.capacity = capacity
         self.fp8_headroom = fp8_headroom
         # model layer index -> slot in the stacked cache
         self.slot = {layer: i for i, layer in enumerate(cfg.full_attention_layers)}
+        fixed = [False] * n         # slots whose scales are the checkpoint's, never calibrated
+        for layer in (scales.layers if scales is not None and self.is_fp8 else ()):
+            s = self.slot[layer]
+            self.k_scale[s] = scales.k[layer].to(device)      # [Hkv], into every row
+            self.v_scale[s] = scales.v[layer].to(device)
+            fixed[s] = True
+        self.fixed = tuple(fixed)
+        self.calibrated = list(self.fixed)
 
     @property
     def nbytes(self) -> int:
@@ -110,7 +120,7 @@ class KVCache:
         return view
 
     def reset(self) -> None:
-        self.calibrated = [False] * len(self.calibrated)
+        self.calibrated = list(self.fixed)
 
     def _calibrate(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if self.k_scale.dim() == 3:
@@ -195,12 +205,12 @@ class InferenceState:
 
     def __init__(self, cfg: ModelConfig, capacity: int, max_steps: int, kv_dtype: torch.dtype,
                  compute_dtype: torch.dtype, device: torch.device, batch: int = 1,
-                 scale_per_row: bool = False):
+                 scale_per_row: bool = False, kv_scales: KVScales | None = None):
         self.capacity = capacity
         self.max_steps = max_steps
         self.device = device
         self.kv = KVCache(cfg, batch, capacity, kv_dtype, compute_dtype, device,
-                          scale_per_row=scale_per_row)
+                          scale_per_row=scale_per_row, scales=kv_scales)
         self.gdn = GDNState(cfg, batch, max_steps, device)
         # Flash-Next (qwen4_exp): PLE windows, n-gram history, indexer keys
         self.flash = (FlashState(cfg, batch, capacity, compute_dtype, device)
@@ -219,7 +229,7 @@ class InferenceState:
         requests): its own length and pending rows, this state's storage."""
         view = object.__new__(InferenceState)
         view.__dict__.update(self.__dict__)
-        view.kv = self.kv.rows(index, index + 1, [False] * len(self.kv.calibrated))
+        view.kv = self.kv.rows(index, index + 1, list(self.kv.fixed))
         view.flash = None if self.flash is None else self.flash.rows(index, index + 1)
         view.gdn = self.gdn.rows(index, index + 1)
         view.length, view.pending, view.recorded, view.rope_shift = 0, 0, False, 0

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .config import ConfigError, ModelConfig, read_json_object
+from .kv_scales import KVScales, read_kv_scales
 from .models.flash_next import FlashNextModel, open_ngram_tables
 from .models.flash_next_mtp import FlashNextHead
 from .models.mtp import MTPHead
@@ -50,6 +51,7 @@ class Checkpoint:
     weights: str = "auto"                 # the `weights` setting it was loaded with
     quantized: dict[str, int] = field(default_factory=dict)  # layout label -> Linears
     raw_config: dict = field(default_factory=dict)   # config.json as read (vision_config...)
+    kv_scales: KVScales | None = None     # the FP8 KV cache's scales, where it stores them
 
     @property
     def weight_bytes(self) -> int:
@@ -166,6 +168,9 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
     if cfg.flash_next is not None:
         known |= open_ngram_tables(model, files, lambda ours: _checkpoint_name(ours, cfg),
                                   CheckpointError)
+    kv_scales = read_kv_scales(path, raw, cfg, files, CheckpointError)
+    if kv_scales is not None:
+        known |= kv_scales.names
     mtp = {n: s for n, s in files.items() if n.startswith(MTP_PREFIX)}
     ignored = [n for n in files if n not in known and n not in mtp
                and not n.startswith(IGNORED_PREFIXES) and n != "lm_head.weight"]
@@ -173,7 +178,8 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
         log.warning("%s: %d tensors not used by the text model, e.g. %s", path, len(ignored),
                     ignored[0])
     tokenizer = load_tokenizer(path) if with_tokenizer else None
-    return Checkpoint(path, cfg, model, tokenizer, mtp, scheme, weights, dict(counts), raw)
+    return Checkpoint(path, cfg, model, tokenizer, mtp, scheme, weights, dict(counts), raw,
+                      kv_scales)
 
 
 def load_mtp_head(checkpoint: Checkpoint, dtype: torch.dtype,

@@ -18,6 +18,7 @@ import torch
 from .cache import ContextOverflowError, InferenceState
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import EngineConfig
+from .kv_scales import kv_scales_label
 from .methods import METHODS
 from .models.compiled import CompileReport, StaticForward
 from .models.compiled_drafts import StaticDrafter, StaticHead
@@ -164,7 +165,7 @@ class Engine:
         state = InferenceState(checkpoint.config, capacity=config.max_context + config.max_block,
                                max_steps=config.max_block,
                                kv_dtype=config.resolve_kv_dtype(dtype), compute_dtype=dtype,
-                               device=device)
+                               device=device, kv_scales=checkpoint.kv_scales)
         proposers, extra = build_proposers(config, checkpoint, state, dtype, device)
         engine = cls(config, checkpoint, state, device, dtype, proposers, extra)
         engine.threads = threads
@@ -176,8 +177,8 @@ class Engine:
             max_batch = config.resolve_max_batch(device)
             if max_batch > 1:         # the batch's forwards too: no request compiles
                 engine.batch_slots(max_batch, progress)
-        log.info("loaded %s on %s (%s, weights %s, dense segments: %s, proposers: %s): %s",
-                 config.model_path, device, dtype, engine.weights_label,
+        log.info("loaded %s on %s (%s, weights %s, %s, dense segments: %s, proposers: %s): %s",
+                 config.model_path, device, dtype, engine.weights_label, engine.kv_scales_label,
                  checkpoint.model.dense.name, ", ".join(proposers) or "none", engine.memory)
         return engine
 
@@ -185,6 +186,13 @@ class Engine:
     def weights_label(self) -> str:
         """How the target's Linears are held, e.g. "fp8 block 128x128 (Qwen)" or "fp32"."""
         return ", ".join(sorted(self.checkpoint.quantized)) or str(self.dtype).split(".")[-1]
+
+    @property
+    def kv_scales_label(self) -> str:
+        """Where the target's KV cache scales come from: "KV scales: from the checkpoint
+        (16 layers)", "KV scales: calibrated on the first prompt", ..."""
+        return kv_scales_label(self.checkpoint.kv_scales, len(self.state.kv.fixed),
+                               self.state.kv.k.dtype)
 
     def batch_slots(self, max_batch: int, progress: Callable[[str], None] | None = None
                     ) -> SlotStates:
@@ -200,7 +208,8 @@ class Engine:
         if slots is None:
             st = self.state
             slots = SlotStates(self.model_config, max_batch + 1, st.capacity, st.max_steps,
-                               st.kv.k.dtype, self.dtype, self.device)
+                               st.kv.k.dtype, self.dtype, self.device,
+                               kv_scales=self.checkpoint.kv_scales)
             slots.heads = None if mtp is None else mtp.head_slots(max_batch)
             if self.compile_report is not None:
                 self._compile_slots(slots, max_batch, mtp, dflash, progress)

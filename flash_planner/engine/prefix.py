@@ -9,7 +9,8 @@ only its own suffix.
 
 A prompt with a declared prefix is always prefilled in two parts, the prefix then the rest,
 with or without a snapshot: both paths run the same chunks, so restoring gives the very bits
-a fresh prefill gives (FP8 scales included, which are calibrated on the first chunk).
+a fresh prefill gives (FP8 scales included: calibrated on the first chunk, or the
+checkpoint's own, kv_scales.py).
 
 Restoring is `InferenceState.load(snapshot.state)`. `PrefixCache` keeps the most recently
 used `entries` snapshots (two catalogs, or thinking on and off when a template puts the flag

@@ -1,13 +1,14 @@
 """The inference state of several requests at once: slots of one preallocated state.
 
 `SlotStates` allocates one `InferenceState` whose batch rows are slots (KV rows, GDN state
-and conv window, step checkpoints, FP8 scales per row). Each slot is also seen as an ordinary
-one-sequence state (`InferenceState.row`): a request prefills, restores a prefix snapshot,
-commits and rolls back through it exactly as it does alone, and nothing else of the batch is
-touched. The slots of running requests are rows 0..m-1 (`move` closes the gap a finished
-request leaves), so one forward over `rows(m)` verifies every running request's block:
-rows 0..m-1 of each tensor, each row at its own length (`ForwardContext` reads one start per
-row from `BatchRows.begin`).
+and conv window, step checkpoints, FP8 scales per row: the checkpoint's in every row where
+it stores them, kv_scales.py). Each slot is also seen as an ordinary one-sequence state
+(`InferenceState.row`): a request prefills, restores a prefix snapshot, commits and rolls
+back through it exactly as it does alone, and nothing else of the batch is touched. The
+slots of running requests are rows 0..m-1 (`move` closes the gap a finished request leaves),
+so one forward over `rows(m)` verifies every running request's block: rows 0..m-1 of each
+tensor, each row at its own length (`ForwardContext` reads one start per row from
+`BatchRows.begin`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from .cache import InferenceState
 from .config import ModelConfig
+from .kv_scales import KVScales
 
 
 class BatchRows:
@@ -59,11 +61,12 @@ class SlotStates:
     """`batch` slots of `capacity` tokens each; `view(i)` is slot i's own state."""
 
     def __init__(self, cfg: ModelConfig, batch: int, capacity: int, max_steps: int,
-                 kv_dtype: torch.dtype, compute_dtype: torch.dtype, device: torch.device):
+                 kv_dtype: torch.dtype, compute_dtype: torch.dtype, device: torch.device,
+                 kv_scales: KVScales | None = None):
         if batch < 1:
             raise ValueError(f"a batch holds at least one request, got {batch}")
         self.whole = InferenceState(cfg, capacity, max_steps, kv_dtype, compute_dtype, device,
-                                    batch=batch, scale_per_row=True)
+                                    batch=batch, scale_per_row=True, kv_scales=kv_scales)
         self.views = [self.whole.row(i) for i in range(batch)]
         # the compiled forwards over these slots (compiled.py's, with batch buckets), if any
         self.static: object | None = None

@@ -261,6 +261,8 @@ def _compressed_tensors(qc: dict, where: str) -> Scheme:
     own `format` (one that names none is an error); otherwise a group without a format
     takes the top-level one."""
     groups = qc.get("config_groups")
+    if groups == {} and qc.get("kv_cache_scheme"):
+        return UNQUANTIZED     # llm-compressor's KV-cache-only recipe (scales: kv_scales.py)
     if not isinstance(groups, dict) or not groups:
         raise WeightFormatError(f"{where}: compressed-tensors config without config_groups")
     if qc.get("sparsity_config"):
@@ -331,6 +333,8 @@ def _modelopt_group(group: Any, where: str) -> Layout:
 
 
 def _modelopt(qc: dict, where: str) -> Scheme:
+    if qc.get("quant_algo") is None and qc.get("kv_cache_quant_algo"):
+        return UNQUANTIZED     # a KV-cache-only export (scales: kv_scales.py)
     algo = str(qc.get("quant_algo"))
     ignore = list(qc.get("exclude_modules") or []) + list(qc.get("ignore") or [])
     skip = _ignored(ignore)
