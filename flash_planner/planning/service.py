@@ -233,7 +233,7 @@ class PlannerService:
                 f"{engine.memory}; proposers: {', '.join(engine.proposers) or 'none'} "
                 f"(method {engine.config.method}); plan grammar {self._grammar_state()}; "
                 f"prefix cache {'on' if engine.prefix_cache is not None else 'off'}; "
-                f"{self._batch_state()}; "
+                f"{self._batch_state()}; {engine.kv_scales_label}; "
                 f"{engine.compile_report or 'eager forwards (compile off)'}")
 
     # ---- lifecycle

@@ -28,6 +28,10 @@ from safetensors.torch import load_file, save_file
 from flash_planner.engine.batch import Batch, BatchRequest
 from flash_planner.engine.checkpoint import CheckpointError
 from flash_planner.engine.generate import GenerationSettings, generate
+from flash_planner.planning.planner_config import PlannerConfig
+from flash_planner.planning.presets import default_skills_path
+from flash_planner.planning.service import PlannerService
+from flash_planner.planning.skills import SkillCatalog
 
 PROMPT = "open the top drawer, take the blue screwdriver"
 CALIBRATION = "place the green box on the lower shelf, then tell me what you see there"
@@ -264,6 +268,10 @@ def test_compressed_tensors_scales_are_the_caches_and_decode_as_the_reference(
     engine = make_engine(path, kv_dtype="fp8")
     n = len(stored)
     assert engine.kv_scales_label == f"KV scales: from the checkpoint ({n} layers)"
+    # the load line plan, serve and the node print
+    summary = PlannerService(engine, SkillCatalog.from_yaml(default_skills_path()),
+                             PlannerConfig()).summary()
+    assert f"KV scales: from the checkpoint ({n} layers)" in summary
     assert engine.checkpoint.scheme.label == "none"          # a KV-cache-only recipe
     prompt, tokens = _greedy(engine, PROMPT)
     _assert_cache_holds(engine, stored)                      # not calibrated over
