@@ -15,8 +15,22 @@ the cubin's resource usage. One row per kernel x specialization x target:
   vector    the widest global load in bytes: ld.global.v4.b32 or a 16-byte cp.async is 16.
             Arguments a spec declares `aligned` are compiled as divisible by 16, as Triton
             specializes a launch whose pointers and sizes are; the others as unknown
-Run as `python -m flash_planner.kernels.report [--json]` (`make kernels-report`), without
-TRITON_INTERPRET (interpreted kernels cannot be compiled).
+The weight-only GEMMs' rows (skinny and tiled, 2-D and routed) add a static roofline of
+their main K loop, read from `cuobjdump -sass` (roofline.py says how):
+  instr     SASS instructions per warp per K step of BLOCK_K: the K loop's body, divided by
+            the K steps one iteration makes (1 unless ptxas unrolled the loop)
+  bytes     weight bytes one program reads per K step, scales included; twice for GATED
+  ratio     issue time / memory time of a K step: instr x warps / 4 schedulers / clock
+            against bytes / (bandwidth / SMs), for the H200 on sm_90 rows and Thor on sm_110
+            rows (roofline.DEVICES). Over 1 the loop's instructions, not the weight reads,
+            bound the kernel
+`--json` adds per GEMM row the tile (BMxBNxBK), the device, `loop` (instructions per
+iteration), `steps` (K steps per iteration: 1 unless ptxas unrolled the loop; None if the
+body adds no BLOCK_K), `nested` (loops inside the K loop, counted once) and the loop's
+instruction mix by class (counts per iteration); `--roofline` compiles the GEMMs only and
+prints their rows with the mix.
+Run as `python -m flash_planner.kernels.report [--json | --roofline]` (`make kernels-report`),
+without TRITON_INTERPRET (interpreted kernels cannot be compiled).
 """
 
 from __future__ import annotations
@@ -32,6 +46,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import roofline
 from .specs import Spec
 from .toolchain import ToolchainError, guarded
 
@@ -127,43 +142,76 @@ def compile_row(spec: Spec, target: str) -> dict:
     compiled = guarded(triton.compile)(source, target=GPUTarget("cuda", TARGETS[target], 32),
                                        options={"num_warps": spec.num_warps,
                                                 "num_stages": spec.num_stages})
-    usage = resource_usage(compiled.asm["cubin"])
+    cubin = compiled.asm["cubin"]
+    usage = resource_usage(cubin)
     ptx = compiled.asm["ptx"]
-    return {"kernel": spec.name, "spec": spec.label, "target": target,
-            "per_cycle": spec.per_cycle, "matmul": uses_dot(spec),
-            "warps": spec.num_warps, "regs": usage["reg"], "stack": usage["stack"],
-            "local": usage["local"], "smem": usage["shared"] + compiled.metadata.shared,
-            "cubin": len(compiled.asm["cubin"]), "vector": widest_load(ptx),
-            "tensor": next((op for op in TENSOR_OPS if op in ptx), "none")}
+    row = {"kernel": spec.name, "spec": spec.label, "target": target,
+           "per_cycle": spec.per_cycle, "matmul": uses_dot(spec),
+           "warps": spec.num_warps, "regs": usage["reg"], "stack": usage["stack"],
+           "local": usage["local"], "smem": usage["shared"] + compiled.metadata.shared,
+           "cubin": len(cubin), "vector": widest_load(ptx),
+           "tensor": next((op for op in TENSOR_OPS if op in ptx), "none")}
+    if roofline.is_gemm(spec):
+        sass = roofline.disassemble(cubin, _bin_dir() / "cuobjdump")
+        row.update(roofline.spec_roofline(spec, target, sass))
+    return row
 
 
-def report() -> list[dict]:
-    return [compile_row(spec, target) for spec in all_specs() for target in TARGETS]
+def report(gemms_only: bool = False) -> list[dict]:
+    specs = [s for s in all_specs() if roofline.is_gemm(s) or not gemms_only]
+    return [compile_row(spec, target) for spec in specs for target in TARGETS]
 
 
 def print_table(rows: list[dict]) -> None:
-    head = (f"{'kernel':<20}{'specialization':<40}{'target':<8}{'warps':>5}{'regs':>6}"
-            f"{'stack':>6}{'local':>6}{'smem':>7}{'cubin':>8}{'vector':>7}  tensor")
-    print(head)
+    """The report's table; the roofline columns filled for the GEMM rows only."""
+    print(f"{'kernel':<20}{'specialization':<50}{'target':<8}{'warps':>5}{'regs':>6}"
+          f"{'stack':>6}{'local':>6}{'smem':>7}{'cubin':>8}{'vector':>7}  {'tensor':<8}"
+          f"{'instr':>6}{'bytes':>7}{'ratio':>6}")
     for r in rows:
-        print(f"{r['kernel']:<20}{r['spec']:<40}{r['target']:<8}{r['warps']:>5}{r['regs']:>6}"
+        roof = (f"{r['instr']:>6}{r['bytes']:>7.0f}{r['ratio']:>6.2f}" if "ratio" in r
+                else "")
+        print(f"{r['kernel']:<20}{r['spec']:<50}{r['target']:<8}{r['warps']:>5}{r['regs']:>6}"
               f"{r['stack']:>6}{r['local']:>6}{r['smem']:>7}{r['cubin']:>8}{r['vector']:>7}"
-              f"  {r['tensor']}")
+              f"  {r['tensor']:<8}{roof}".rstrip())
+
+
+def print_roofline(rows: list[dict]) -> None:
+    """The GEMM rows: tile, K loop, bytes, ratio on the target's device, instruction mix."""
+    print(f"{'kernel':<20}{'specialization':<50}{'target':<8}{'device':<7}{'tile':<11}"
+          f"{'warps':>5}{'instr':>6}{'bytes':>7}{'ratio':>6}"
+          + "".join(f"{kind:>8}" for kind in roofline.CLASSES))
+    for r in rows:
+        if "ratio" not in r:
+            continue
+        flag = "" if r["steps"] == 1 and not r["nested"] else "  *"
+        print(f"{r['kernel']:<20}{r['spec']:<50}{r['target']:<8}{r['device']:<7}"
+              f"{r['tile']:<11}{r['warps']:>5}{r['instr']:>6}{r['bytes']:>7.0f}"
+              f"{r['ratio']:>6.2f}" + "".join(f"{r['mix'][kind]:>8}"
+                                              for kind in roofline.CLASSES) + flag)
+    print("* the K loop holds nested loops (counted once) or makes other than one K step an "
+          "iteration (steps in --json): check its SASS")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="one JSON list of rows")
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="one JSON list of rows")
+    shown.add_argument("--roofline", action="store_true",
+                       help="the GEMM specializations only, with their K loop's instruction mix")
     args = parser.parse_args()
     why = cannot_compile()
     if why is not None:
         sys.exit(f"kernels report: {why}")
     try:
-        rows = report()
+        rows = report(gemms_only=args.roofline)
     except ToolchainError as exc:
         sys.exit(f"kernels report: {exc}")
+    except roofline.SassError as exc:
+        sys.exit(f"kernels report: reading the SASS: {exc}")
     if args.json:
         print(json.dumps(rows))
+    elif args.roofline:
+        print_roofline(rows)
     else:
         print_table(rows)
 
