@@ -110,9 +110,11 @@ bench-ros: ros-env
 	. $(ROS_ENV)/env.sh && $(VENV)/bin/python bench/ros_overhead.py
 
 # Batched requests through the planner service against one at a time: 1, 2, 4 and 8
-# closed-loop clients on the same held-out tasks, per method (several minutes on 2 cores).
+# closed-loop clients on the same held-out tasks, per method (several minutes on 2 cores);
+# then through `flash-planner serve`: one client alone, 8 closed-loop clients, bursts of 8.
 bench-batch: $(STAMP)
 	$(VENV)/bin/python bench/batch.py
+	$(VENV)/bin/python bench/serve_load.py --scaling
 
 bench-vision: $(STAMP)
 	$(VENV)/bin/python bench/vision.py

@@ -168,3 +168,30 @@ def test_the_architecture_map_names_every_module():
 def test_the_map_check_catches_a_module_left_out():
     block = _map_block().replace("toolchain.py", "").replace("inference.py", "")
     assert _unnamed(block) == ["inference.py", "toolchain.py"]
+
+
+AUTO_BATCH = re.compile(r"max_batch`?[^|\n]{0,40}?(?:0 = )?auto(?::|, is) (\d+)", re.S)
+
+
+def test_the_pages_state_max_batch_auto_as_the_config_sets_it():
+    """The README's batching row gives max_batch auto's value per device as
+    `engine/config.py` sets it, and every page's "max_batch ... auto: N" agrees with both
+    devices' value (a page naming no device must hold for either)."""
+    from flash_planner.engine.config import AUTO_MAX_BATCH
+
+    cpu, gpu = AUTO_MAX_BATCH
+    readme = (ROOT / "README.md").read_text()
+    row = next(line for line in readme.splitlines()
+               if line.startswith("| Several requests at once"))
+    assert f"`max_batch` auto: {cpu} on a CPU, {gpu} on a GPU" in row, row
+    for page in PAGES:
+        text = " ".join(page.read_text().split())
+        assert "keeps 1 by default" not in text, _page_id(page)
+        stated = {int(n) for n in AUTO_BATCH.findall(text)}
+        assert stated <= ({cpu} & {gpu}), (_page_id(page), stated, AUTO_MAX_BATCH)
+
+
+def test_the_max_batch_check_reads_each_spelling():
+    for text in ("engine `max_batch`; 0 = auto: 8)", "`engine.max_batch` (auto: 8)",
+                 "`max_batch`). The default, 0 = auto, is 8"):
+        assert AUTO_BATCH.findall(" ".join(text.split())) == ["8"], text

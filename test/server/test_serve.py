@@ -371,12 +371,9 @@ def test_bounded_concurrent_clients_every_request_answered(server):
     assert statuses.count(200) >= 5
 
 
-def test_a_model_that_fails_its_warm_up_is_unhealthy_with_the_reason(tmp_path):
-    """NaN weights load but cannot decode: /health stays 503 `error` naming the model and
-    the cause, a request's 503 says the same, and the log has one line, no traceback."""
-    from nan_model import write_nan_demo
-
-    path = write_nan_demo(tmp_path / "nan-demo")
+def _unhealthy(path) -> tuple[dict, str]:
+    """A server on a model that cannot load: /health's 503 `error` body once it stops
+    loading (a request's 503 repeats its reason; the server stays up), and the server's log."""
     server = Server("--model", str(path), "--threads", "1")
     try:
         deadline = time.monotonic() + TIMEOUT
@@ -385,8 +382,6 @@ def test_a_model_that_fails_its_warm_up_is_unhealthy_with_the_reason(tmp_path):
             time.sleep(0.1)
         status, body = health
         assert status == 503 and body["status"] == "error", body
-        assert body["error"].startswith(f"warm-up of {path} failed: the model produced "
-                                        "non-finite logits (NaN or Inf)"), body
         status, answer = _http(server.url + "/v1/plans", {"task": "open the fridge"})
         assert status == 503 and answer["error"]["code"] == "not_ready", answer
         assert answer["error"]["message"] == f"the model failed to load: {body['error']}"
@@ -395,6 +390,18 @@ def test_a_model_that_fails_its_warm_up_is_unhealthy_with_the_reason(tmp_path):
         server.stop()
     log = server.proc.stdout.read()
     assert "Traceback" not in log, log
+    return body, log
+
+
+def test_a_model_that_fails_its_warm_up_is_unhealthy_with_the_reason(tmp_path):
+    """NaN weights load but cannot decode: /health stays 503 `error` naming the model and
+    the cause, a request's 503 says the same, and the log has one line, no traceback."""
+    from nan_model import write_nan_demo
+
+    path = write_nan_demo(tmp_path / "nan-demo")
+    body, log = _unhealthy(path)
+    assert body["error"].startswith(f"warm-up of {path} failed: the model produced "
+                                    "non-finite logits (NaN or Inf)"), body
     assert [line for line in log.splitlines() if "warm-up of" in line] == \
         [f"ERROR flash_planner.server.app: loading the model failed: {body['error']}"], log
 
@@ -407,22 +414,7 @@ def test_a_damaged_checkpoint_file_is_unhealthy_with_the_file_and_the_cause(tmp_
     from damaged import damaged_demo
 
     path, line = damaged_demo(tmp_path / "target", how)
-    server = Server("--model", str(path), "--threads", "1")
-    try:
-        deadline = time.monotonic() + TIMEOUT
-        while (health := _http(server.url + "/health", key=None))[1]["status"] == "loading":
-            assert server.proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
-        status, body = health
-        assert status == 503 and body["status"] == "error", body
-        assert body["error"].startswith(line), body
-        status, answer = _http(server.url + "/v1/plans", {"task": "open the fridge"})
-        assert status == 503 and answer["error"]["code"] == "not_ready", answer
-        assert answer["error"]["message"] == f"the model failed to load: {body['error']}"
-        assert server.proc.poll() is None              # still up, answering why
-    finally:
-        server.stop()
-    log = server.proc.stdout.read()
-    assert "Traceback" not in log, log
+    body, log = _unhealthy(path)
+    assert body["error"].startswith(line), body
     assert [entry for entry in log.splitlines() if str(path) in entry] == \
         [f"ERROR flash_planner.server.app: loading the model failed: {body['error']}"], log
