@@ -34,7 +34,7 @@ from .configs import DECLARED, DECLARED_MOE, RowsConfig, heuristic
 from .context import GemmContext
 from .formats import DECLARED_ALIGN, DECLARED_INTS, FORMATS
 from .tiled import spec_types
-from .tiles import expert_bases, k_step, routed_rows, row_offsets
+from .tiles import NVFP4_UNSCALE, expert_bases, k_step, routed_rows, row_offsets
 
 # constexprs that follow the shape (a tiny test model launches other tiles than the 27B)
 SHAPE_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT", "EVEN", "TOPK")
@@ -126,9 +126,9 @@ def _gemm_rows_kernel(x, topk_ids, w, s, z, out, part, counts, M, N, K, topk, st
                          ROUTED and (FORMAT == "nvfp4" or FORMAT == "int4"), GATED)
     if FORMAT == "nvfp4":
         z += expert * (2 if GATED else 1)
-        acc = acc * tl.load(z)
+        acc = acc * (tl.load(z) * NVFP4_UNSCALE)
         if GATED:
-            up = up * tl.load(z + 1)
+            up = up * (tl.load(z + 1) * NVFP4_UNSCALE)
     finish(acc, up, out, part, counts, tile, tl.program_id(1), y_row[:, None] * N + rn[None, :],
            rows[:, None] & mn[None, :], M * topk * N, SPLIT, GATED)
 

@@ -25,7 +25,7 @@ import triton.language as tl
 from ..specs import Spec, aligned, launch
 from .configs import DECLARED, DECLARED_MOE, tiled_meta
 from .formats import DECLARED_INTS, FORMATS, SLOT_TYPES
-from .tiles import expert_bases, k_step, routed_rows, row_offsets
+from .tiles import NVFP4_UNSCALE, expert_bases, k_step, routed_rows, row_offsets
 
 
 @triton.jit
@@ -58,7 +58,7 @@ def _gemm_tiles_kernel(x, topk_ids, w, s, z, out, M, N, K, topk, stride_xm, stri
         # each row's global scale: the second one from row i2 on (a stacked gate and up
         # projection's up rows; i2 = N for a weight with one), an expert's 1 or 2 of them
         z += expert * tl.where(i2 < N, 2, 1) + (rn >= i2).to(tl.int32)
-        acc = acc * tl.load(z, mask=mn, other=0.0)[None, :]
+        acc = acc * (tl.load(z, mask=mn, other=0.0) * NVFP4_UNSCALE)[None, :]
     dst = out + y_row[:, None] * N + rn[None, :]
     tl.store(dst, acc.to(out.dtype.element_ty), mask=rows[:, None] & mn[None, :])
 

@@ -16,31 +16,25 @@ import triton.language as tl
 # The CPU interpreter stores bf16 as raw uint16 and multiplies those integers in tl.dot: under
 # it every dot runs in fp32 (read at import; tests set the variable before importing kernels).
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+# nvfp4's E2M1 codes are moved into a 16-bit float's fields (e2m1_bits): bf16's on the GPU,
+# each weight decoded times 2^-63, the 2^63 put back on the sums after the K loop
+# (NVFP4_UNSCALE); fp16's under the interpreter, whose bf16 conversion flushes subnormals
+E2M1_MAG = tl.constexpr(9 if os.environ.get("TRITON_INTERPRET") == "1" else 6)
+NVFP4_SCALE = tl.constexpr(2.0 ** 14 if os.environ.get("TRITON_INTERPRET") == "1"
+                           else 2.0 ** 63)
+NVFP4_UNSCALE = tl.constexpr(1.0 if os.environ.get("TRITON_INTERPRET") == "1" else 2.0 ** 63)
 
 
 @triton.jit
-def e4m3_to_float(bits):
-    """uint8 e4m3fn bit patterns -> float32, exactly (NaN codes 0x7F / 0xFF never occur).
-
-    Sign, exponent and mantissa moved into fp16's places: e4m3 (bias 7) read as fp16 (bias
-    15) is the value times 2^-8, subnormals included (fp16's go down to 2^-24), so a shift and
-    one power-of-two multiply decode it with no table and no branch.
-    """
-    b = bits.to(tl.int32)
-    half = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
-    return half.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
-
-
-@triton.jit
-def e2m1_to_float(nibble):
-    """4-bit E2M1 codes (0..15, sign in bit 3) -> float32, exactly: 0, .5, 1, 1.5, 2, 3, 4, 6.
-
-    As in e4m3_to_float, the fields moved into fp16's places (bias 1 -> 15) give the value
-    times 2^-14, the subnormal 0.5 included; no table (a global list would not compile).
-    """
-    v = nibble.to(tl.int32)
-    half = ((v & 0x8) << 12) | ((v & 0x7) << 9)
-    return half.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+def exact(t):
+    """A decoded weight tile (bf16 or fp8 values) in the dtype its arithmetic runs in: bf16 on
+    the GPU (one instruction a pair, exact for these values), float32 under the CPU
+    interpreter, whose bf16 arithmetic returns garbage; the decode itself is the same."""
+    if INTERPRETED:
+        t = t.to(tl.float32)
+    elif t.dtype != tl.bfloat16:
+        t = t.to(tl.bfloat16)
+    return t
 
 
 @triton.jit
@@ -91,20 +85,19 @@ def fp8_tile(weight, w_off, s_rows, mn, mk, k0, block_k, BLOCK_K: tl.constexpr):
     rk = tl.arange(0, BLOCK_K)
     wq = tl.load(weight + k0 + w_off + rk[None, :], mask=mn[:, None] & mk[None, :], other=0)
     s = tl.load(s_rows + k0 // block_k, mask=mn, other=0.0)          # [BN], one K block
-    if INTERPRETED:
-        return e4m3_to_float(wq), s
     # the hardware's conversion (sm_89+: e4m3x2 -> f16x2, then to bf16; sm_100+ direct):
     # exact, every e4m3 value is a bf16 one; the skinny K loop 375 -> ~200 instructions on
     # sm_90, ~150 on sm_110 (the kernels report), the integer field moves gone
-    return wq.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16), s
+    return exact(wq.to(tl.float8e4nv, bitcast=True)), s
 
 
 @triton.jit
 def nvfp4_tile(packed, p_off, scale, s_off, mn, k0, K, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
-    """Decoded and group-scaled to float32: the even-k and odd-k columns, [BN, BK / 2] each.
-    K bounds the columns unless EVEN (the whole tile lies before K: masks constant along a
-    row, so the loads can be 16-byte vectors)."""
+    """Decoded and group-scaled, the even-k and odd-k columns, [BN, BK / 2] each: exact
+    (see `exact`), times 2^-63 on the GPU (e2m1_bits; the kernels undo it with the global
+    scale). K bounds the columns unless EVEN (the whole tile lies before K: masks constant
+    along a row, so the loads can be 16-byte vectors)."""
     HALF: tl.constexpr = BLOCK_K // 2
     GROUPS: tl.constexpr = BLOCK_K // 16
     rj = tl.arange(0, HALF)
@@ -115,33 +108,79 @@ def nvfp4_tile(packed, p_off, scale, s_off, mn, k0, K, BLOCK_N: tl.constexpr,
     else:
         byte_mask = mn[:, None] & (rj < (K - k0) // 2)[None, :]      # bytes left in a row
         group_mask = mn[:, None] & (rg < (K - k0) // 16)[None, :]
-    byte = tl.load(packed + k0 // 2 + p_off + rj[None, :], mask=byte_mask, other=0)
     sb = tl.load(scale + k0 // 16 + s_off + rg[None, :], mask=group_mask, other=0)
-    s = e4m3_to_float(sb)                                             # [BN, GROUPS]
+    # the hardware's e4m3 conversion, times 2^63 (exact: <= 448 * 2^63): see e2m1_bits
+    s = exact(sb.to(tl.float8e4nv, bitcast=True)) * NVFP4_SCALE          # [BN, GROUPS]
     # one scale per 8 bytes (16 values): [BN, GROUPS] -> [BN, GROUPS, 8] -> [BN, HALF]
     s = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, GROUPS, 8)), (BLOCK_N, HALF))
-    return e2m1_to_float(byte & 0xF) * s, e2m1_to_float(byte >> 4) * s
+    if EVEN:
+        # four bytes a word, two of them at a time in the 16-bit lanes of an int32: each
+        # operation decodes two values (the skinny K loop 551 -> ~420 instructions)
+        rw = tl.arange(0, HALF // 4)
+        words = tl.load((packed + k0 // 2 + p_off).to(tl.pointer_type(tl.int32)) + rw[None, :],
+                        mask=byte_mask, other=0)                     # [BN, HALF / 4]
+        t01 = (words & 0xFF) | ((words & 0xFF00) << 8)                # bytes 0, 1 in lanes
+        t23 = ((words >> 16) & 0xFF) | ((words >> 8) & 0xFF0000)      # bytes 2, 3
+        low = lanes_in_order(e2m1_bits(t01, 0), e2m1_bits(t23, 0), BLOCK_N, HALF)
+        high = lanes_in_order(e2m1_bits(t01, 4), e2m1_bits(t23, 4), BLOCK_N, HALF)
+    else:
+        byte = tl.load(packed + k0 // 2 + p_off + rj[None, :], mask=byte_mask, other=0)
+        b = byte.to(tl.int32)
+        low = half16(e2m1_bits(b, 0))
+        high = half16(e2m1_bits(b, 4))
+    return exact(low) * s, exact(high) * s
+
+
+@triton.jit
+def e2m1_bits(t, SHIFT: tl.constexpr):
+    """The E2M1 codes at bit SHIFT of each byte in t's 16-bit lanes, moved into a 16-bit
+    float's fields: the sign to bit 15, exponent and mantissa above bit E2M1_MAG. On the
+    GPU (bf16's, bias 127) they read as the value times 2^-126, the subnormal 0.5 a bf16
+    subnormal, so no code needs a case of its own; times the group scale times 2^63 (one
+    mul.bf16x2 a pair, which keeps subnormals) that is the weight times 2^-63, exactly (<= 6
+    significant bits, >= 2^-73). (2^126 at once would overflow with the scale.) Under the
+    interpreter, fp16's (bias 15): the value times 2^-14, the scale times 2^14."""
+    sign = (t & (0x00080008 << SHIFT)) << (12 - SHIFT)
+    return sign | ((t & (0x00070007 << SHIFT)) << (E2M1_MAG - SHIFT))
+
+
+@triton.jit
+def half16(bits):
+    """The low 16 bits of int32 `bits` as the 16-bit float e2m1_bits filled."""
+    if INTERPRETED:
+        out = bits.to(tl.uint16).to(tl.float16, bitcast=True)
+    else:
+        out = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return out
+
+
+@triton.jit
+def lanes_in_order(p01, p23, BLOCK_N: tl.constexpr, HALF: tl.constexpr):
+    """int32 [BN, HALF / 4] holding 16-bit float pairs (each word's bytes 0, 1 and 2, 3) ->
+    [BN, HALF] in byte order."""
+    l01 = half16(p01 & 0xFFFF)
+    h01 = half16(p01 >> 16)
+    l23 = half16(p23 & 0xFFFF)
+    h23 = half16(p23 >> 16)
+    return tl.reshape(tl.join(tl.join(l01, l23), tl.join(h01, h23)), (BLOCK_N, HALF))
 
 
 @triton.jit
 def int4_tile(packed, p_off, scale, zero, g_rows, mn, even, k0, group, BLOCK_K: tl.constexpr):
-    """q - zero of the even-k and odd-k columns in float32, [BN, BK / 2] each, and the group
-    scale [BN] of each row."""
+    """q - zero of the even-k and odd-k columns, [BN, BK / 2] each (exact: see `exact`), and
+    the group scale [BN] of each row."""
     HALF: tl.constexpr = BLOCK_K // 2
-    rj = tl.arange(0, HALF)
-    byte = tl.load(packed + k0 // 2 + p_off + rj[None, :],
-                   mask=mn[:, None] & even[None, :], other=0)        # [BN, HALF]
     g = k0 // group
     s = tl.load(scale + g_rows + g, mask=mn, other=0.0)               # [BN]
     z = tl.load(zero + g_rows + g, mask=mn, other=0)
-    if INTERPRETED:
-        zf = z.to(tl.float32)[:, None]
-        return (byte & 0xF).to(tl.float32) - zf, (byte >> 4).to(tl.float32) - zf, s
     # no int-to-float conversion (67 I2F a K step on sm_90): q and the zero into bf16's
-    # mantissa, one bf16 subtraction per pair
-    zb = magic_bf16(z.to(tl.int32))[:, None]
+    # mantissa (128 + q), one bf16 subtraction per pair
+    zb = exact(magic_bf16(z.to(tl.int32)))[:, None]
+    rj = tl.arange(0, HALF)
+    byte = tl.load(packed + k0 // 2 + p_off + rj[None, :],
+                   mask=mn[:, None] & even[None, :], other=0)        # [BN, HALF]
     b = byte.to(tl.int32)
-    return magic_bf16(b & 0xF) - zb, magic_bf16(b >> 4) - zb, s
+    return exact(magic_bf16(b & 0xF)) - zb, exact(magic_bf16(b >> 4)) - zb, s
 
 
 @triton.jit
@@ -209,19 +248,26 @@ def k_masks(k0, k_hi, FORMAT: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.cons
 
 
 @triton.jit
-def load_x(x, x_off, rows, mk, odd, k0, k_hi, FORMAT: tl.constexpr, BLOCK_K: tl.constexpr):
-    """x's K step for the rows masked in `rows` [BM]: 8- and 16-bit formats the [BM, BK] tile
-    twice; 4-bit ones the columns k0 + 2j and k0 + 2j + 1, [BM, BK / 2] each (k_hi bounds
-    int4's whole tile; the masks the others)."""
-    if FORMAT == "int4":
+def load_x(x, x_off, rows, mk, odd, k0, k_hi, FORMAT: tl.constexpr, BLOCK_K: tl.constexpr,
+           JOINED: tl.constexpr, USE_DOT: tl.constexpr):
+    """x's K step for the rows masked in `rows` [BM]: 8- and 16-bit formats, and nvfp4 JOINED
+    (k_step), the [BM, BK] tile twice; 4-bit ones else the columns k0 + 2j and k0 + 2j + 1,
+    [BM, BK / 2] each (k_hi bounds the whole tile's loads; the masks the others')."""
+    if FORMAT == "nvfp4" and JOINED:
+        rk = tl.arange(0, BLOCK_K)
+        xa = tl.load(x + x_off + k0 + rk[None, :],
+                     mask=rows[:, None] & (rk < k_hi - k0)[None, :], other=0.0)
+        xb = xa
+    elif FORMAT == "int4" and USE_DOT:
         # one contiguous load split in registers: the strided halves were scalar loads with
-        # an address each (int4's skinny K loop 431 -> 376 instructions on sm_90; nvfp4's
-        # gained 60 too, but spilled 16 bytes on sm_110 at 64 x 128 tiles)
+        # an address each (int4's skinny K loop 431 -> 376 instructions on sm_90; nvfp4's,
+        # split so, spilled 8 bytes in three specializations: it joins its weight instead;
+        # the FMA path's fp32 MoE spilled 8 too)
         rk = tl.arange(0, BLOCK_K)
         whole = tl.load(x + x_off + k0 + rk[None, :],
                         mask=rows[:, None] & (rk < k_hi - k0)[None, :], other=0.0)
         xa, xb = tl.split(tl.reshape(whole, (whole.shape[0], BLOCK_K // 2, 2)))
-    elif FORMAT == "nvfp4":
+    elif FORMAT == "nvfp4" or FORMAT == "int4":
         xk = x + x_off + k0 + 2 * tl.arange(0, BLOCK_K // 2)[None, :]
         xa = tl.load(xk, mask=rows[:, None] & mk[None, :], other=0.0)
         xb = tl.load(xk + 1, mask=rows[:, None] & odd[None, :], other=0.0)
@@ -259,13 +305,13 @@ def product(acc, xa, xb, wa, wb, sc, FORMAT: tl.constexpr, USE_DOT: tl.constexpr
             STEPWISE: tl.constexpr):
     """acc plus the K step's products, exact, times the step's scale. nvfp4's pair is added
     to acc one after the other where STEPWISE (the tiled kernel: summing the two first kept
-    one more [BM, BN] fp32 tile live, 25 registers in the fp32 demo's 64-row tiles), else
-    summed first (the skinny kernel: the other way cost its bf16 experts up to 20)."""
+    one more [BM, BN] fp32 tile live, 25 registers in the fp32 demo's 64-row tiles); the
+    skinny kernel joins them into one tile first (k_step)."""
     if STEPWISE and FORMAT == "nvfp4":
         acc += dot_step(xa, wa, False, USE_DOT)
         acc += dot_step(xb, wb, False, USE_DOT)
-    elif FORMAT == "nvfp4":
-        acc += dot_step(xa, wa, False, USE_DOT) + dot_step(xb, wb, False, USE_DOT)
+    elif FORMAT == "nvfp4":                        # joined (k_step): one [BN, BK] tile
+        acc += dot_step(xa, wa, False, USE_DOT)
     elif FORMAT == "int4":
         part = dot_step(xa, wa, False, USE_DOT) + dot_step(xb, wb, False, USE_DOT)
         acc += part * sc[None, :]
@@ -283,20 +329,29 @@ def k_step(acc, up, x, x_off, rows, w, s, z, w_off, s_off, u_off, t_off, mn, k0,
            WEIGHT_FIRST: tl.constexpr, GATED: tl.constexpr):
     """One K step of both kernels: (acc, up) plus x's products with the weight rows at
     w_off / s_off (and, GATED, the up rows at u_off / t_off), x loaded once. WEIGHT_FIRST:
-    the weight tile decoded before x is loaded (the order each kernel compiled leanest in)."""
+    the weight tile decoded before x is loaded (the order each kernel compiled leanest in).
+    The skinny kernel (not STEPWISE) joins nvfp4's even and odd columns back into one
+    [BN, BK] tile against x's contiguous one (its K loop ~470 -> ~420 instructions, and
+    20 fewer registers, where splitting x instead spilled)."""
     mk, odd = k_masks(k0, k_hi, FORMAT, BLOCK_K, EVEN)
     if WEIGHT_FIRST:
         wa, wb, sc = decode(w, s, z, w_off, s_off, mn, mk, k0, k_hi, i1, FORMAT, BLOCK_N,
                             BLOCK_K, EVEN)
-        xa, xb = load_x(x, x_off, rows, mk, odd, k0, k_hi, FORMAT, BLOCK_K)
+        xa, xb = load_x(x, x_off, rows, mk, odd, k0, k_hi, FORMAT, BLOCK_K, not STEPWISE,
+                        USE_DOT)
     else:
-        xa, xb = load_x(x, x_off, rows, mk, odd, k0, k_hi, FORMAT, BLOCK_K)
+        xa, xb = load_x(x, x_off, rows, mk, odd, k0, k_hi, FORMAT, BLOCK_K, not STEPWISE,
+                        USE_DOT)
         wa, wb, sc = decode(w, s, z, w_off, s_off, mn, mk, k0, k_hi, i1, FORMAT, BLOCK_N,
                             BLOCK_K, EVEN)
+    if FORMAT == "nvfp4" and not STEPWISE:
+        wa = tl.reshape(tl.join(wa, wb), (BLOCK_N, BLOCK_K))
     acc = product(acc, xa, xb, wa, wb, sc, FORMAT, USE_DOT, STEPWISE)
     if GATED:
         ua, ub, su = decode(w, s, z, u_off, t_off, mn, mk, k0, k_hi, i1, FORMAT, BLOCK_N,
                             BLOCK_K, EVEN)
+        if FORMAT == "nvfp4" and not STEPWISE:
+            ua = tl.reshape(tl.join(ua, ub), (BLOCK_N, BLOCK_K))
         up = product(up, xa, xb, ua, ub, su, FORMAT, USE_DOT, STEPWISE)
     return acc, up
 
