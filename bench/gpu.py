@@ -9,7 +9,10 @@ Parts (each one table, all of them in one JSON file):
             reach; beside each quantized row the tiled kernel (the M > 16 one, which decode
             ran before the skinny kernels) and the skinny kernel at its counted configuration
             (kernels/gemm/configs.py; the launch itself uses the measured table where it has
-            the shape: `--tune` measures it first), and the speed against bf16; then the
+            the shape: `--tune` measures it first), and the speed against bf16; below each
+            quantized row torch's own GEMMs on the same operands (kernels/gemm/vendor.py:
+            tinygemm int4, W4A16; cuBLASLt e4m3, W8A8; FP4 block-scaled: why absent) with
+            their device time and difference from ours; then the
             27B's MLP gate and up projections fused (one GEMM with SwiGLU) against the two
             GEMMs and the activation apart;
   thor      the full 27B's and 35B-A3B's bytes per forward (bench/weight_bytes.py) over Thor's
@@ -131,6 +134,7 @@ def ceilings(device: str, small: bool) -> dict:
 
 def gemm_rows(device: str, small: bool, bw: float, repeats: int, tune: bool) -> list[dict]:
     from flash_planner.kernels.gemm.tune import tune as tune_shape
+    from flash_planner.kernels.gemm.vendor import candidates as vendor_candidates
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     rows = ROWS[:2] if small else ROWS
@@ -141,6 +145,8 @@ def gemm_rows(device: str, small: bool, bw: float, repeats: int, tune: bool) -> 
             op, nbytes, module = weight_op(fmt, n, k, device, dtype)
             if module is not None and tune:
                 tune_shape(fmt, module.operands(), n, k, False, dtype, rows)
+            vendors = ([] if module is None else
+                       vendor_candidates(fmt, module.operands(), n, k))
             ops = [op] + [weight_op(fmt, n, k, device, dtype)[0]
                           for _ in range(rotations(nbytes, small) - 1)]
             for m in rows:
@@ -155,9 +161,35 @@ def gemm_rows(device: str, small: bool, bw: float, repeats: int, tune: bool) -> 
                     bf16_ms[m] = device_ms
                 else:
                     row.update(_beside(fmt, module, x, repeats),
-                               over_bf16=bf16_ms[m] / device_ms)
+                               over_bf16=bf16_ms[m] / device_ms,
+                               vendor=_vendor(vendors, op(x), x, nbytes, bw, small))
                 out.append(row)
-            del ops, op, module
+            del ops, op, module, vendors
+    return out
+
+
+def _vendor(vendors: list, ours: torch.Tensor, x: torch.Tensor, nbytes: int, bw: float,
+            small: bool) -> list[dict]:
+    """Each vendor candidate on the same rows (kernels/gemm/vendor.py): its device time (CUDA
+    graphs; on a CPU the wall clock), the fraction of the copy bandwidth our weight's bytes
+    reach in that time, the numerics it computes and its largest difference from our
+    kernel's output relative to that output's largest value; or why it is not available."""
+    out = []
+    for c in vendors:
+        row = {"name": c.name, "numerics": c.numerics}
+        if c.fn is None:
+            out.append({**row, "unavailable": c.why_not})
+            continue
+        try:
+            y = c.fn(x)
+            device_ms = graph_ms([lambda c=c: c.fn(x)] * (1 if small else GRAPH_LAUNCHES),
+                                 1 if small else 5)
+        except (RuntimeError, NotImplementedError) as exc:   # the vendor refuses the shape
+            out.append({**row, "unavailable": f"{type(exc).__name__}: {str(exc)[:160]}"})
+            continue
+        scale = ours.float().abs().max().clamp(min=1e-30)
+        out.append({**row, "graph_ms": device_ms, "of_copy_bw": nbytes / (device_ms / 1000) / bw,
+                    "rel_diff": ((y.float() - ours.float()).abs().max() / scale).item()})
     return out
 
 
@@ -588,6 +620,12 @@ def print_tables(report: dict) -> None:
             print(f"{r['shape']:<20}{r['format']:<8}{r['rows']:>5}{r['graph_ms']:>10.4f}"
                   f"{r['ms']:>10.4f}{extra:>18}{r['weight_bytes'] / 1e6:>11.2f}"
                   f"{100 * r['of_copy_bw']:>11.1f}%{ratio}")
+            for v in r.get("vendor", ()):
+                what = (f"unavailable: {v['unavailable']}" if "unavailable" in v else
+                        f"{v['graph_ms']:.4f} graph ms, {100 * v['of_copy_bw']:.1f}% of copy "
+                        f"bw, {v['graph_ms'] / r['graph_ms']:.2f}x ours, max diff "
+                        f"{v['rel_diff']:.1e} of |y|")
+                print(f"{'':28}vendor {v['name']} ({v['numerics']}): {what}")
     if report.get("gate_up"):
         print(f"MLP gate + up, {report['gate_up'][0]['i']} x {report['gate_up'][0]['k']} each:"
               f" fused (one GEMM, SwiGLU in its epilogue) against apart (two GEMMs, silu, "

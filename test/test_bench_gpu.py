@@ -27,6 +27,16 @@ def test_the_gpu_bench_runs_small_and_reports_every_part(tmp_path):
     # each quantized row has the tiled kernel and the counted configuration beside it
     assert all(r["tiled_ms"] > 0 and r["counted_ms"] > 0 and r["over_bf16"] > 0
                for r in gemm if r["format"] != "bf16")
+    # and the vendor candidates (kernels/gemm/vendor.py), run on the same rows: tinygemm
+    # computes our int4 weights (W4A16), cuBLASLt's e4m3 GEMM rounds the rows too (W8A8);
+    # block-scaled FP4 says why it is absent
+    vendor = {(r["format"], v["name"]): v for r in gemm for v in r.get("vendor", ())}
+    assert {f for f, _ in vendor} == {"fp8", "nvfp4", "int4"}
+    int4 = vendor["int4", "tinygemm int4"]
+    assert int4["numerics"] == "W4A16" and int4["graph_ms"] > 0 and int4["rel_diff"] < 1e-4
+    fp8 = vendor["fp8", "scaled_mm e4m3"]
+    assert fp8["numerics"] == "W8A8" and fp8["graph_ms"] > 0 and 0 < fp8["rel_diff"] < 0.2
+    assert "compute capability 10" in vendor["nvfp4", "scaled_mm e2m1"]["unavailable"]
     assert {(r["format"], r["rows"]) for r in report["gate_up"]} == {
         (f, m) for f in ("fp8", "nvfp4", "int4") for m in (1, 16)}
     assert all(r["fused_ms"] > 0 and r["apart_ms"] > 0 for r in report["gate_up"])
