@@ -132,10 +132,16 @@ def result_of(ticket) -> asyncio.Future:
     future = loop.create_future()
 
     def deliver(result) -> None:
-        if not future.done():
+        if not future.done():          # not cancelled (a client that went away)
             future.set_result(result)
 
-    ticket.add_done_callback(lambda result: loop.call_soon_threadsafe(deliver, result))
+    def hand_on(result) -> None:
+        try:
+            loop.call_soon_threadsafe(deliver, result)
+        except RuntimeError:           # the loop has closed (the server stopped): no waiter
+            pass
+
+    ticket.add_done_callback(hand_on)
     return future
 
 
