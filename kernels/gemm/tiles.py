@@ -15,14 +15,14 @@ import triton.language as tl
 
 # The CPU interpreter stores bf16 as raw uint16 and multiplies those integers in tl.dot: under
 # it every dot runs in fp32 (read at import; tests set the variable before importing kernels).
-INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRETED = tl.constexpr(_INTERPRETING)
 # nvfp4's E2M1 codes are moved into a 16-bit float's fields (e2m1_bits): bf16's on the GPU,
 # each weight decoded times 2^-63, the 2^63 put back on the sums after the K loop
 # (NVFP4_UNSCALE); fp16's under the interpreter, whose bf16 conversion flushes subnormals
-E2M1_MAG = tl.constexpr(9 if os.environ.get("TRITON_INTERPRET") == "1" else 6)
-NVFP4_SCALE = tl.constexpr(2.0 ** 14 if os.environ.get("TRITON_INTERPRET") == "1"
-                           else 2.0 ** 63)
-NVFP4_UNSCALE = tl.constexpr(1.0 if os.environ.get("TRITON_INTERPRET") == "1" else 2.0 ** 63)
+E2M1_MAG = tl.constexpr(9 if _INTERPRETING else 6)
+NVFP4_SCALE = tl.constexpr(2.0 ** 14 if _INTERPRETING else 2.0 ** 63)
+NVFP4_UNSCALE = tl.constexpr(1.0 if _INTERPRETING else 2.0 ** 63)
 
 
 @triton.jit
@@ -41,10 +41,12 @@ def exact(t):
 def dot_xwt(x, w):
     """x [BM, BK] as loaded @ w [BN, BK]^T -> float32 [BM, BN], on tensor cores.
 
-    `w` is float32 holding values exact in bf16 and fp16 (e4m3, E2M1 x e4m3, q - z), so the
-    dot multiplies exactly and accumulates in fp32. fp32 x is split into three bf16 pieces
-    (8 significant bits each: all 24 of x), three bf16 dots: exact products again, where
-    tf32 would round x to 11 bits and IEEE fp32 would leave the tensor cores idle.
+    `w` holds values exact in bf16 (bf16 on the GPU, float32 under the interpreter: e4m3,
+    E2M1 x e4m3 times 2^-63, q - z, or bf16 weights), so bf16 dots multiply exactly and
+    accumulate in fp32. Rows in another dtype are split into bf16 pieces instead of the
+    weight being converted: fp32 x into three (8 significant bits each: all 24 of x), where
+    tf32 would round x to 11 bits and IEEE fp32 would leave the tensor cores idle; fp16 x
+    into two (its 11 bits), where fp16 could not hold nvfp4's weights times 2^-63.
     """
     if INTERPRETED:
         acc = tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
@@ -55,6 +57,11 @@ def dot_xwt(x, w):
         mid = rest.to(tl.bfloat16)
         lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
         acc = tl.dot(hi, wt, tl.dot(mid, wt, tl.dot(lo, wt)))     # smallest terms first
+    elif x.dtype == tl.float16:
+        wt = tl.trans(w.to(tl.bfloat16))
+        hi = x.to(tl.bfloat16)
+        lo = (x.to(tl.float32) - hi.to(tl.float32)).to(tl.bfloat16)
+        acc = tl.dot(hi, wt, tl.dot(lo, wt))
     else:
         acc = tl.dot(x, tl.trans(w.to(x.dtype)))
     return acc
@@ -63,13 +70,16 @@ def dot_xwt(x, w):
 @triton.jit
 def dot_step(x, w, FLOAT: tl.constexpr, USE_DOT: tl.constexpr):
     """x [BM, BK] @ w [BN, BK]^T -> float32 [BM, BN]. Tensor cores (USE_DOT): quantized
-    weights decoded to float32 through dot_xwt; float weights as loaded (x's dtype), fp32 ones
-    in tf32x3 (three tf32 products, about fp32's precision). Else, for 1-4 rows, a broadcast
-    multiply and a sum over K on CUDA cores."""
+    weights as decoded (`exact`) through dot_xwt; float weights as loaded (x's dtype; fp16
+    ones with fp16 rows on fp16 tensor cores, not bf16-exact), fp32 ones in tf32x3 (three
+    tf32 products, about fp32's precision). Else, for 1-4 rows, a broadcast multiply and a
+    sum over K on CUDA cores."""
     if not USE_DOT:
         acc = tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
     elif not FLOAT:
         acc = dot_xwt(x, w)
+    elif not INTERPRETED and w.dtype == tl.float16 and x.dtype == tl.float16:
+        acc = tl.dot(x, tl.trans(w))
     elif w.dtype != tl.float32:
         acc = dot_xwt(x, w.to(tl.float32))     # upcast at once: the interpreter's bf16 quirk
     elif INTERPRETED:
@@ -81,7 +91,8 @@ def dot_step(x, w, FLOAT: tl.constexpr, USE_DOT: tl.constexpr):
 
 @triton.jit
 def fp8_tile(weight, w_off, s_rows, mn, mk, k0, block_k, BLOCK_K: tl.constexpr):
-    """e4m3 decoded to float32 [BN, BK] (unscaled) and the block scale [BN] of each row."""
+    """e4m3 decoded [BN, BK] (unscaled; exact: see `exact`) and the block scale [BN] of each
+    row."""
     rk = tl.arange(0, BLOCK_K)
     wq = tl.load(weight + k0 + w_off + rk[None, :], mask=mn[:, None] & mk[None, :], other=0)
     s = tl.load(s_rows + k0 // block_k, mask=mn, other=0.0)          # [BN], one K block
@@ -109,7 +120,7 @@ def nvfp4_tile(packed, p_off, scale, s_off, mn, k0, K, BLOCK_N: tl.constexpr,
         byte_mask = mn[:, None] & (rj < (K - k0) // 2)[None, :]      # bytes left in a row
         group_mask = mn[:, None] & (rg < (K - k0) // 16)[None, :]
     sb = tl.load(scale + k0 // 16 + s_off + rg[None, :], mask=group_mask, other=0)
-    # the hardware's e4m3 conversion, times 2^63 (exact: <= 448 * 2^63): see e2m1_bits
+    # the hardware's e4m3 conversion, times NVFP4_SCALE (exact: <= 448 * 2^63): e2m1_bits
     s = exact(sb.to(tl.float8e4nv, bitcast=True)) * NVFP4_SCALE          # [BN, GROUPS]
     # one scale per 8 bytes (16 values): [BN, GROUPS] -> [BN, GROUPS, 8] -> [BN, HALF]
     s = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, GROUPS, 8)), (BLOCK_N, HALF))
