@@ -108,13 +108,19 @@ def _bin_dir() -> Path:
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
-def resource_usage(cubin: bytes) -> dict[str, int]:
-    """REG, STACK, SHARED, LOCAL of the one kernel in `cubin` (cuobjdump's figures)."""
+def cuobjdump(cubin: bytes, option: str) -> str:
+    """What Triton's cuobjdump prints for `cubin` with `option` (`--dump-resource-usage`,
+    `-sass`)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([str(_bin_dir() / "cuobjdump"), "--dump-resource-usage", f.name],
-                             capture_output=True, text=True, check=True).stdout
+        return subprocess.run([str(_bin_dir() / "cuobjdump"), option, f.name],
+                              capture_output=True, text=True, check=True).stdout
+
+
+def resource_usage(cubin: bytes) -> dict[str, int]:
+    """REG, STACK, SHARED, LOCAL of the one kernel in `cubin` (cuobjdump's figures)."""
+    out = cuobjdump(cubin, "--dump-resource-usage")
     line = next(x for x in out.splitlines() if "REG:" in x)
     fields = dict(item.split(":", 1) for item in line.split() if ":" in item)
     return {k.lower(): int(fields[k]) for k in ("REG", "STACK", "SHARED", "LOCAL")}
@@ -152,8 +158,7 @@ def compile_row(spec: Spec, target: str) -> dict:
            "cubin": len(cubin), "vector": widest_load(ptx),
            "tensor": next((op for op in TENSOR_OPS if op in ptx), "none")}
     if roofline.is_gemm(spec):
-        sass = roofline.disassemble(cubin, _bin_dir() / "cuobjdump")
-        row.update(roofline.spec_roofline(spec, target, sass))
+        row.update(roofline.spec_roofline(spec, target, cuobjdump(cubin, "-sass")))
     return row
 
 

@@ -35,11 +35,8 @@ The mix counts the loop's instructions by class (OPCODE_CLASSES): where the issu
 from __future__ import annotations
 
 import re
-import subprocess
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .gemm.formats import DECLARED_INTS, FORMATS, NVFP4_GROUP
@@ -204,15 +201,6 @@ def loops(instructions: list[Instruction]) -> list[Loop]:
 def main_loop(instructions: list[Instruction]) -> Loop | None:
     """The K loop: the largest loop (None in a kernel without one)."""
     return max(loops(instructions), key=lambda lp: len(lp.body), default=None)
-
-
-def disassemble(cubin: bytes, cuobjdump: Path) -> str:
-    """`cuobjdump -sass` of a cubin."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True,
-                              text=True, check=True).stdout
 
 
 def scale_bytes_per_value(fmt: str) -> float:

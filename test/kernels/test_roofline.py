@@ -182,7 +182,7 @@ def compiled_facts() -> dict:
                                   (2,): [["tt.divisibility", 16]]})
         compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": 1, "num_stages": 1})
-        text = roofline.disassemble(compiled.asm["cubin"], report._bin_dir() / "cuobjdump")
+        text = report.cuobjdump(compiled.asm["cubin"], "-sass")
         found = roofline.loops(roofline.parse(text))
         loop = roofline.main_loop(roofline.parse(text))
         toys.append({"loops": len(found), "size": len(loop.body), "steps": loop.steps(128),
