@@ -110,6 +110,15 @@ def _sse(data: Any) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
+def _to_loop(loop: asyncio.AbstractEventLoop, fn: Callable, *args: Any) -> None:
+    """Run `fn(*args)` on `loop` from a worker thread; nothing once the loop has closed (the
+    server stopped: no one waits)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass
+
+
 class _Relay:
     """Worker-thread events into the request's event loop: deltas, steps, the result."""
 
@@ -118,7 +127,7 @@ class _Relay:
         self.queue: asyncio.Queue = asyncio.Queue()
 
     def put(self, kind: str, item: Any) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, item))
+        _to_loop(self.loop, self.queue.put_nowait, (kind, item))
 
     def when_done(self, ticket) -> None:
         ticket.add_done_callback(lambda result: self.put("done", result))
@@ -135,13 +144,7 @@ def result_of(ticket) -> asyncio.Future:
         if not future.done():          # not cancelled (a client that went away)
             future.set_result(result)
 
-    def hand_on(result) -> None:
-        try:
-            loop.call_soon_threadsafe(deliver, result)
-        except RuntimeError:           # the loop has closed (the server stopped): no waiter
-            pass
-
-    ticket.add_done_callback(hand_on)
+    ticket.add_done_callback(lambda result: _to_loop(loop, deliver, result))
     return future
 
 
