@@ -332,7 +332,7 @@ def cap_sweep(engine: Engine, service: PlannerService, examples: list, sizes: li
     """Tokens/s of a batch of n under each draft cap, 3n tasks submitted at once."""
     from flash_planner.engine.batch import Batch
     from flash_planner.planning.local_job import plan_job
-    from flash_planner.planning.service import PlanTicket
+    from flash_planner.planning.ticket import PlanTicket
 
     def works(n: int) -> list:
         out = []

@@ -38,7 +38,8 @@ from ..engine.generate import GenerationSettings
 from ..engine.grammar import GrammarError, JsonGrammarCompiler
 from ..planning.images import request_images
 from ..planning.request import PlanRequest, PlanResult, RequestError
-from ..planning.service import Completion, PlannerService
+from ..planning.service import PlannerService
+from ..planning.ticket import Completion
 from ..planning.warmup import WarmUpError
 from .metrics import Metrics
 from .openai_api import (

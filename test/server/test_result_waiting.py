@@ -10,7 +10,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from flash_planner.planning.request import PlanRequest, PlanResult
-from flash_planner.planning.service import PlanTicket
+from flash_planner.planning.ticket import PlanTicket
 from flash_planner.server.app import result_of
 
 TIMEOUT = 30
