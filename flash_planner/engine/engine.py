@@ -191,7 +191,8 @@ class Engine:
     def kv_scales_label(self) -> str:
         """Where the target's KV cache scales come from: "KV scales: from the checkpoint
         (16 layers)", "KV scales: calibrated on the first prompt", ..."""
-        return kv_scales_label(self.checkpoint.kv_scales, len(self.state.kv.fixed),
+        return kv_scales_label(self.checkpoint.kv_scales,
+                               len(self.checkpoint.config.full_attention_layers),
                                self.state.kv.k.dtype)
 
     def batch_slots(self, max_batch: int, progress: Callable[[str], None] | None = None

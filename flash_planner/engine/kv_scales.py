@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,9 +88,7 @@ def _per_head(name: str, header: tuple[Path, tuple[int, ...], str], read: Callab
     """One stored scale as float32 [heads], checked: a scalar or one per kv head, in a float
     dtype, finite and > 0."""
     shard, shape, dtype = header
-    numel = 1
-    for d in shape:
-        numel *= d
+    numel = math.prod(shape)
     per_head = numel == heads and sum(d != 1 for d in shape) <= 1
     if dtype not in LOADABLE_DTYPES or not (numel == 1 or per_head):
         raise error(f"{shard.name}: KV cache scale {name} is {dtype} {list(shape)}, expected "
