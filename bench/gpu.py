@@ -12,7 +12,8 @@ Parts (each one table, all of them in one JSON file):
             the shape: `--tune` measures it first), and the speed against bf16; below each
             quantized row torch's own GEMMs on the same operands (kernels/gemm/vendor.py:
             tinygemm int4, W4A16; cuBLASLt e4m3, W8A8; FP4 block-scaled: why absent) with
-            their device time and difference from ours; then the
+            their device time and difference from ours (`--tune` also records which one
+            serves each shape and bucket: the engine's Linears call it there); then the
             27B's MLP gate and up projections fused (one GEMM with SwiGLU) against the two
             GEMMs and the activation apart;
   thor      the full 27B's and 35B-A3B's bytes per forward (bench/weight_bytes.py) over Thor's
@@ -134,6 +135,7 @@ def ceilings(device: str, small: bool) -> dict:
 
 def gemm_rows(device: str, small: bool, bw: float, repeats: int, tune: bool) -> list[dict]:
     from flash_planner.kernels.gemm.tune import tune as tune_shape
+    from flash_planner.kernels.gemm.tune import tune_vendors
     from flash_planner.kernels.gemm.vendor import candidates as vendor_candidates
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -143,8 +145,10 @@ def gemm_rows(device: str, small: bool, bw: float, repeats: int, tune: bool) -> 
         bf16_ms = {}
         for fmt in FORMATS:
             op, nbytes, module = weight_op(fmt, n, k, device, dtype)
+            serves = {}
             if module is not None and tune:
                 tune_shape(fmt, module.operands(), n, k, False, dtype, rows)
+                serves = tune_vendors(fmt, module.operands(), n, k, False, dtype, rows)
             vendors = ([] if module is None else
                        vendor_candidates(fmt, module.operands(), n, k))
             ops = [op] + [weight_op(fmt, n, k, device, dtype)[0]
@@ -163,6 +167,8 @@ def gemm_rows(device: str, small: bool, bw: float, repeats: int, tune: bool) -> 
                     row.update(_beside(fmt, module, x, repeats),
                                over_bf16=bf16_ms[m] / device_ms,
                                vendor=_vendor(vendors, op(x), x, nbytes, bw, small))
+                    if serves:
+                        row["serves"] = serves[m] or "ours"
                 out.append(row)
             del ops, op, module, vendors
     return out
@@ -170,6 +176,8 @@ def gemm_rows(device: str, small: bool, bw: float, repeats: int, tune: bool) -> 
 
 def _vendor(vendors: list, ours: torch.Tensor, x: torch.Tensor, nbytes: int, bw: float,
             small: bool) -> list[dict]:
+    from flash_planner.kernels.gemm.vendor import rel_diff
+
     """Each vendor candidate on the same rows (kernels/gemm/vendor.py): its device time (CUDA
     graphs; on a CPU the wall clock), the fraction of the copy bandwidth our weight's bytes
     reach in that time, the numerics it computes and its largest difference from our
@@ -187,9 +195,8 @@ def _vendor(vendors: list, ours: torch.Tensor, x: torch.Tensor, nbytes: int, bw:
         except (RuntimeError, NotImplementedError) as exc:   # the vendor refuses the shape
             out.append({**row, "unavailable": f"{type(exc).__name__}: {str(exc)[:160]}"})
             continue
-        scale = ours.float().abs().max().clamp(min=1e-30)
         out.append({**row, "graph_ms": device_ms, "of_copy_bw": nbytes / (device_ms / 1000) / bw,
-                    "rel_diff": ((y.float() - ours.float()).abs().max() / scale).item()})
+                    "rel_diff": rel_diff(y, ours)})
     return out
 
 
@@ -626,6 +633,8 @@ def print_tables(report: dict) -> None:
                         f"bw, {v['graph_ms'] / r['graph_ms']:.2f}x ours, max diff "
                         f"{v['rel_diff']:.1e} of |y|")
                 print(f"{'':28}vendor {v['name']} ({v['numerics']}): {what}")
+            if "serves" in r:
+                print(f"{'':28}--tune chose: {r['serves']} serves this shape at this bucket")
     if report.get("gate_up"):
         print(f"MLP gate + up, {report['gate_up'][0]['i']} x {report['gate_up'][0]['k']} each:"
               f" fused (one GEMM, SwiGLU in its epilogue) against apart (two GEMMs, silu, "

@@ -172,6 +172,7 @@ class Engine:
         engine.gemm = tuning.gemm_context(device)
         if tuning.wanted(device):     # before the graphs: they capture the chosen launches
             tuning.tune_linears([checkpoint.model, *proposers.values()], dtype, progress)
+        tuning.route_vendors([checkpoint.model, *proposers.values()], dtype)
         if config.resolve_compile(device):
             engine.compile_report = compile_forwards(engine, progress)
             max_batch = config.resolve_max_batch(device)

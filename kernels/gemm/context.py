@@ -1,9 +1,9 @@
 """The GEMM family's state for one device: a GemmContext, made when first asked for.
 
-It holds the device's SM count, the measured configurations (read from disk when first
-asked, never at import), the choices already made per launch shape, the split-K counters of
-each stream, and whether the skinny kernel serves (`tiled_only` turns it off: what decode ran
-before it, which bench/gpu.py times). The engine holds its device's context
+It holds the device's SM count, the measured configurations and vendor winners (read from
+disk when first asked, never at import), the choices already made per launch shape, the
+split-K counters of each stream, and whether the skinny kernel serves (`tiled_only` turns it
+off: what decode ran before it, which bench/gpu.py times). The engine holds its device's context
 (`context(device)`, engine/weights/tuning.py tunes through it). `tracing()` is the one test
 for "inside a torch.compile trace", where nothing is read from or remembered in a context
 (dynamo would guard on what it read).
@@ -24,6 +24,8 @@ import torch
 from .configs import COUNTERS, MAX_ROWS, RowsConfig, bucket, heuristic
 
 log = logging.getLogger(__name__)
+
+VENDOR_SECTION = "vendor"      # the table file's section of vendor winners (no shape key)
 
 
 def tracing() -> bool:
@@ -66,6 +68,9 @@ class GemmContext:
         self.skinny_rows = MAX_ROWS
         self.chosen: dict[tuple, RowsConfig] = {}       # choose()'s answers, per shape
         self._table: dict[str, RowsConfig] | None = None
+        # shape key -> the vendor GEMM measured faster than ours (kernels/gemm/vendor.py), or
+        # "" where ours won: the file's "vendor" section, read with the table
+        self._vendors: dict[str, str] = {}
         self._counters: dict[int, torch.Tensor] = {}   # per CUDA stream
 
     def skinny(self, rows: int) -> bool:
@@ -83,28 +88,50 @@ class GemmContext:
     def table(self) -> dict[str, RowsConfig]:
         """The measured configurations (empty when none are, or the file is unreadable)."""
         if self._table is None:
-            self._table = {}
+            self._table, self._vendors = {}, {}
             self.chosen.clear()
             path = table_path()
             if path.is_file():
                 try:
                     raw = json.loads(path.read_text())
+                    vendors = raw.pop(VENDOR_SECTION, {})
                     self._table = {key: RowsConfig(**value) for key, value in raw.items()}
-                except (OSError, ValueError, TypeError) as exc:
+                    self._vendors = {str(key): str(name) for key, name in vendors.items()}
+                except (OSError, ValueError, TypeError, AttributeError) as exc:
                     log.warning("GEMM configurations in %s unreadable (%s): counted ones used",
                                 path, exc)
+                    self._table, self._vendors = {}, {}
         return self._table
+
+    def vendors(self) -> dict[str, str]:
+        """Shape key -> the vendor GEMM measured fastest there ("" where ours was)."""
+        self.table()
+        return self._vendors
+
+    def vendor(self, key: str) -> str:
+        """The vendor GEMM that serves this shape key, "" for ours. Inside a trace: the
+        table as loaded before it."""
+        return (self._vendors if tracing() else self.vendors()).get(key, "")
 
     def record(self, key: str, config: RowsConfig) -> None:
         """Add one measured configuration to the table and write it back."""
-        table = self.table()
-        table[key] = config
+        self.table()[key] = config
         self.chosen.clear()
+        self._write()
+
+    def record_vendor(self, key: str, name: str) -> None:
+        """Record which GEMM won at this shape key: a vendor candidate's name, "" for ours."""
+        self.vendors()[key] = name
+        self._write()
+
+    def _write(self) -> None:
+        raw: dict = {key: asdict(c) for key, c in sorted(self.table().items())}
+        if self._vendors:
+            raw[VENDOR_SECTION] = dict(sorted(self._vendors.items()))
         path = table_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({key: asdict(c) for key, c in sorted(table.items())},
-                                  indent=1))
+        tmp.write_text(json.dumps(raw, indent=1))
         tmp.replace(path)
 
     def choose(self, fmt: str, n: int, k: int, rows: int, k_align: int, gated: bool,

@@ -6,6 +6,8 @@ records the fastest in the device's GemmContext table (~/.cache/flash_planner/
 gemm_configs.json, keyed by GPU, format, shape and bucket). The engine tunes its own
 quantized Linears at load when FLASH_PLANNER_TUNE_GEMMS=1 (engine/weights/tuning.py), and
 bench/gpu.py tunes the shapes it measures; shapes already in the table are not measured again.
+`tune_vendors` then times the vendor GEMMs (vendor.py) against our kernel at its chosen
+configuration and records, per shape and bucket, which one serves.
 Every candidate computes the same sums in the same order per split (results may differ in
 the last bit between splits, never between runs of one configuration).
 """
@@ -24,6 +26,7 @@ from .context import context, shape_key
 from .formats import FORMATS
 from .skinny import rows_gemm
 from .tiles import INTERPRETED
+from .vendor import WEIGHT_ONLY, rel_diff, routed, winner
 
 log = logging.getLogger(__name__)
 
@@ -99,3 +102,45 @@ def tune(fmt: str, operands: Sequence, n: int, k: int, gated: bool, dtype: torch
                  " gate+up" if gated else "", rows, best[rows], timed[best[rows]],
                  next(iter(timed.values())))
     return best
+
+
+def tune_vendors(fmt: str, operands: Sequence, n: int, k: int, gated: bool, dtype: torch.dtype,
+                 buckets: Sequence[int] = BUCKETS, repeats: int = 30,
+                 numerics: tuple[str, ...] = WEIGHT_ONLY) -> dict[int, str]:
+    """Per row bucket, the vendor GEMM that beats our kernel (at its chosen configuration)
+    within its numerics' tolerance, or "" for ours; recorded in the table. Buckets already
+    there are read, not measured; `tune` first, so ours runs its measured configuration."""
+    device = operands[0].device
+    if device.type != "cuda":
+        raise ValueError(f"tuning measures on a CUDA GPU; the weight is on {device}")
+    gemm = context(device)
+    align = FORMATS[fmt].k_align(split_operands(fmt, operands)[1])
+    fp32 = dtype == torch.float32
+    rows_n = n * 2 if gated else n
+    found = list(routed(fmt, tuple(operands), rows_n, k, gated).values())
+    out: dict[int, str] = {}
+    for rows in buckets:
+        key = shape_key(device, fmt, n, k, align, rows, gated, fp32)
+        if key in gemm.vendors():
+            out[rows] = gemm.vendor(key)
+            continue
+        x = torch.randn(rows, k, device=device, dtype=dtype)
+        config = gemm.choose(fmt, n, k, rows, align, gated, fp32)
+        ours = skinny_launch(fmt, x, operands, gated, config)
+        ours_ms = time_ms(lambda x=x, c=config: skinny_launch(fmt, x, operands, gated, c),
+                          repeats)
+        measured = []
+        for c in found:
+            try:
+                diff = rel_diff(c.fn(x), ours)
+            except (RuntimeError, NotImplementedError) as exc:   # the vendor refuses the shape
+                log.info("GEMM %s %dx%d, %d rows: %s refused (%s)", fmt, n, k, rows, c.name, exc)
+                continue
+            measured.append((c, time_ms(lambda c=c, x=x: c.fn(x), repeats), diff))
+        out[rows] = winner(ours_ms, measured, numerics)
+        gemm.record_vendor(key, out[rows])
+        log.info("GEMM %s %dx%d%s, %d rows: %s serves (ours %.4f ms; %s)", fmt, n, k,
+                 " gate+up" if gated else "", rows, out[rows] or "ours", ours_ms,
+                 ", ".join(f"{c.name} {ms:.4f} ms, diff {d:.1e}" for c, ms, d in measured)
+                 or "no vendor candidate")
+    return out

@@ -14,20 +14,32 @@ says which numerics it computes:
   - `nvfp4` torch._scaled_mm on float4_e2m1fn_x2 multiplies e2m1 by e2m1 (W4A4) on
     compute capability 10.x: not wired here (its swizzled block-scale layout), said so.
 Each is a function x [M, K] -> y [M, N] (x's dtype), or the reason it is not available.
+
+`tune.tune_vendors` times the admissible ones beside our kernel per shape and row bucket and
+records the winner in the device's table; `routed` builds the winners' functions for a
+weight, which the engine's Linears call in place of ours at those buckets (engine/weights/
+tuning.py). Admissible: numerics the checkpoint implies (the engine's Linears are weight-only,
+so W4A16; W8A8 and W4A4 only for a recipe that quantizes activations) and a difference from
+our kernel within that numerics' TOLERANCE.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from .reference import dequantize_fp8
+from .reference import dequantize_fp8, swiglu_halves
 
 TINYGEMM_GROUPS = (32, 64, 128, 256)
 INNER_K_TILES = 8          # tinygemm's K tiling on CUDA: K a multiple of 8 x 16
 E4M3_MAX = 448.0
+WEIGHT_ONLY = ("W4A16",)
+# largest |vendor - ours| over ours' largest |value| that a winner may show, per numerics:
+# W4A16 differs by the zero's product rounding (bf16 scale/zero pairs on CUDA); W8A8 by the
+# rows' e4m3 rounding (test/kernels/test_vendor_gemm.py measures both on a CPU)
+TOLERANCE = {"W4A16": 2e-2, "W8A8": 1e-1}
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,38 @@ def candidates(fmt: str, operands: tuple, n: int, k: int) -> list[Candidate]:
                           "multiplies e2m1 by e2m1, and its swizzled scale layout is not "
                           "wired here")]
     return []
+
+
+def routed(fmt: str, operands: tuple, n: int, k: int, gated: bool,
+           names: set[str] | None = None) -> dict[str, Candidate]:
+    """Name -> candidate for those in `names` (all: None) that this weight can run (`n` its stacked
+    rows; gated: the function returns silu(gate) * up of the sums, as our fused kernel does)."""
+    return {c.name: replace(c, fn=_gated(c.fn)) if gated else c
+            for c in candidates(fmt, operands, n, k)
+            if (names is None or c.name in names) and c.fn is not None}
+
+
+def _gated(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def gate_up(x: torch.Tensor) -> torch.Tensor:
+        return swiglu_halves(fn(x).float()).to(x.dtype)
+    return gate_up
+
+
+def rel_diff(y: torch.Tensor, ours: torch.Tensor) -> float:
+    """|y - ours| at its largest, over ours' largest |value|."""
+    return ((y.float() - ours.float()).abs().max()
+            / ours.float().abs().max().clamp(min=1e-30)).item()
+
+
+def winner(ours_ms: float, measured: list[tuple[Candidate, float, float]],
+           numerics: tuple[str, ...] = WEIGHT_ONLY) -> str:
+    """The fastest admissible candidate's name among (candidate, ms, rel_diff) measured beside
+    our kernel's `ours_ms`, "" where ours is at least as fast or none is admissible."""
+    best, best_ms = "", ours_ms
+    for c, ms, diff in measured:
+        if c.numerics in numerics and diff <= TOLERANCE[c.numerics] and ms < best_ms:
+            best, best_ms = c.name, ms
+    return best
 
 
 def tinygemm(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, *,

@@ -9,6 +9,7 @@ must leave packed bytes and float32 scales alone.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -21,6 +22,9 @@ class QuantLinear(nn.Module):
     family = ""          # "fp8" | "nvfp4" | "int4"
     expert_count = 0     # > 0: a stack of this many experts' weights (experts.py)
     gated = False        # an MLP's gate and up projections stacked (fuse.py): silu(g) * u
+    # row bucket (1, 2, 4, 8, 16) -> the vendor GEMM measured faster than ours for this
+    # weight there (tuning.route_vendors); None: ours everywhere
+    vendor_routes: dict[int, Callable[[torch.Tensor], torch.Tensor]] | None = None
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
@@ -87,8 +91,19 @@ class QuantLinear(nn.Module):
             (buf if expert is None else buf[expert]).copy_(t.to(dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.gate_up(x) if self.gated else self.gemm(x)
+        route = self._route(x)
+        if route is not None:
+            y = route(x.reshape(-1, self.in_features)).reshape(*x.shape[:-1], -1)
+        else:
+            y = self.gate_up(x) if self.gated else self.gemm(x)
         return y if self.bias is None else y + self.bias
+
+    def _route(self, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        if not self.vendor_routes:
+            return None
+        rows = x.numel() // self.in_features
+        return (self.vendor_routes.get(1 << (rows - 1).bit_length())
+                if 1 <= rows <= max(self.vendor_routes) else None)
 
     def extra_repr(self) -> str:
         stack = f", experts={self.expert_count}" if self.expert_count else ""
