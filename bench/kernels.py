@@ -24,8 +24,8 @@ if SMALL:
 
 from flash_planner.kernels.accept import kernel as accept_k  # noqa: E402
 from flash_planner.kernels.accept import reference as accept_r  # noqa: E402
-from flash_planner.kernels.checkpoint_select import kernel as select_k  # noqa: E402
-from flash_planner.kernels.checkpoint_select import reference as select_r  # noqa: E402
+from flash_planner.kernels.gdn_commit import kernel as commit_k  # noqa: E402
+from flash_planner.kernels.gdn_commit import reference as commit_r  # noqa: E402
 from flash_planner.kernels.gdn_steps import kernel as gdn_k  # noqa: E402
 from flash_planner.kernels.gdn_steps import reference as gdn_r  # noqa: E402
 from flash_planner.kernels.gemm.tune import time_ms as timed_ms  # noqa: E402
@@ -84,24 +84,25 @@ def main(argv=None) -> int:
     rows = []
 
     state = torch.randn(L, 1, hv, d, d, device=device)
-    steps = torch.randn(L, 1, S, hv, d, d, device=device)
+    kept = (torch.randn(L, 1, S, hk, d, device=device), torch.randn(L, 1, S, hv, d, device=device),
+            -torch.rand(L, 1, S, hv, device=device))
     conv = torch.randn(L, 1, 3, s["conv"], device=device)
     conv_rows = torch.randn(L, 1, 3 + S, s["conv"], device=device)
-    step = torch.tensor([S // 2], device=device)
-    moved = 2 * (state.nbytes + conv.nbytes)
-    for name, fn in (("triton", select_k.checkpoint_select),
-                     ("torch", select_r.checkpoint_select)):
-        ms = timed_ms(lambda fn=fn: fn(state, steps, conv, conv_rows, step, S), s["repeats"])
-        rows.append((f"checkpoint_select ({L} layers)", name, ms, moved))
+    count = torch.tensor([S // 2], dtype=torch.int32, device=device)
+    # the state read and written, the kept rows read, the conv window rebuilt
+    moved = 2 * (state.nbytes + conv.nbytes) + sum(t.nbytes for t in kept) // 2
+    for name, fn in (("triton", commit_k.gdn_commit), ("torch", commit_r.gdn_commit)):
+        ms = timed_ms(lambda fn=fn: fn(state, *kept, conv, conv_rows, count), s["repeats"])
+        rows.append((f"gdn_commit ({L} layers, {S // 2} rows)", name, ms, moved))
 
     q, k = (torch.randn(1, S, hk, d, device=device) for _ in range(2))
     v = torch.randn(1, S, hv, d, device=device)
     g, beta = -torch.rand(1, S, hv, device=device), torch.rand(1, S, hv, device=device)
     live = torch.zeros(1, hv, d, d, device=device)
-    per_step = torch.zeros(1, S, hv, d, d, device=device)
+    rows_1 = tuple(t[0] for t in kept)
     for name, fn in (("triton", gdn_k.gdn_steps), ("torch", gdn_r.gdn_steps)):
-        ms = timed_ms(lambda fn=fn: fn(q, k, v, g, beta, live, per_step), s["repeats"])
-        rows.append(("gdn_steps (1 layer, S=16)", name, ms, None))
+        ms = timed_ms(lambda fn=fn: fn(q, k, v, g, beta, live, rows_1), s["repeats"])
+        rows.append(("gdn_steps verify (S=16)", name, ms, None))
 
     for n_rows in (S, s["prefill"]):
         kv_rows = torch.randn(1, n_rows, s["kv_heads"], s["kv_dim"], device=device,

@@ -16,7 +16,11 @@ experts per layer, and the same model scaled by the distinct experts measured on
 (a tiny random-weight Qwen3.5-MoE with 256 experts, 8 per token, written by transformers,
 over consecutive tokens of its own greedy continuation: each window of n rows is what a fully
 accepted verify block of n rows routes). A dense model reads the same bytes for every n.
-A third table gives the vision tower's bytes (a vision-language target's images).
+A third table gives the vision tower's bytes (a vision-language target's images). A fourth
+gives the state a verify cycle moves besides the weights (engine/traffic.py, from the engine's
+own state buffers on the meta device: KV rows, GDN state and kept rows, conv windows,
+Flash-Next's windows and indexer keys) for a 16-row verify at a context of CONTEXT tokens,
+batch 1 and 8, beside the NVFP4 weights one forward reads.
 
     python bench/weight_bytes.py [--tokens-per-cycle 6.43] [--json]
 """
@@ -281,6 +285,34 @@ def tower_rows() -> list[dict]:
     return out
 
 
+CONTEXT = 2048
+TRAFFIC_MODELS = {"Qwen3.6-27B": QWEN3_6_27B, "Qwen3.6-35B-A3B": QWEN3_6_35B_A3B,
+                  "Qwen3.8-Flash-Next": QWEN3_8_FLASH_NEXT}
+
+
+def traffic_rows(rows_per_verify: int = 16, context: int = CONTEXT) -> list[dict]:
+    """Per model and batch: the state bytes one verify cycle reads and writes (by part and
+    in all) beside the nvfp4 weight bytes of that forward (a batch reads the weights once)."""
+    from flash_planner.engine.traffic import TrafficModel
+
+    out = []
+    for name, raw in TRAFFIC_MODELS.items():
+        cfg = ModelConfig.from_hf_dict(raw)
+        state = InferenceState(cfg, context + rows_per_verify, rows_per_verify, torch.bfloat16,
+                               torch.bfloat16, torch.device("meta"))
+        one = TrafficModel.of(state).cycle(rows_per_verify, context)
+        weights = (flash_next_rows(1.0)[-1]["gb"] * 1e9 if cfg.flash_next is not None
+                   else forward_bytes(raw, "nvfp4"))
+        for batch in (1, 8):
+            t = one.times(batch)
+            gdn_written = sum(t.part(p)[1] for p in ("gdn state", "gdn rows", "conv"))
+            out.append({"model": name, "batch": batch, "rows": rows_per_verify,
+                        "context": context, "read_gb": t.read / 1e9,
+                        "written_gb": t.written / 1e9, "gdn_written_gb": gdn_written / 1e9,
+                        "weights_gb": weights / 1e9, "parts": t.as_dict()})
+    return out
+
+
 def rows(tokens_per_cycle: float) -> list[dict]:
     out = []
     for name, raw in MODELS.items():
@@ -319,9 +351,10 @@ def main() -> None:
                            "{:.1f}"))
     vision = tower_rows()
     flash = flash_next_rows(args.tokens_per_cycle)
+    traffic = traffic_rows()
     if args.json:
         print(json.dumps({"forward": table, "verify": verify, "vision": vision,
-                          "flash_next": flash}))
+                          "flash_next": flash, "state_traffic": traffic}))
         return
     print(f"weights read per target forward; Thor floor at {THOR_GBPS:.0f} GB/s; DFlash at "
           f"{args.tokens_per_cycle} tokens/cycle")
@@ -350,6 +383,16 @@ def main() -> None:
     print(f"{'model':<16} {'params M':>9} {'GB':>6} {'floor ms':>9}")
     for r in vision:
         print(f"{r['model']:<16} {r['params_m']:9.1f} {r['gb_bf16']:6.3f} {r['floor_ms']:9.2f}")
+    print(f"\nstate one verify cycle moves besides the weights: {traffic[0]['rows']} rows at a "
+          f"context of {traffic[0]['context']} tokens (engine/traffic.py; bf16 KV, float32 "
+          f"GDN state), beside the nvfp4 weights of that forward (read once per batch; MoE: "
+          f"one row's experts)")
+    print(f"{'model':<19} {'batch':>5} {'read GB':>8} {'written GB':>11} {'GDN written':>12} "
+          f"{'weights GB':>11} {'state/weights':>14}")
+    for r in traffic:
+        print(f"{r['model']:<19} {r['batch']:>5} {r['read_gb']:8.3f} {r['written_gb']:11.3f} "
+              f"{r['gdn_written_gb']:12.3f} {r['weights_gb']:11.2f} "
+              f"{(r['read_gb'] + r['written_gb']) / r['weights_gb']:14.2f}")
 
 
 if __name__ == "__main__":

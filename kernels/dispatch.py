@@ -14,7 +14,7 @@ import os
 import torch
 
 from .accept.reference import accept_rows as _accept_rows_ref
-from .checkpoint_select.reference import checkpoint_select as _checkpoint_select_ref
+from .gdn_commit.chunked import gdn_commit as _gdn_commit_chunked
 from .gdn_steps.chunked import gdn_steps as _gdn_steps_chunked
 from .gdn_steps.reference import gdn_steps as _gdn_steps_ref
 from .gemm import reference as _gemm_ref
@@ -38,14 +38,14 @@ GEMMS = ("fp8_gemm", "fp8_gate_up", "nvfp4_gemm", "nvfp4_gate_up", "int4_gemm", 
 def _triton_ops() -> tuple[dict[str, object], str]:
     try:
         from .accept.kernel import accept_rows
-        from .checkpoint_select.kernel import checkpoint_select
+        from .gdn_commit.kernel import gdn_commit
         from .gdn_steps.kernel import gdn_steps
         from .gemm import ops as gemm
         from .kv_append.kernel import kv_append
     except ImportError as exc:  # triton is optional at run time (CPU-only installs)
         return {}, f"Triton is not importable ({exc})"
-    ops = {"accept_rows": accept_rows, "checkpoint_select": checkpoint_select,
-           "gdn_steps": gdn_steps, "kv_append": kv_append,
+    ops = {"accept_rows": accept_rows, "gdn_commit": gdn_commit, "gdn_steps": gdn_steps,
+           "kv_append": kv_append,
            **{name: getattr(gemm, name) for name in GEMMS}}
     # A launch compiles on first use, where a ptxas that does not know the GPU fails: each op
     # is guarded until it has run once, then called directly (no wrapper per launch).
@@ -89,23 +89,24 @@ def _pick(op: str, reference, tensor: torch.Tensor):
     return impl
 
 
-def _gdn_steps_torch(q, k, v, g, beta, state, step_states=None):
+def _gdn_steps_torch(q, k, v, g, beta, state, rows=None):
     # one decode step is cheapest as the plain recurrence; blocks and prefills in chunked form
     impl = _gdn_steps_ref if q.shape[1] == 1 else _gdn_steps_chunked
-    return impl(q, k, v, g, beta, state, step_states)
+    return impl(q, k, v, g, beta, state, rows)
 
 
-def gdn_steps(q, k, v, g, beta, state, step_states=None):
-    return _pick("gdn_steps", _gdn_steps_torch, q)(q, k, v, g, beta, state, step_states)
+def gdn_steps(q, k, v, g, beta, state, rows=None):
+    return _pick("gdn_steps", _gdn_steps_torch, q)(q, k, v, g, beta, state, rows)
 
 
 def kv_append(cache, rows, positions, scale=None):
     return _pick("kv_append", _kv_append_ref, rows)(cache, rows, positions, scale)
 
 
-def checkpoint_select(state, step_states, conv_state, conv_rows, step, num_steps):
-    return _pick("checkpoint_select", _checkpoint_select_ref, state)(
-        state, step_states, conv_state, conv_rows, step, num_steps)
+def gdn_commit(state, k_rows, delta_rows, g_rows, conv_state, conv_rows, count):
+    # the torch side in closed form (one batched product), as gdn_steps' blocks
+    return _pick("gdn_commit", _gdn_commit_chunked, state)(
+        state, k_rows, delta_rows, g_rows, conv_state, conv_rows, count)
 
 
 def accept_rows(drafts, logits, relaxed, topk, delta):
@@ -165,7 +166,7 @@ def moe_int4_gemm(x, topk_ids, packed, scale, zero, group, gated=False):
                                                               zero, group, gated)
 
 
-__all__ = ["accept_rows", "backend", "checkpoint_select", "dequantize_fp8", "dequantize_int4",
+__all__ = ["accept_rows", "backend", "dequantize_fp8", "dequantize_int4", "gdn_commit",
            "dequantize_nvfp4", "fp8_gate_up", "fp8_gemm", "gdn_steps", "int4_gate_up",
            "int4_gemm", "kv_append", "kv_read", "moe_fp8_gemm", "moe_gemm", "moe_int4_gemm",
            "moe_nvfp4_gemm", "nvfp4_gate_up", "nvfp4_gemm", "set_backend"]

@@ -50,7 +50,7 @@ from . import roofline
 from .specs import Spec
 from .toolchain import ToolchainError, guarded
 
-MODULES = ("accept.kernel", "checkpoint_select.kernel", "gdn_steps.kernel", "gemm.skinny",
+MODULES = ("accept.kernel", "gdn_commit.kernel", "gdn_steps.kernel", "gemm.skinny",
            "gemm.tiled", "kv_append.kernel")
 TARGETS = {"sm_90": 90, "sm_110": 110}
 SHARED_LIMIT = 227 * 1024  # bytes per block, sm_90; taken for sm_110 too (see the docstring)

@@ -245,12 +245,13 @@ class Batch:
         self.stats.block_rows += sum(lengths)
         ended: list[tuple[_Running, BaseException | None]] = []
         before = sum(len(r.decoding.published) for r in running)
-        # each slot's rollback step, applied to all slots at once after their commits (one
-        # checkpoint select per layer, not one per layer and slot); t-1: keep every row
-        steps = [t - 1] * m
+        # each slot's kept count, committed for all slots at once after their commits (one
+        # GDN commit per layer, not one per layer and slot); a slot that commits nothing
+        # (it failed) keeps its state as it was before the verify
+        counts = [0] * m
         if m > 1 and t > 1:
             for i, r in enumerate(running):
-                r.decoding.state.defer_select = functools.partial(steps.__setitem__, i)
+                r.decoding.state.defer_commit = functools.partial(counts.__setitem__, i)
         for i, r in enumerate(running):
             d = r.decoding
             n = lengths[i]
@@ -272,9 +273,9 @@ class Batch:
                 ended.append((r, None))
         if m > 1 and t > 1:
             for r in running:
-                r.decoding.state.defer_select = None
-            if any(step < t - 1 for step in steps):
-                self.slots.rows(m).gdn.select(torch.tensor(steps, device=ids.device), t)
+                r.decoding.state.defer_commit = None
+            self.slots.rows(m).gdn.commit(torch.tensor(counts, dtype=torch.int32,
+                                                       device=ids.device))
         self.stats.tokens += sum(len(r.decoding.published) for r in running) - before
         for r, exc in ended:      # after every slot has committed: the moves need that
             self._end(r, exc)

@@ -1,15 +1,18 @@
-"""Inference state the models read and write: KV cache, GDN state, per-step checkpoints.
+"""Inference state the models read and write: KV cache, GDN state, a verify's kept rows.
 
 Everything is preallocated for `capacity` tokens (max_context plus one speculative block) and
 owned by the engine; a forward receives the `InferenceState` explicitly. A forward over S
-tokens writes KV rows at positions `length .. length+S-1` and advances the GDN state to the
-last row; `commit(n)` then keeps the first n rows: the KV length moves forward by n (rows past
-it are overwritten by the next forward) and, if the forward recorded per-step checkpoints, the
-GDN and conv state roll back to step n-1 in constant time (no second forward).
+tokens writes KV rows at positions `length .. length+S-1`; a plain one advances the GDN state
+to the last row. A recording forward (a speculative verify) leaves the GDN state where it was
+and keeps each row's normalised k, delta and log decay; `commit(n)` then keeps the first n
+rows: the KV length moves forward by n (rows past it are overwritten by the next forward),
+and the GDN state advances by those n rows from what the verify kept (kernels/gdn_commit: one
+state written per request, whatever was rejected, and no second forward).
 
 Layouts ([B, T, H, D] convention): KV per layer [B, C, Hkv, D]; GDN state [Lg, B, Hv, Dk, Dv]
-float32; conv window [Lg, B, K-1, conv_dim]; step states [Lg, B, S, Hv, Dk, Dv];
-conv rows [Lg, B, K-1+S, conv_dim] (window before the block, then the block's pre-conv rows).
+float32; conv window [Lg, B, K-1, conv_dim]; kept rows: k [Lg, B, S, Hk, Dk], delta
+[Lg, B, S, Hv, Dv], g [Lg, B, S, Hv], float32; conv rows [Lg, B, K-1+S, conv_dim] (window
+before the block, then the block's pre-conv rows).
 """
 
 from __future__ import annotations
@@ -151,21 +154,26 @@ class KVCache:
 
 
 class GDNState:
-    """Recurrent state and conv window of every Gated DeltaNet layer, plus step checkpoints."""
+    """Recurrent state and conv window of every Gated DeltaNet layer, plus a verify's kept
+    rows (what `commit` replays)."""
 
     def __init__(self, cfg: ModelConfig, batch: int, max_steps: int, device: torch.device):
         n = len(cfg.linear_attention_layers)
-        hv, dk, dv = (cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                      cfg.linear_value_head_dim)
+        hk, hv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads,
+                          cfg.linear_key_head_dim, cfg.linear_value_head_dim)
         k1 = max(cfg.linear_conv_kernel - 1, 0)
         c = cfg.gdn_conv_dim
         f32 = torch.float32
         self.state = torch.zeros(n, batch, hv, dk, dv, dtype=f32, device=device)
         self.conv = torch.zeros(n, batch, k1, c, dtype=f32, device=device)
-        self.step_states = torch.zeros(n, batch, max_steps, hv, dk, dv, dtype=f32, device=device)
+        self.k_rows = torch.zeros(n, batch, max_steps, hk, dk, dtype=f32, device=device)
+        self.delta_rows = torch.zeros(n, batch, max_steps, hv, dv, dtype=f32, device=device)
+        self.g_rows = torch.zeros(n, batch, max_steps, hv, dtype=f32, device=device)
         self.conv_rows = torch.zeros(n, batch, k1 + max_steps, c, dtype=f32, device=device)
         self.max_steps = max_steps
         self.slot = {layer: i for i, layer in enumerate(cfg.linear_attention_layers)}
+
+    BUFFERS = ("state", "conv", "k_rows", "delta_rows", "g_rows", "conv_rows")
 
     @property
     def nbytes_state(self) -> int:
@@ -173,13 +181,18 @@ class GDNState:
 
     @property
     def nbytes_checkpoints(self) -> int:
-        return self.step_states.nbytes + self.conv_rows.nbytes
+        return sum(t.nbytes for t in self.kept(None))
+
+    def kept(self, slot: int | None) -> tuple[torch.Tensor, ...]:
+        """The kept-row buffers (k, delta, g, conv rows): every layer's, or one layer's."""
+        bufs = (self.k_rows, self.delta_rows, self.g_rows, self.conv_rows)
+        return bufs if slot is None else tuple(b[slot] for b in bufs)
 
     def rows(self, lo: int, hi: int) -> GDNState:
         """Batch rows lo..hi-1 as a state of their own, sharing this one's storage."""
         view = object.__new__(GDNState)
         view.__dict__.update(self.__dict__)
-        for name in ("state", "conv", "step_states", "conv_rows"):
+        for name in self.BUFFERS:
             setattr(view, name, getattr(self, name)[:, lo:hi])
         return view
 
@@ -187,17 +200,19 @@ class GDNState:
         self.state.zero_()
         self.conv.zero_()
 
-    def select(self, step: torch.Tensor, num_steps: int) -> None:
-        """Roll every row back to step[row] of the last `num_steps`-row block. The kernel
-        takes contiguous tensors: a slot's rows of a batched state (a strided view) go
-        layer by layer, where each layer's rows are contiguous."""
-        tensors = (self.state, self.step_states, self.conv, self.conv_rows)
+    def commit(self, count: torch.Tensor) -> None:
+        """Advance every row by its first count[row] kept rows (kernels/gdn_commit). The
+        kernel takes contiguous tensors: a slot's rows of a batched state (a strided view)
+        go layer by layer, where each layer's rows are contiguous."""
+        tensors = (self.state, self.k_rows, self.delta_rows, self.g_rows, self.conv,
+                   self.conv_rows)
+        if not self.state.shape[0]:          # no GDN layer (an attention-only target)
+            return
         if all(t.is_contiguous() for t in tensors):
-            dispatch.checkpoint_select(*tensors, step, num_steps)
+            dispatch.gdn_commit(*tensors, count)
             return
         for layer in range(self.state.shape[0]):
-            dispatch.checkpoint_select(*(t[layer:layer + 1] for t in tensors), step,
-                                       num_steps)
+            dispatch.gdn_commit(*(t[layer:layer + 1] for t in tensors), count)
 
 
 class InferenceState:
@@ -221,8 +236,8 @@ class InferenceState:
         # rotary position of the next row minus its cache row: an image's tokens take fewer
         # positions than rows (mRoPE), so the text after it is shifted back (<= 0)
         self.rope_shift = 0
-        # a batch's slot: its rollback step goes here, to roll every slot back at once
-        self.defer_select: Callable[[int], None] | None = None
+        # a batch's slot: its kept count goes here, to commit every slot's GDN rows at once
+        self.defer_commit: Callable[[int], None] | None = None
 
     def row(self, index: int) -> InferenceState:
         """Batch row `index` as a one-sequence state of its own (a slot of batched
@@ -318,18 +333,18 @@ class InferenceState:
         self.recorded = False
 
     def commit(self, n: int) -> None:
-        """Keep the first n rows of the last forward; roll the GDN state back if n is short."""
+        """Keep the first n rows of the last forward; a recording forward's GDN state
+        advances by those n rows."""
         if not 0 < n <= self.pending:
             raise ValueError(f"commit({n}) outside 1..{self.pending} pending rows")
-        if n < self.pending:
-            if not self.recorded:
-                raise RuntimeError("partial commit needs a forward with record_steps=True")
-            if self.gdn.state.shape[0] and self.defer_select is not None:
-                self.defer_select(n - 1)
-            elif self.gdn.state.shape[0]:
-                step = torch.full((self.gdn.state.shape[1],), n - 1, dtype=torch.long,
-                                  device=self.gdn.state.device)
-                self.gdn.select(step, self.pending)
+        if n < self.pending and not self.recorded:
+            raise RuntimeError("partial commit needs a forward with record_steps=True")
+        if self.recorded and self.gdn.state.shape[0]:
+            if self.defer_commit is not None:
+                self.defer_commit(n)
+            else:
+                self.gdn.commit(torch.full((self.gdn.state.shape[1],), n, dtype=torch.int32,
+                                           device=self.gdn.state.device))
         if self.flash is not None:
             self.flash.commit(n, self.pending)
         self.length += n

@@ -276,6 +276,8 @@ class Decoding:
     def _after(self, cycle: Cycle) -> None:
         self.cycle, self.block = cycle, None
         self.stats.record_cycle(cycle.drafted, cycle.accepted, cycle.method, cycle.experts)
+        self.stats.record_traffic(self.engine.traffic.cycle(cycle.drafted + 1, cycle.start,
+                                                            cycle.accepted + 1))
         self._absorb(cycle.tokens)
 
     def _emit(self, ids: list[int], final: bool) -> None:

@@ -30,6 +30,7 @@ from .proposers import WHY_MISSING, ProposerBytes, build_proposers
 from .sampling import GREEDY, SamplingParams
 from .slots import SlotStates
 from .threads import Threads, apply_threads
+from .traffic import TrafficModel
 from .trt.backends import make_dense
 from .vision_input import VisionInput, vision_input
 from .weights import tuning
@@ -88,6 +89,8 @@ class Engine:
         self.model_config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
         self.state = state
+        # bytes a cycle moves besides the weights, per request (traffic.py; telemetry)
+        self.traffic = TrafficModel.of(state)
         self.device = device
         self.dtype = dtype
         # method -> proposer: dflash and/or mtp as loaded, auto (routing among them and

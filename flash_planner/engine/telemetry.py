@@ -94,6 +94,10 @@ class GenerationStats:
     verify_cycles: dict[int, int] = field(default_factory=dict)
     verify_experts: dict[int, int] = field(default_factory=dict)
     phase_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    # bytes the cycles moved besides the weights (traffic.py), summed: per part, read and
+    # written
+    state_read: dict[str, int] = field(default_factory=dict)
+    state_written: dict[str, int] = field(default_factory=dict)
     # grammar-constrained requests: jump-forward tokens published, proposer drafts the
     # grammar cut from blocks, whether the thinking budget closed thinking (None:
     # unconstrained)
@@ -154,6 +158,19 @@ class GenerationStats:
             self.accept_hist.extend([0] * (accepted + 1 - len(self.accept_hist)))
         self.accept_hist[accepted] += 1
 
+    def record_traffic(self, traffic) -> None:
+        """Add one cycle's StateTraffic (traffic.py)."""
+        for part, read, written in traffic.parts:
+            self.state_read[part] = self.state_read.get(part, 0) + read
+            self.state_written[part] = self.state_written.get(part, 0) + written
+
+    @property
+    def state_bytes_per_cycle(self) -> dict[str, int]:
+        """Mean bytes a cycle read and wrote besides the weights (every part together)."""
+        per_cycle = self.cycles or 1
+        return {"read": sum(self.state_read.values()) // per_cycle,
+                "written": sum(self.state_written.values()) // per_cycle}
+
     def as_dict(self) -> dict[str, object]:
         per_cycle = self.cycles or 1
         other = self.decode_ms - sum(self.phase_ms.values())
@@ -187,6 +204,11 @@ class GenerationStats:
                 "forced_tokens": self.forced_tokens,
                 "grammar_cut_drafts": self.grammar_cut_drafts,
                 "thinking_budget_hit": self.thinking_budget_hit}),
+            "state_bytes_per_cycle": self.state_bytes_per_cycle,
+            "state_bytes_per_cycle_by_part": {
+                part: {"read": self.state_read[part] // per_cycle,
+                       "written": self.state_written.get(part, 0) // per_cycle}
+                for part in self.state_read},
             "phase_ms_per_cycle": {name: round(ms / per_cycle, 4)
                                    for name, ms in {**self.phase_ms, "other": other}.items()},
         }

@@ -67,6 +67,9 @@ class Sample:
     first_step_ms: float | None = None     # None: no plan step closed
     prefix_hit: bool | None = None         # None: no prompt prefix
     prefix_restore_ms: float = 0.0
+    # bytes a cycle moved besides the weights (KV, GDN state, conv; engine/traffic.py)
+    state_read: float = 0.0
+    state_written: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,8 @@ class Summary:
     prefix_requests: int = 0        # samples with a prompt prefix
     restore_p50: float = 0.0
     restore_p95: float = 0.0
+    state_read_mb: float = 0.0       # per cycle, mean over the samples that cycled
+    state_written_mb: float = 0.0
 
     @property
     def requests(self) -> int:
@@ -125,12 +130,14 @@ class LatencyWindow:
                 self._last_error = result.error
             if "ttft_ms" in t:
                 step = t.get("first_step_ms")
+                traffic = t.get("state_bytes_per_cycle") or {}
                 self._samples.append(Sample(
                     float(t["ttft_ms"]), float(t.get("total_latency_ms", t.get("total_ms", 0))),
                     float(t.get("decode_tokens_per_s", 0.0)), float(t.get("mean_accepted", 0.0)),
                     float(t.get("tokens_per_cycle", 0.0)), int(t.get("cycles", 0)),
                     None if step is None else float(step), t.get("prefix_hit"),
-                    float(t.get("prefix_restore_ms", 0.0))))
+                    float(t.get("prefix_restore_ms", 0.0)), float(traffic.get("read", 0)),
+                    float(traffic.get("written", 0))))
 
     def summary(self) -> Summary:
         """Percentiles and means over the window's samples, and the counters."""
@@ -149,7 +156,9 @@ class LatencyWindow:
             _mean([s.mean_accepted for s in samples if s.cycles > 0]),
             _mean([s.tokens_per_cycle for s in samples if s.cycles > 0]),
             percentile(steps, 50), percentile(steps, 95), len(restores), len(prefixed),
-            percentile(restores, 50), percentile(restores, 95))
+            percentile(restores, 50), percentile(restores, 95),
+            _mean([s.state_read for s in samples if s.cycles > 0]) / 1e6,
+            _mean([s.state_written for s in samples if s.cycles > 0]) / 1e6)
 
 
 def _grade(name: str, value: float, budget: float) -> tuple[int, str]:
@@ -177,6 +186,8 @@ def status(window: LatencyWindow | Summary, budgets: Budgets, queue_depth: int
         ("tokens per s", f"{s.tokens_per_s:.1f}"),
         ("mean accepted length", f"{s.mean_accepted:.2f}"),
         ("tokens per cycle", f"{s.tokens_per_cycle:.2f}"),
+        ("state read per cycle MB", f"{s.state_read_mb:.2f}"),
+        ("state written per cycle MB", f"{s.state_written_mb:.2f}"),
         ("queue depth", str(queue_depth)), ("last error", s.last_error),
         ("ttft budget ms", f"{budgets.ttft_ms:.0f}"),
         ("latency budget ms", f"{budgets.latency_ms:.0f}"),

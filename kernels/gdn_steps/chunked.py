@@ -11,14 +11,16 @@ as exp of a difference of cumulative sums, so no 1 / gamma_i can overflow):
 
 A speculative verify block (T <= 16) is one chunk: about a dozen batched tensor ops instead
 of T python iterations of five ops each, which is what a 16-row verify costs on a CPU. Long
-prefills run chunk after chunk, carrying the state. On CUDA the Triton kernel serves.
+prefills run chunk after chunk, carrying the state. On CUDA the Triton kernel serves. A
+verify's `rows` receive the solved deltas, the normalised k and g: what gdn_commit needs to
+build the state after any accepted prefix (no per-step states are formed).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .reference import check_state, expand_qk
+from .reference import Rows, check_state, expand_qk, keep_rows
 
 CHUNK = 64
 LOG_FLOOR = -60.0
@@ -31,14 +33,17 @@ def gdn_steps(
     g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
-    step_states: torch.Tensor | None = None,
+    rows: Rows | None = None,
 ) -> torch.Tensor:
-    """As reference.gdn_steps: T steps from `state` (updated in place), per-step states into
-    `step_states` [B, >=T, Hv, Dk, Dv] if given; returns o [B, T, Hv, Dv] in v's dtype."""
+    """As reference.gdn_steps: T steps from `state` (updated in place; with `rows`, read
+    only, and the block's deltas, k and g kept); returns o [B, T, Hv, Dv] in v's dtype."""
     b, t = k.shape[:2]
     hv, dv = v.shape[-2:]
-    check_state(k, v, state, step_states)
-    qf, kf = (x.transpose(1, 2) for x in expand_qk(q, k, hv))         # head-major [B, Hv, T, D]
+    check_state(k, v, state, rows)
+    if rows is not None and t > CHUNK:
+        raise ValueError(f"a verify block keeps at most {CHUNK} rows, got {t}")
+    qn, kn = expand_qk(q, k, hv)
+    qf, kf = qn.transpose(1, 2), kn.transpose(1, 2)                   # head-major [B, Hv, T, D]
     vf = v.float().transpose(1, 2)
     gf = g.float().transpose(1, 2)                                     # [B, Hv, T]
     bf = beta.float().transpose(1, 2)
@@ -48,14 +53,18 @@ def gdn_steps(
         c1 = min(t, c0 + CHUNK)
         s = _chunk(qf[:, :, c0:c1], kf[:, :, c0:c1], vf[:, :, c0:c1], gf[:, :, c0:c1],
                    bf[:, :, c0:c1], s, out[:, :, c0:c1],
-                   None if step_states is None else step_states[:, c0:c1])
-    state.copy_(s)
+                   None if rows is None else rows[1][:, :t])
+    if rows is None:
+        state.copy_(s)
+    else:
+        keep_rows(rows, kn, g.float(), k.shape[2])
     return out.transpose(1, 2).to(v.dtype)
 
 
-def _chunk(q, k, v, g, beta, s0, out, step_states):
+def _chunk(q, k, v, g, beta, s0, out, delta_rows):
     """One chunk; q, k [B, Hv, C, Dk], v and out [B, Hv, C, Dv], g, beta [B, Hv, C];
-    writes `out` (and `step_states` [B, C, Hv, Dk, Dv]), returns the state after the chunk."""
+    writes `out`; returns the state after the chunk, or with `delta_rows` [B, C, Hv, Dv]
+    the deltas there and None (the state is built later, for the accepted rows only)."""
     c = k.shape[2]
     cum = g.cumsum(dim=-1)                                             # log gamma_t
     lower = torch.ones(c, c, dtype=torch.bool, device=k.device).tril()
@@ -72,15 +81,8 @@ def _chunk(q, k, v, g, beta, s0, out, step_states):
     delta = torch.linalg.solve_triangular(strict, rhs, upper=False,
                                           unitriangular=True)          # [B, Hv, C, Dv]
     out.copy_(gamma * (q @ s0) + (decay * (q @ k.transpose(-1, -2))) @ delta)
-    if step_states is None:
-        last = decay[..., -1, :, None]                                 # [B, Hv, C, 1]
-        return gamma[..., -1, :, None] * s0 + (k * last).transpose(-1, -2) @ delta
-    # S_t for every t, written straight into the checkpoint rows [B, C, Hv, Dk, Dv] (no
-    # [C, Dk*Dv]-sized temporaries: on a CPU, moving those costs more than the arithmetic)
-    weighted = (decay[..., None] * k[:, :, None]).permute(0, 2, 1, 4, 3)  # [B, C, Hv, Dk, C]
-    if step_states.is_contiguous():
-        torch.matmul(weighted, delta[:, None], out=step_states)
-    else:   # a batch's rows of fewer steps than it holds (`out=` must be contiguous)
-        step_states.copy_(weighted @ delta[:, None])
-    step_states.addcmul_(gamma.transpose(1, 2)[..., None], s0[:, None])
-    return step_states[:, -1]
+    if delta_rows is not None:
+        delta_rows.copy_(delta.transpose(1, 2))
+        return None
+    last = decay[..., -1, :, None]                                     # [B, Hv, C, 1]
+    return gamma[..., -1, :, None] * s0 + (k * last).transpose(-1, -2) @ delta

@@ -1,9 +1,11 @@
-"""Triton gated delta rule over a short block, emitting the state after every step.
+"""Triton gated delta rule over a block: a prefill chunk, a decode step or a verify.
 
 Grid (sequence x value head, block of value columns): each program keeps a [Dk, BV] slice
 of its head's state in registers and runs the T steps in order: q/k L2 normalisation and the
 Dk^-0.5 query scale in the kernel, all math in float32 (the CPU interpreter gets bf16
-arithmetic wrong; loads are upcast at once). Non-power-of-two head dims are masked.
+arithmetic wrong; loads are upcast at once). Non-power-of-two head dims are masked. A verify
+(KEEP_ROWS) leaves the state as it was and keeps each step's normalised k, delta and g
+(kilobytes a row, where the state after every step was megabytes) for gdn_commit.
 """
 
 from __future__ import annotations
@@ -13,18 +15,19 @@ import triton
 import triton.language as tl
 
 from ..specs import Spec, launch
-from .reference import check_state
+from .reference import Rows, check_state
 
-# Value columns per program and warps: at the 27B's 128x128 heads, BV=32 with 4 warps took
-# 254 registers and a 24-40 byte stack frame (spills) compiled for sm_90/sm_110; BV=16 with
-# 4 warps holds 187 registers and no stack (kernels/report.py prints the figures).
+# Value columns per program and warps: at the 27B's 128x128 heads, when a verify stored the
+# state after every step, BV=32 with 4 warps took 254 registers and spilled compiled for
+# sm_90/sm_110, BV=16 187; a verify keeping its rows holds 71-76 at BV=16 and no stack
+# (kernels/report.py prints the figures; a wider BV is untried without a GPU to time it).
 BV_MAX = 16
 NUM_WARPS = 4
 
 
 @triton.jit
-def _gdn_steps_kernel(q, k, v, g, beta, state, step_states, out, steps, hk, hv, dk, dv,
-                      slots, scale, STORE_STEPS: tl.constexpr, BK: tl.constexpr,
+def _gdn_steps_kernel(q, k, v, g, beta, state, k_rows, delta_rows, g_rows, out, steps, hk, hv,
+                      dk, dv, slots, scale, KEEP_ROWS: tl.constexpr, BK: tl.constexpr,
                       BV: tl.constexpr):
     bh = tl.program_id(0)                       # b * Hv + h
     vb = tl.program_id(1)
@@ -53,11 +56,15 @@ def _gdn_steps_kernel(q, k, v, g, beta, state, step_states, out, steps, hk, hv, 
         s = s + kt[:, None] * delta[None, :]
         ot = tl.sum(s * qt[:, None], axis=0)
         tl.store(out + (row * hv + h) * dv + iv, ot.to(out.dtype.element_ty), mask=mv)
-        if STORE_STEPS:
-            # step_states [B, slots, Hv, Dk, Dv]
-            off = ((b.to(tl.int64) * slots + t) * hv + h) * dk * dv
-            tl.store(step_states + off + ik[:, None] * dv + iv[None, :], s, mask=mkv)
-    tl.store(state + s_off, s, mask=mkv)
+        if KEEP_ROWS:
+            kept = b.to(tl.int64) * slots + t                         # [B, slots, ...] rows
+            tl.store(delta_rows + (kept * hv + h) * dv + iv, delta, mask=mv)
+            if vb == 0:
+                tl.store(g_rows + kept * hv + h, gt)
+                if h % (hv // hk) == 0:
+                    tl.store(k_rows + (kept * hk + kh) * dk + ik, kt, mask=mk)
+    if not KEEP_ROWS:
+        tl.store(state + s_off, s, mask=mkv)
 
 
 def gdn_steps(
@@ -67,53 +74,52 @@ def gdn_steps(
     g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
-    step_states: torch.Tensor | None = None,
+    rows: Rows | None = None,
 ) -> torch.Tensor:
     """Same contract as the reference: q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta
-    [B, T, Hv]; state [B, Hv, Dk, Dv] float32 updated in place; optional step_states
-    [B, >=T, Hv, Dk, Dv] float32 receives the state after each step. Returns o [B, T, Hv, Dv].
+    [B, T, Hv]; state [B, Hv, Dk, Dv] float32, updated in place, or with `rows` (k_rows
+    [B, S, Hk, Dk], delta_rows [B, S, Hv, Dv], g_rows [B, S, Hv], float32, S >= T) read only
+    while each step's k, delta and g are kept. Returns o [B, T, Hv, Dv].
     """
     b, t, hk, dk = k.shape
     hv, dv = v.shape[-2:]
-    check_state(k, v, state)
-    if step_states is not None and (step_states.shape[1] < t or not step_states.is_contiguous()
-                                    or step_states.dtype != torch.float32):
-        raise ValueError("step_states must be contiguous float32 holding at least T steps")
+    check_state(k, v, state, rows)
+    if rows is not None and not all(r.is_contiguous() for r in rows):
+        raise ValueError("gdn_steps: the kept rows must be contiguous")
     if not state.is_contiguous():
         raise ValueError("gdn_steps: state must be contiguous")
     out = torch.empty(b, t, hv, dv, dtype=v.dtype, device=v.device)
     if b * t == 0:
         return out
-    options = meta(dk, dv, step_states is not None)
+    options = meta(dk, dv, rows is not None)
+    k_rows, delta_rows, g_rows = rows if rows is not None else (state,) * 3   # unused then
     args = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=g.contiguous(),
-                beta=beta.contiguous(), state=state,
-                step_states=step_states if step_states is not None else state,  # unused
-                out=out, steps=t, hk=hk, hv=hv, dk=dk, dv=dv,
-                slots=step_states.shape[1] if step_states is not None else 0,
-                scale=dk ** -0.5)
+                beta=beta.contiguous(), state=state, k_rows=k_rows, delta_rows=delta_rows,
+                g_rows=g_rows, out=out, steps=t, hk=hk, hv=hv, dk=dk, dv=dv,
+                slots=delta_rows.shape[1] if rows is not None else 0, scale=dk ** -0.5)
     launch(_gdn_steps_kernel, (b * hv, triton.cdiv(dv, options["BV"])), args, options)
     return out
 
 
-def meta(dk: int, dv: int, store_steps: bool) -> dict:
+def meta(dk: int, dv: int, keep_rows: bool) -> dict:
     """Constexprs and launch options: a [BK, BV] slice of one head's state per program."""
-    return {"STORE_STEPS": store_steps, "BK": triton.next_power_of_2(dk),
+    return {"KEEP_ROWS": keep_rows, "BK": triton.next_power_of_2(dk),
             "BV": min(triton.next_power_of_2(dv), BV_MAX), "num_warps": NUM_WARPS,
             "num_stages": 3}
 
 
-def _spec(model: str, dk: int, dv: int, act: str, store_steps: bool) -> Spec:
+def _spec(model: str, dk: int, dv: int, act: str, keep_rows: bool) -> Spec:
     types = {"q": act, "k": act, "v": act, "g": "*fp32", "beta": act, "state": "*fp32",
-             "step_states": "*fp32", "out": act,
+             "k_rows": "*fp32", "delta_rows": "*fp32", "g_rows": "*fp32", "out": act,
              **dict.fromkeys(("steps", "hk", "hv", "dk", "dv", "slots"), "i32"),
              "scale": "fp32"}
-    label = f"{model} {act[1:]}, {'verify (steps stored)' if store_steps else 'prefill'}"
-    return Spec.from_meta(_gdn_steps_kernel, label, types, meta(dk, dv, store_steps),
-                          per_cycle=store_steps, shape_constexprs=("BK", "BV"))
+    label = f"{model} {act[1:]}, {'verify (rows kept)' if keep_rows else 'prefill'}"
+    return Spec.from_meta(_gdn_steps_kernel, label, types, meta(dk, dv, keep_rows),
+                          per_cycle=keep_rows, shape_constexprs=("BK", "BV"))
 
 
 # Qwen3.6-27B linear attention: 128x128 key/value heads, bf16 activations on Thor; the demo's
-# 32x48 heads in fp32. Verify blocks store every step; prefill chunks do not.
+# 32x48 heads in fp32. Verify blocks keep their rows; prefill chunks update the state.
 SPECS = tuple(_spec(*shape, store) for shape in (("27B", 128, 128, "*bf16"),
                                                  ("demo", 32, 48, "*fp32"))
               for store in (True, False))

@@ -27,7 +27,7 @@ LAYERS = 2
 def triton_backend():
     dispatch.set_backend("triton")
     probe = torch.zeros(1, device=DEVICE)
-    for op in ("gdn_steps", "kv_append", "checkpoint_select", "accept_rows"):
+    for op in ("gdn_steps", "kv_append", "gdn_commit", "accept_rows"):
         assert dispatch._pick(op, None, probe) is dispatch.TRITON_OPS[op], op
     yield
     dispatch.set_backend("auto")

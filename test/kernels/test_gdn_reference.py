@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
 
+from flash_planner.kernels.gdn_commit.reference import gdn_commit
 from flash_planner.kernels.gdn_steps.reference import gdn_steps
 
 
@@ -37,15 +38,25 @@ def test_matches_transformers_recurrent_form(b, t, hk, hv, dk, dv):
     assert (live - ref_state).abs().max() <= 1e-5
 
 
-def test_step_states_equal_one_token_at_a_time():
+def kept_rows(b, hk, hv, dk, dv, slots=16):
+    return (torch.zeros(b, slots, hk, dk), torch.zeros(b, slots, hv, dv),
+            torch.zeros(b, slots, hv))
+
+
+def test_kept_rows_commit_to_the_state_one_token_at_a_time_reaches():
     q, k, v, g, beta, state = _inputs(1, 9, 2, 4, 16, 12, seed=1)
-    steps = torch.zeros(1, 16, 4, 16, 12)
+    rows = kept_rows(1, 2, 4, 16, 12)
     block_state = state.clone()
-    out = gdn_steps(q, k, v, g, beta, block_state, steps)
+    out = gdn_steps(q, k, v, g, beta, block_state, rows)
+    assert torch.equal(block_state, state)                  # a verify leaves the state
     live = state.clone()
+    conv, conv_rows = torch.zeros(1, 1, 3, 5), torch.randn(1, 1, 3 + 16, 5)
     for i in range(9):
         o = gdn_steps(q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1], g[:, i:i + 1],
                       beta[:, i:i + 1], live)
         assert torch.allclose(o[:, 0], out[:, i], atol=1e-6)
-        assert torch.allclose(steps[:, i], live, atol=1e-6), f"step {i}"
-    assert torch.equal(block_state, steps[:, 8])
+        kept = state.clone()[None]
+        gdn_commit(kept, *(r[None] for r in rows), conv, conv_rows,
+                   torch.tensor([i + 1], dtype=torch.int32))
+        assert torch.allclose(kept[0], live, atol=1e-6), f"step {i}"
+        assert torch.equal(conv[0, 0], conv_rows[0, 0, i + 1:i + 4])

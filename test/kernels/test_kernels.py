@@ -14,8 +14,8 @@ import torch
 
 from flash_planner.kernels.accept import kernel as accept_k
 from flash_planner.kernels.accept import reference as accept_r
-from flash_planner.kernels.checkpoint_select import kernel as select_k
-from flash_planner.kernels.checkpoint_select import reference as select_r
+from flash_planner.kernels.gdn_commit import kernel as commit_k
+from flash_planner.kernels.gdn_commit import reference as commit_r
 from flash_planner.kernels.gdn_steps import kernel as gdn_k
 from flash_planner.kernels.gdn_steps import reference as gdn_r
 from flash_planner.kernels.kv_append import kernel as kv_k
@@ -23,7 +23,7 @@ from flash_planner.kernels.kv_append import reference as kv_r
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PAIRS = [(accept_k.accept_rows, accept_r.accept_rows),
-         (select_k.checkpoint_select, select_r.checkpoint_select),
+         (commit_k.gdn_commit, commit_r.gdn_commit),
          (gdn_k.gdn_steps, gdn_r.gdn_steps), (kv_k.kv_append, kv_r.kv_append)]
 
 
@@ -32,32 +32,43 @@ def test_kernel_and_reference_share_the_signature(kernel, reference):
     assert inspect.signature(kernel) == inspect.signature(reference)
 
 
-# ---- checkpoint select (rollback)
+# ---- GDN commit (rollback by replaying the kept rows)
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("layers,seqs,hv,dk,dv,k1,c", [
-    (1, 1, 2, 8, 8, 3, 16), (3, 3, 3, 5, 7, 3, 11), (2, 2, 4, 16, 24, 2, 40)])
+@pytest.mark.parametrize("layers,seqs,hk,hv,dk,dv,k1,c", [
+    (1, 1, 2, 2, 8, 8, 3, 16), (3, 3, 1, 3, 5, 7, 3, 11), (2, 2, 2, 4, 16, 24, 2, 40)])
 @pytest.mark.parametrize("steps", [1, 7, 16])
-def test_checkpoint_select(dtype, layers, seqs, hv, dk, dv, k1, c, steps):
+def test_gdn_commit(layers, seqs, hk, hv, dk, dv, k1, c, steps):
     gen = torch.Generator().manual_seed(steps)
     slots = 16
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen).to(dtype).to(DEVICE)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(DEVICE)
 
     state = rand(layers, seqs, hv, dk, dv)
-    step_states = rand(layers, seqs, slots, hv, dk, dv)
+    kept = (rand(layers, seqs, slots, hk, dk), rand(layers, seqs, slots, hv, dv),
+            -rand(layers, seqs, slots, hv).abs())
     conv = rand(layers, seqs, k1, c)
     conv_rows = rand(layers, seqs, k1 + slots, c)
-    # per sequence: none accepted (0), all accepted (steps-1, left alone), something between
-    choices = [0, steps - 1, steps // 2]
-    step = torch.tensor([choices[i % 3] for i in range(seqs)], device=DEVICE)
-    ref = [t.clone() for t in (state, step_states, conv, conv_rows)]
-    select_r.checkpoint_select(*ref, step, steps)
-    select_k.checkpoint_select(state, step_states, conv, conv_rows, step, steps)
-    assert torch.equal(state, ref[0]) and torch.equal(conv, ref[2])
-    untouched = [b for b in range(seqs) if int(step[b]) == steps - 1]
-    for b in untouched:  # all accepted: the live state is already the final one
-        assert not torch.equal(state[:, b], step_states[:, b, steps - 1]) or steps == 1
+    # per sequence: nothing kept, every row kept, something between
+    choices = [0, steps, steps // 2 + 1]
+    count = torch.tensor([choices[i % 3] for i in range(seqs)], dtype=torch.int32,
+                         device=DEVICE)
+    ref_state, ref_conv = state.clone(), conv.clone()
+    commit_r.gdn_commit(ref_state, *kept, ref_conv, conv_rows, count)
+    commit_k.gdn_commit(state, *kept, conv, conv_rows, count)
+    assert (state - ref_state).abs().max() <= 1e-5 and torch.equal(conv, ref_conv)
+    for b in range(seqs):
+        n = int(count[b])
+        assert torch.equal(conv[:, b], conv_rows[:, b, n:n + k1])
+
+
+def test_gdn_commit_refuses_a_count_past_the_kept_rows():
+    state = torch.zeros(1, 1, 2, 4, 4)
+    kept = (torch.zeros(1, 1, 4, 1, 4), torch.zeros(1, 1, 4, 2, 4), torch.zeros(1, 1, 4, 2))
+    conv, rows = torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 6, 8)
+    for fn in (commit_r.gdn_commit, commit_k.gdn_commit):
+        with pytest.raises(ValueError, match="outside 0..4"):
+            fn(state, *kept, conv, rows, torch.tensor([5], dtype=torch.int32))
 
 
 # ---- FP8 KV append
@@ -130,7 +141,7 @@ def test_full_precision_append_and_batches():
 @pytest.mark.parametrize("b,t,hk,hv,dk,dv", [
     (1, 1, 2, 4, 16, 16), (2, 7, 2, 2, 24, 20), (1, 16, 4, 8, 32, 48), (1, 16, 1, 3, 7, 5)],
     ids=["S1", "S7-nonpow2", "S16-gqa", "S16-odd"])
-@pytest.mark.parametrize("record", [False, True], ids=["final", "steps"])
+@pytest.mark.parametrize("record", [False, True], ids=["final", "rows"])
 def test_gdn_steps(b, t, hk, hv, dk, dv, record):
     gen = torch.Generator().manual_seed(t)
     q, k = (torch.randn(b, t, hk, dk, generator=gen) for _ in range(2))
@@ -140,14 +151,44 @@ def test_gdn_steps(b, t, hk, hv, dk, dv, record):
     state = torch.randn(b, hv, dk, dv, generator=gen) * 0.1
     args = [x.to(DEVICE) for x in (q, k, v, g, beta)]
     ours_state, ref_state = state.clone().to(DEVICE), state.clone().to(DEVICE)
-    steps = [torch.zeros(b, 16, hv, dk, dv, device=DEVICE) if record else None
-             for _ in range(2)]
-    out = gdn_k.gdn_steps(*args, ours_state, steps[0])
-    ref = gdn_r.gdn_steps(*args, ref_state, steps[1])
+    rows = [(torch.zeros(b, 16, hk, dk, device=DEVICE), torch.zeros(b, 16, hv, dv, device=DEVICE),
+             torch.zeros(b, 16, hv, device=DEVICE)) if record else None for _ in range(2)]
+    out = gdn_k.gdn_steps(*args, ours_state, rows[0])
+    ref = gdn_r.gdn_steps(*args, ref_state, rows[1])
     assert (out - ref).abs().max() <= 1e-5
     assert (ours_state - ref_state).abs().max() <= 1e-5
     if record:
-        assert (steps[0] - steps[1]).abs().max() <= 1e-5
+        assert torch.equal(ours_state, state.to(DEVICE))     # a verify leaves the state
+        for ours, theirs in zip(*rows):
+            assert (ours - theirs).abs().max() <= 1e-5
+            assert not ours[:, t:].any()                      # rows past T untouched
+
+
+@pytest.mark.parametrize("t,keep", [(16, 16), (16, 5), (7, 1), (9, 0)])
+def test_verify_rows_then_commit_equal_the_steps_run_alone(t, keep):
+    """Kernels end to end: a verify keeping its rows, then a commit of the first `keep`,
+    reach the state of those rows run as a plain block; the conv window is rebuilt."""
+    gen = torch.Generator().manual_seed(t + keep)
+    b, hk, hv, dk, dv = 2, 2, 4, 16, 12
+    q, k = (torch.randn(b, t, hk, dk, generator=gen).to(DEVICE) for _ in range(2))
+    v = torch.randn(b, t, hv, dv, generator=gen).to(DEVICE)
+    g = (-torch.rand(b, t, hv, generator=gen) * 2).to(DEVICE)
+    beta = torch.rand(b, t, hv, generator=gen).to(DEVICE)
+    state = (torch.randn(b, hv, dk, dv, generator=gen) * 0.1).to(DEVICE)
+    rows = (torch.zeros(1, b, 16, hk, dk, device=DEVICE),
+            torch.zeros(1, b, 16, hv, dv, device=DEVICE), torch.zeros(1, b, 16, hv, device=DEVICE))
+    live = state.clone()
+    gdn_k.gdn_steps(q, k, v, g, beta, live, tuple(r[0] for r in rows))
+    conv_rows = torch.randn(1, b, 3 + 16, 8, generator=gen).to(DEVICE)
+    conv = torch.zeros(1, b, 3, 8, device=DEVICE)
+    commit_k.gdn_commit(live[None], *rows, conv, conv_rows,
+                        torch.full((b,), keep, dtype=torch.int32, device=DEVICE))
+    alone = state.clone()
+    if keep:
+        gdn_k.gdn_steps(q[:, :keep], k[:, :keep], v[:, :keep], g[:, :keep], beta[:, :keep],
+                        alone)
+    assert torch.equal(live, alone)          # the same float32 operations, in order
+    assert torch.equal(conv[0], conv_rows[0, :, keep:keep + 3])
 
 
 def test_gdn_steps_bf16_inputs_compute_in_fp32():

@@ -18,7 +18,8 @@ KEYS = ("state", "model", "requests ok", "requests failed", "requests cancelled"
         "ttft p50 ms", "ttft p95 ms", "latency p50 ms", "latency p95 ms", "tokens per s",
         "mean accepted length", "tokens per cycle", "queue depth", "last error",
         "ttft budget ms", "latency budget ms", "requests running", "requests queued",
-        "max batch", "batch tokens per s")
+        "max batch", "batch tokens per s", "state read per cycle MB",
+        "state written per cycle MB")
 
 
 def _level_after(h, since: int, level) -> bool:
@@ -42,6 +43,9 @@ def test_diagnostics_carry_the_keys_and_follow_the_budget(harness):
     assert any(float(values_of(s).get("batch tokens per s", 0)) > 0 for s in h.statuses())
     assert values["threads"].startswith("1 intra-op, ") and "(engine.threads)" in values["threads"]
     assert float(values["latency p95 ms"]) > 0 and float(values["tokens per cycle"]) > 1
+    # the demo's KV rows and GDN state, moved by every cycle (engine/traffic.py)
+    read, written = (float(values[f"state {x} per cycle MB"]) for x in ("read", "written"))
+    assert read > written > 0
     assert status.level == DiagnosticStatus.OK and status.message.startswith("ok: p95 latency")
 
     # Budgets are live parameters: a budget far below the measured latency is an ERROR.

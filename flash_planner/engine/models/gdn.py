@@ -1,8 +1,8 @@
 """Gated DeltaNet (linear attention) layer of the Qwen3.5/3.6 hybrid.
 
 Split for segment export: `pre` (projections, beta and g, dense), `mix` (causal depthwise
-conv over the conv window + the gated delta recurrence, optionally recording per-step
-checkpoints), `post` (gated RMSNorm + out_proj, dense).
+conv over the conv window + the gated delta recurrence; a verify keeps its rows for the
+commit instead of advancing the state), `post` (gated RMSNorm + out_proj, dense).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ class GatedDeltaNet(nn.Module):
         """Conv + gated delta rule over the block -> o [B, T, Hv, Dv]."""
         gdn = ctx.state.gdn
         slot = gdn.slot[self.layer_idx]
-        steps = (gdn.step_states[slot], gdn.conv_rows[slot]) if ctx.record_steps else ()
-        return self.recur(inputs, gdn.state[slot], gdn.conv[slot], *steps)
+        kept = gdn.kept(slot) if ctx.record_steps else ()
+        return self.recur(inputs, gdn.state[slot], gdn.conv[slot], *kept)
 
     def mix_static(self, inputs: tuple[torch.Tensor, ...], valid: torch.Tensor,
                    window_rows: torch.Tensor, cache: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -60,7 +60,7 @@ class GatedDeltaNet(nn.Module):
         recurrent state as it was (S = S * e^0 + 0), and each row's conv window takes the
         last real rows of its [window, block] (`window_rows` [B, K-1]: a padding row of a
         batch keeps its window, rows 0..K-2). cache: this layer's (state, conv window), then
-        its (step states, conv rows) when recording."""
+        its kept rows (k, delta, g, conv rows) when recording."""
         qkv, g, beta = inputs
         real = valid[:, :, None]
         g = torch.where(real, g, torch.zeros_like(g))
@@ -68,13 +68,15 @@ class GatedDeltaNet(nn.Module):
         return self.recur((qkv, g, beta), *cache, window_rows=window_rows)
 
     def recur(self, inputs: tuple[torch.Tensor, ...], state: torch.Tensor,
-              window: torch.Tensor, steps: torch.Tensor | None = None,
+              window: torch.Tensor, k_rows: torch.Tensor | None = None,
+              delta_rows: torch.Tensor | None = None, g_rows: torch.Tensor | None = None,
               conv_rows: torch.Tensor | None = None,
               window_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """The block through the conv window [B, K-1, C] and the recurrent state
-        [B, Hv, Dk, Dv], both updated in place; per-step checkpoints into steps and
-        conv_rows when given. window_rows [B, K-1]: which rows of each row's [window, block]
-        its window keeps (default: the last K-1)."""
+        """The block through the conv window [B, K-1, C], updated in place, and the
+        recurrent state [B, Hv, Dk, Dv]: updated in place, or, with the kept-row buffers
+        (cache.GDNState.kept), left as it was while the block's rows are kept for the commit.
+        window_rows [B, K-1]: which rows of each row's [window, block] its window keeps
+        (default: the last K-1)."""
         qkv, g, beta = inputs
         b, t, _ = qkv.shape
         k1 = window.shape[1]
@@ -96,7 +98,8 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(b, t, self.hk, self.dk)
         k = k.reshape(b, t, self.hk, self.dk)
         v = v.reshape(b, t, self.hv, self.dv)
-        return dispatch.gdn_steps(q, k, v, g, beta, state, steps)
+        rows = None if delta_rows is None else (k_rows, delta_rows, g_rows)
+        return dispatch.gdn_steps(q, k, v, g, beta, state, rows)
 
     def post(self, core: torch.Tensor, post: tuple[torch.Tensor, ...]) -> torch.Tensor:
         b, t = core.shape[:2]

@@ -141,12 +141,11 @@ class CompileReport:
 
 def layer_cache(state: InferenceState, layer: int, record: bool) -> tuple[torch.Tensor, ...]:
     """A layer's views of the state, as `mix_static` takes them: GDN (state, conv window,
-    then step states and conv rows when recording), attention (k, v, then FP8 scales)."""
+    then the kept rows when recording), attention (k, v, then FP8 scales)."""
     kv, gdn = state.kv, state.gdn
     if layer in gdn.slot:
         s = gdn.slot[layer]
-        steps = (gdn.step_states[s], gdn.conv_rows[s]) if record else ()
-        return (gdn.state[s], gdn.conv[s], *steps)
+        return (gdn.state[s], gdn.conv[s], *(gdn.kept(s) if record else ()))
     s = kv.slot[layer]
     scales = (kv.k_scale[s], kv.v_scale[s]) if kv.is_fp8 else ()
     return (kv.k[s], kv.v[s], *scales)

@@ -1,1 +1,0 @@
-"""Rollback: select the recurrent and conv state recorded after the accepted step."""
