@@ -44,7 +44,7 @@ setup(
     # gguf reads the real Qwen vocabulary out of llama.cpp's GGUF file (train/qwen_vocab.py)
     # serve: `flash-planner serve` (FastAPI + uvicorn, Prometheus metrics); openai: the
     # official client the server's tests talk through; vision: images decoded and resized
-    # by Pillow (engine/images.py), the image processor's own resampling
+    # by Pillow (engine/inputs/images.py), the image processor's own resampling
     extras_require={"test": ["pytest", "pytest-xdist", "onnx", "onnxruntime", "onnxscript",
                              "ruff", "compressed-tensors>=0.20", "gguf>=0.10", "openai",
                              "fastapi", "uvicorn", "prometheus_client", "pillow"],

@@ -358,8 +358,8 @@ def _time_slice(cfg, model, dtype: torch.dtype, device: str, repeats: int, compi
                 ) -> dict[str, dict[int, float]]:
     """ms of a 1-row decode and a 16-row verify after a 64-token prompt: eager, and (when
     `compiled`) through StaticForward's graphs; every forward commits one row."""
-    from flash_planner.engine.cache import InferenceState
-    from flash_planner.engine.models.compiled import StaticForward
+    from flash_planner.engine.models.graphs.compiled import StaticForward
+    from flash_planner.engine.state.cache import InferenceState
 
     context = 64
     state = InferenceState(cfg, capacity=context + 4 * (repeats + 2) * 16, max_steps=16,
@@ -390,8 +390,8 @@ def batch_rows(device: str, small: bool, repeats: int, batch: int = 8,
     compiled graphs of batch buckets 1 and `batch`; every step commits one row per slot."""
     from weight_bytes import QWEN3_6_27B
 
-    from flash_planner.engine.models.compiled import StaticForward
-    from flash_planner.engine.slots import SlotStates
+    from flash_planner.engine.models.graphs.compiled import StaticForward
+    from flash_planner.engine.state.slots import SlotStates
     from flash_planner.kernels import dispatch
 
     if small:   # the torch references: interpreted kernels would take seconds a forward
@@ -570,7 +570,7 @@ def sdpa_rows(device: str) -> list[dict]:
     raw = raw.get("text_config", raw)
     heads, kv, dim = (raw["num_attention_heads"], raw["num_key_value_heads"],
                       raw.get("head_dim", raw["hidden_size"] // raw["num_attention_heads"]))
-    from flash_planner.engine.models.layers import attention
+    from flash_planner.engine.models.qwen.layers import attention
 
     backends = {"default": None, "math": SDPBackend.MATH,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION,

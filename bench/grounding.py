@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from flash_planner.engine.engine import Engine
-from flash_planner.engine.grammar import JsonGrammarCompiler
+from flash_planner.engine.inputs.grammar import JsonGrammarCompiler
 from flash_planner.planning.plan_grammar import PlanGrammar
 from flash_planner.planning.presets import ModelPreset, default_skills_path
 from flash_planner.planning.skills import SkillCatalog

@@ -44,7 +44,7 @@ def slice_model(raw: dict, weights: str, dtype: torch.dtype, device: str):
     loads them (nvfp4: quantized from the random bf16 weights), built in place on the
     device: no checkpoint is written."""
     from flash_planner.engine.config import ModelConfig
-    from flash_planner.engine.models.target import TargetModel
+    from flash_planner.engine.models.qwen.target import TargetModel
     from flash_planner.engine.weights.fuse import fuse_gate_up
     from flash_planner.engine.weights.load import plan_linears
     from flash_planner.engine.weights.scheme import UNQUANTIZED

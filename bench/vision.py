@@ -1,11 +1,11 @@
 """The vision tower's cost per image: preprocessing and tower time at the published widths.
 
-A Qwen3.5/3.6 tower (`engine/models/vision.py`) with random weights (std 0.02) at the
+A Qwen3.5/3.6 tower (`engine/models/qwen/vision.py`) with random weights (std 0.02) at the
 27B's and the 35B-A3B's dimensions: depth 27, width 1152, MLP 4304, 16 heads, 16-pixel
 patches merged 2 x 2 (transformers' `Qwen3_5VisionConfig` defaults, which third-party
 copies of both checkpoints' configs repeat; not checked against the published files),
 the merger projecting to the language model's width (5120 / 2048). For each square image
-size: the patches (`engine/images.py`: resize, normalise, patchify; the pixel budget wide
+size: the patches (`engine/inputs/images.py`: resize, normalise, patchify; the pixel budget wide
 enough to keep the size), the tower's time (median of `--repeats`), and the image tokens
 the prompt gets, which the target then prefills like any other rows.
 
@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from weight_bytes import TARGETS, TOWER
 
-from flash_planner.engine.images import ImageConfig, to_patches
-from flash_planner.engine.models.vision import VisionConfig, VisionTower
+from flash_planner.engine.inputs.images import ImageConfig, to_patches
+from flash_planner.engine.models.qwen.vision import VisionConfig, VisionTower
 from flash_planner.engine.threads import apply_threads
 
 SMALL = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, patch_size=16,
@@ -83,7 +83,7 @@ def prefill_ms(raw: dict, rows: int, dtype: torch.dtype, device: str, repeats: i
     of `raw` (random weights, bf16 Linears: slice_model)."""
     from slices import slice_model
 
-    from flash_planner.engine.cache import InferenceState
+    from flash_planner.engine.state.cache import InferenceState
     from flash_planner.kernels.gemm.tune import time_ms as timed_ms
 
     cfg, model = slice_model(raw, "bf16", dtype, device)

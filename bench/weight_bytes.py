@@ -17,7 +17,7 @@ experts per layer, and the same model scaled by the distinct experts measured on
 over consecutive tokens of its own greedy continuation: each window of n rows is what a fully
 accepted verify block of n rows routes). A dense model reads the same bytes for every n.
 A third table gives the vision tower's bytes (a vision-language target's images). A fourth
-gives the state a verify cycle moves besides the weights (engine/traffic.py, from the engine's
+gives the state a verify cycle moves besides the weights (engine/state/traffic.py, from the engine's
 own state buffers on the meta device: KV rows, GDN state and kept rows, conv windows,
 Flash-Next's windows and indexer keys) for a 16-row verify at a context of CONTEXT tokens,
 batch 1 and 8, beside the NVFP4 weights one forward reads.
@@ -34,11 +34,11 @@ from pathlib import Path
 
 import torch
 
-from flash_planner.engine.cache import InferenceState
 from flash_planner.engine.checkpoint import load_checkpoint
 from flash_planner.engine.config import ModelConfig
-from flash_planner.engine.models.moe import RoutingRecord
-from flash_planner.engine.models.target import TargetModel
+from flash_planner.engine.models.qwen.moe import RoutingRecord
+from flash_planner.engine.models.qwen.target import TargetModel
+from flash_planner.engine.state.cache import InferenceState
 from flash_planner.engine.weights.bytes import bytes_per_forward
 from flash_planner.engine.weights.experts import plan_experts
 from flash_planner.engine.weights.load import plan_linears
@@ -238,7 +238,7 @@ def flash_next_rows(tokens_per_cycle: float) -> list[dict]:
     the 10 experts a token reads, plus the PLE rows it reads (16 rows of 160 per PLE layer, in
     the table's storage: FP8 as Qwen publishes it, bf16 in the bf16 build); the n-gram table
     itself (51.2B parameters) is never read whole."""
-    from flash_planner.engine.models.flash_next import FlashNextModel
+    from flash_planner.engine.models.flash_next.flash_next.flash_next import FlashNextModel
 
     cfg = ModelConfig.from_hf_dict(QWEN3_8_FLASH_NEXT)
     fn = cfg.flash_next
@@ -264,7 +264,7 @@ def flash_next_rows(tokens_per_cycle: float) -> list[dict]:
 
 def ple_table_rows(fn, ple_index: int) -> int:
     """Rows of one PLE layer's n-gram table: its heads' prime sizes summed."""
-    from flash_planner.engine.models.ngram import head_sizes
+    from flash_planner.engine.models.flash_next.flash_next.ngram import head_sizes
 
     return sum(head_sizes(fn.ngram_vocab_base, fn.ngram_heads, ple_index))
 
@@ -272,7 +272,7 @@ def ple_table_rows(fn, ple_index: int) -> int:
 def tower_rows() -> list[dict]:
     """Each model's vision tower (bench/vision.py's dimensions) in bf16: bytes read once per
     new image, not per decoded token (an image's embeddings are then cached by content)."""
-    from flash_planner.engine.models.vision import VisionConfig, VisionTower
+    from flash_planner.engine.models.qwen.vision import VisionConfig, VisionTower
 
     out = []
     for name, width in TARGETS.items():
@@ -293,7 +293,7 @@ TRAFFIC_MODELS = {"Qwen3.6-27B": QWEN3_6_27B, "Qwen3.6-35B-A3B": QWEN3_6_35B_A3B
 def traffic_rows(rows_per_verify: int = 16, context: int = CONTEXT) -> list[dict]:
     """Per model and batch: the state bytes one verify cycle reads and writes (by part and
     in all) beside the nvfp4 weight bytes of that forward (a batch reads the weights once)."""
-    from flash_planner.engine.traffic import TrafficModel
+    from flash_planner.engine.state.traffic import TrafficModel
 
     out = []
     for name, raw in TRAFFIC_MODELS.items():
@@ -384,7 +384,7 @@ def main() -> None:
     for r in vision:
         print(f"{r['model']:<16} {r['params_m']:9.1f} {r['gb_bf16']:6.3f} {r['floor_ms']:9.2f}")
     print(f"\nstate one verify cycle moves besides the weights: {traffic[0]['rows']} rows at a "
-          f"context of {traffic[0]['context']} tokens (engine/traffic.py; bf16 KV, float32 "
+          f"context of {traffic[0]['context']} tokens (engine/state/traffic.py; bf16 KV, float32 "
           f"GDN state), beside the nvfp4 weights of that forward (read once per batch; MoE: "
           f"one row's experts)")
     print(f"{'model':<19} {'batch':>5} {'read GB':>8} {'written GB':>11} {'GDN written':>12} "

@@ -133,7 +133,7 @@ def embedded(monkeypatch):
     """Every embedding the vision tower hands an engine in this process, in order (the
     engines of the CLI, the server and the node included; a planner's request asks twice:
     ahead, on its preparing thread, then at start, from the cache)."""
-    from flash_planner.engine.vision_input import VisionInput
+    from flash_planner.engine.inputs.vision_input import VisionInput
 
     seen: list[torch.Tensor] = []
     embed = VisionInput.embed

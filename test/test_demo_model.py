@@ -17,7 +17,7 @@ import pytest
 from flash_planner.cli import main
 from flash_planner.engine.engine import Engine
 from flash_planner.engine.generate import GenerationSettings, generate
-from flash_planner.engine.grammar import JsonGrammarCompiler
+from flash_planner.engine.inputs.grammar import JsonGrammarCompiler
 from flash_planner.planning.grounding import RequestWords
 from flash_planner.planning.parse import parse_plan
 from flash_planner.planning.plan_grammar import PlanGrammar

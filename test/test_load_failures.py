@@ -26,8 +26,8 @@ from flash_planner.engine.checkpoint import (
     load_mtp_head,
     read_config,
 )
-from flash_planner.engine.models.dflash import DrafterError, load_drafter
-from flash_planner.engine.models.ngram import StoredTensor
+from flash_planner.engine.models.drafters.dflash import DrafterError, load_drafter
+from flash_planner.engine.models.flash_next.flash_next.ngram import StoredTensor
 from flash_planner.engine.weights.shard import problem
 
 

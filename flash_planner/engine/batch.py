@@ -22,7 +22,7 @@ moved into it, so running slots stay rows 0..m-1.
 
 The slots belong to the engine (`Engine.batch_slots`); where it compiles, the verify, the
 MTP head's steps and the DFlash drafter's groups run through graphs compiled for the slots
-per batch bucket (models/compiled.py), a lone request included.
+per batch bucket (models/graphs/compiled.py), a lone request included.
 
 The batch is driven by one thread (`step`, `run`); `submit` and cancellation may come from
 any thread.
@@ -41,17 +41,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .auto_proposer import AutoProposer
-from .constraint import Constraint
 from .decoding import CancelToken, Decoding, GenerationResult, GenerationSettings, TokenCallback
 from .engine import Engine
 from .generate import start
-from .images import ImagePatches
-from .models.moe import RoutingRecord
-from .proposer import DraftAsk, Proposer, draft_together
-from .proposers import fork_proposers
-from .slots import SlotStates
-from .speculative import Block
+from .inputs.images import ImagePatches
+from .models.qwen.moe import RoutingRecord
+from .spec.auto_proposer import AutoProposer
+from .spec.constraint import Constraint
+from .spec.proposer import DraftAsk, Proposer, draft_together
+from .spec.proposers import fork_proposers
+from .spec.speculative import Block
+from .state.slots import SlotStates
 from .telemetry import SharedPhase
 
 log = logging.getLogger(__name__)

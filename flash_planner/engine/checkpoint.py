@@ -17,12 +17,12 @@ from pathlib import Path
 import torch
 
 from .config import ConfigError, ModelConfig, read_json_object
-from .kv_scales import KVScales, read_kv_scales
-from .models.flash_next import FlashNextModel, open_ngram_tables
-from .models.flash_next_mtp import FlashNextHead
-from .models.mtp import MTPHead
-from .models.target import TargetModel
-from .models.vision import VISION_PREFIX, VisionConfig, VisionTower
+from .models.drafters.mtp import MTPHead
+from .models.flash_next.flash_next import FlashNextModel, open_ngram_tables
+from .models.flash_next.flash_next_mtp import FlashNextHead
+from .models.qwen.target import TargetModel
+from .models.qwen.vision import VISION_PREFIX, VisionConfig, VisionTower
+from .state.kv_scales import KVScales, read_kv_scales
 from .weights.bytes import bytes_per_forward, module_bytes
 from .weights.load import load_module, open_shard, stored_quantized
 from .weights.scheme import UNQUANTIZED, WEIGHTS, Scheme, WeightFormatError, read_scheme

@@ -19,16 +19,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .cache import InferenceState
-from .chat import check_reasoning_effort
-from .constraint import Constraint, masked
 from .engine import Engine
+from .inputs.chat import check_reasoning_effort
+from .inputs.mrope import PromptImages
 from .methods import METHODS
-from .mrope import PromptImages
 from .prefill import prefill_prompt
-from .proposer import DraftAsk, Proposer
-from .sampling import Sampling
-from .speculative import (
+from .spec.constraint import Constraint, masked
+from .spec.proposer import DraftAsk, Proposer
+from .spec.sampling import Sampling
+from .spec.speculative import (
     Block,
     Cycle,
     NonFiniteLogits,
@@ -38,6 +37,7 @@ from .speculative import (
     decide,
     run_cycle,
 )
+from .state.cache import InferenceState
 from .telemetry import GenerationStats, PhaseTimer, now_ms
 
 FINISH_REASONS = ("eos", "length", "stop", "cancelled", "deadline")

@@ -15,24 +15,24 @@ from pathlib import Path
 
 import torch
 
-from .cache import ContextOverflowError, InferenceState
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import EngineConfig
-from .kv_scales import kv_scales_label
+from .inputs.vision_input import VisionInput, vision_input
 from .methods import METHODS
-from .models.compiled import CompileReport, StaticForward
-from .models.compiled_drafts import StaticDrafter, StaticHead
-from .models.static_graphs import row_buckets
-from .mtp_proposer import MTPProposer
-from .prefix import PrefixCache
-from .proposer import Proposer
-from .proposers import WHY_MISSING, ProposerBytes, build_proposers
-from .sampling import GREEDY, SamplingParams
-from .slots import SlotStates
+from .models.graphs.compiled import CompileReport, StaticForward
+from .models.graphs.compiled_drafts import StaticDrafter, StaticHead
+from .models.graphs.static_graphs import row_buckets
+from .spec.mtp_proposer import MTPProposer
+from .spec.proposer import Proposer
+from .spec.proposers import WHY_MISSING, ProposerBytes, build_proposers
+from .spec.sampling import GREEDY, SamplingParams
+from .state.cache import ContextOverflowError, InferenceState
+from .state.kv_scales import kv_scales_label
+from .state.prefix import PrefixCache
+from .state.slots import SlotStates
+from .state.traffic import TrafficModel
 from .threads import Threads, apply_threads
-from .traffic import TrafficModel
 from .trt.backends import make_dense
-from .vision_input import VisionInput, vision_input
 from .weights import tuning
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class Engine:
         if config.dense_backend != "torch":
             checkpoint.model.set_dense(make_dense(
                 checkpoint.model, config.dense_backend, config.segment_cache,
-                # a batch's verify runs its real rows as one sequence (models/packing.py)
+                # a batch's verify runs its real rows as one sequence (models/qwen/packing.py)
                 max_tokens=max(config.prefill_chunk,
                                config.max_block * config.resolve_max_batch(device)),
                 opt_tokens=config.max_block, progress=progress))

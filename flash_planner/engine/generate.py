@@ -16,10 +16,6 @@ from collections.abc import Sequence
 
 import torch
 
-from .acceptance import RelaxedThinking, StrictAcceptance, think_token_ids
-from .cache import InferenceState
-from .chat import encode_chat
-from .constraint import Constraint
 from .decoding import (
     FINISH_REASONS,
     CancelToken,
@@ -32,10 +28,14 @@ from .decoding import (
     decode_text,
 )
 from .engine import Engine
-from .images import ImagePatches
+from .inputs.chat import encode_chat
+from .inputs.images import ImagePatches
 from .prefill import prefill, prefill_chunks, run_to_end
-from .proposer import Proposer
-from .sampling import SampledAcceptance
+from .spec.acceptance import RelaxedThinking, StrictAcceptance, think_token_ids
+from .spec.constraint import Constraint
+from .spec.proposer import Proposer
+from .spec.sampling import SampledAcceptance
+from .state.cache import InferenceState
 from .telemetry import now_ms
 
 __all__ = ["FINISH_REASONS", "CancelToken", "Decoding", "GenerationResult",

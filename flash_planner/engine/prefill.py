@@ -14,11 +14,11 @@ from collections.abc import Generator, Sequence
 
 import torch
 
-from .cache import InferenceState
 from .engine import Engine
-from .mrope import PromptImages
-from .prefix import take
-from .proposer import Proposer
+from .inputs.mrope import PromptImages
+from .spec.proposer import Proposer
+from .state.cache import InferenceState
+from .state.prefix import take
 from .telemetry import GenerationStats, now_ms
 
 log = logging.getLogger(__name__)

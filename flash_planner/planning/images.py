@@ -5,7 +5,7 @@ Every front door hands the planner `ImageSource`s: encoded bytes (a file given t
 parts, a JSON `~/task` message), an http(s) URL (only where `ImageLimits.allow_urls`), or RGB
 pixels (a `sensor_msgs/Image`, converted by the ROS layer). `request_images` checks them
 against the limits and turns them into the vision tower's patches with the checkpoint's own
-image processing (engine/images.py): what reaches the engine is the same whichever door an
+image processing (engine/inputs/images.py): what reaches the engine is the same whichever door an
 image came through. Every refusal is a `RequestError` naming the image's field.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.images import DECODE_PIXELS, ImagePatches, read_image, to_patches
+from ..engine.inputs.images import DECODE_PIXELS, ImagePatches, read_image, to_patches
 from .request import RequestError
 
 MAX_IMAGES = 4

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..engine.batch import BatchRequest
-from ..engine.cache import ContextOverflowError
 from ..engine.generate import GenerationResult
-from ..engine.speculative import NonFiniteLogits
+from ..engine.spec.speculative import NonFiniteLogits
+from ..engine.state.cache import ContextOverflowError
 from .feedback import Listener
 from .grounding import RequestWords
 from .parse import PlanError, PlanRefused, parse_plan

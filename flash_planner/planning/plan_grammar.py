@@ -15,13 +15,13 @@ import collections
 import threading
 from typing import Any
 
-from ..engine.constraint import Constraint
-from ..engine.grammar import (
+from ..engine.inputs.grammar import (
     MAX_STRING_TOKENS,
     GrammarError,
     JsonGrammarCompiler,
     JsonSchemaGrammar,
 )
+from ..engine.spec.constraint import Constraint
 from .grounding import RequestWords
 from .parse import REFUSAL_SCHEMA
 from .skills import CatalogError, SkillCatalog

@@ -31,17 +31,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
 from ..engine.batch import Batch
-from ..engine.chat import (
+from ..engine.engine import Engine
+from ..engine.generate import GenerationSettings
+from ..engine.inputs.chat import (
     TemplateError,
     TemplateVariableError,
     check_template_vars,
     encode_chat_parts,
 )
-from ..engine.engine import Engine
-from ..engine.generate import GenerationSettings
-from ..engine.grammar import JsonGrammarCompiler
-from ..engine.images import ImagePatches
-from ..engine.sampling import Sampling, resolve_sampling
+from ..engine.inputs.grammar import JsonGrammarCompiler
+from ..engine.inputs.images import ImagePatches
+from ..engine.spec.sampling import Sampling, resolve_sampling
 from .feedback import FeedbackCallback, PlanFeedback
 from .grounding import RequestWords
 from .images import oldest_ms, request_images

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine.generate import CancelToken, GenerationSettings
-from ..engine.images import ImagePatches
+from ..engine.inputs.images import ImagePatches
 from .feedback import FeedbackCallback
 from .local_job import LocalJob
 from .request import PlanRequest, PlanResult

@@ -67,7 +67,7 @@ class Sample:
     first_step_ms: float | None = None     # None: no plan step closed
     prefix_hit: bool | None = None         # None: no prompt prefix
     prefix_restore_ms: float = 0.0
-    # bytes a cycle moved besides the weights (KV, GDN state, conv; engine/traffic.py)
+    # bytes a cycle moved besides the weights (KV, GDN state, conv; engine/state/traffic.py)
     state_read: float = 0.0
     state_written: float = 0.0
 

@@ -33,9 +33,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from ..engine.chat import TemplateError, check_template_vars
 from ..engine.generate import GenerationSettings
-from ..engine.grammar import GrammarError, JsonGrammarCompiler
+from ..engine.inputs.chat import TemplateError, check_template_vars
+from ..engine.inputs.grammar import GrammarError, JsonGrammarCompiler
 from ..planning.images import request_images
 from ..planning.request import PlanRequest, PlanResult, RequestError
 from ..planning.service import PlannerService

@@ -22,8 +22,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.chat import check_reasoning_effort
-from ..engine.sampling import Sampling, SamplingParams
+from ..engine.inputs.chat import check_reasoning_effort
+from ..engine.spec.sampling import Sampling, SamplingParams
 from ..planning.images import ImageSource
 
 KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "stream",

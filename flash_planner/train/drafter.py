@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from ..engine.config import RopeConfig
-from ..engine.models.dflash import DFlashDrafter, DraftConfig
+from ..engine.models.drafters.dflash import DFlashDrafter, DraftConfig
 from .target import TrainSettings, frozen_outputs, frozen_target, optimise
 
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..engine.models.dflash import DFLASH2, DFlashDrafter, DraftConfig
+from ..engine.models.drafters.dflash import DFLASH2, DFlashDrafter, DraftConfig
 from .drafter import Blocks, run_blocks, sample_anchors, save_drafter, weighted_ce
 from .target import TrainSettings, frozen_target, optimise
 

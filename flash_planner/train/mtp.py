@@ -23,8 +23,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..engine.checkpoint import MTP_PREFIX, read_config
-from ..engine.models.layers import apply_rope, rope_cos_sin
-from ..engine.models.mtp import MTPHead
+from ..engine.models.drafters.mtp import MTPHead
+from ..engine.models.qwen.layers import apply_rope, rope_cos_sin
 from .target import TrainSettings, frozen_target, optimise
 
 STEP_DECAY = 0.8

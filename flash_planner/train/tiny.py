@@ -237,7 +237,7 @@ def add_tiny_mtp_head(path: Path, seed: int = 0, scale: float = 1.0) -> None:
 
 
 def _flash_next_mtp(cfg, seed: int, scale: float, gen: torch.Generator) -> dict:
-    """A Flash-Next MTP module's random tensors (engine/models/flash_next_mtp.py): one
+    """A Flash-Next MTP module's random tensors (engine/models/flash_next/flash_next_mtp.py): one
     transformers Qwen4-Exp decoder layer with the indexer (no PLE), its final mixer, the
     fusion's two norms and two projections."""
     import copy
@@ -326,7 +326,7 @@ def write_tiny_drafter(path: str | Path, target: str | Path, num_layers: int = 2
     from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3Model
 
-    from ..engine.models.dflash import default_tap_ids
+    from ..engine.models.drafters.dflash import default_tap_ids
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

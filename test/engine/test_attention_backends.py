@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flash_planner.engine.models.layers import attention, expanded_attention
+from flash_planner.engine.models.qwen.layers import attention, expanded_attention
 
 CUDA = torch.cuda.is_available()
 

@@ -1,4 +1,4 @@
-"""A string of a constrained answer closes after `max_string_tokens` tokens (engine/grammar.py
+"""A string of a constrained answer closes after `max_string_tokens` tokens (engine/inputs/grammar.py
 `BoundedStrings`), over xgrammar's real matcher and the demo's tokenizer; and through the
 planner service, a spoken text that would run past the bound still gives a valid plan."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 from qwen3_tokenizer import DEMO
 
-from flash_planner.engine.acceptance import think_token_ids
-from flash_planner.engine.constraint import mask_words, unpack_bitmask
-from flash_planner.engine.grammar import BoundedStrings, JsonGrammarCompiler
+from flash_planner.engine.inputs.grammar import BoundedStrings, JsonGrammarCompiler
+from flash_planner.engine.spec.acceptance import think_token_ids
+from flash_planner.engine.spec.constraint import mask_words, unpack_bitmask
 from flash_planner.planning.parse import REFUSAL_SCHEMA
 from flash_planner.train.tokenizer import load_tokenizer
 

@@ -1,4 +1,4 @@
-"""Message text can never become a control token (engine/chat.py).
+"""Message text can never become a control token (engine/inputs/chat.py).
 
 Three tokenizers: the demo planner's own; a Qwen3-shaped one (the 26 added tokens of
 Qwen3's tokenizer with Qwen3's special flags and a ChatML template with Qwen3's thinking
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from qwen3_tokenizer import DEMO, QWEN3_ADDED, QWEN3_TEMPLATE, qwen3_shaped_tokenizer
 
-from flash_planner.engine.chat import TemplateError, encode_chat, encode_text
 from flash_planner.engine.generate import encode_prompt
+from flash_planner.engine.inputs.chat import TemplateError, encode_chat, encode_text
 from flash_planner.planning.prompt import build_messages
 from flash_planner.train.corpus import default_catalog, make_corpus
 from flash_planner.train.tokenizer import load_tokenizer

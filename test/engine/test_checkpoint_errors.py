@@ -10,10 +10,10 @@ import torch
 from checkpoint_names import WRAPPED
 from safetensors.torch import load_file, save_file
 
-from flash_planner.engine.cache import ContextOverflowError
 from flash_planner.engine.checkpoint import CheckpointError, load_checkpoint
 from flash_planner.engine.engine import EngineConfig
 from flash_planner.engine.generate import GenerationSettings, generate
+from flash_planner.engine.state.cache import ContextOverflowError
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""FP8 KV-cache scales a checkpoint stores (engine/kv_scales.py): read as the cache's scales,
+"""FP8 KV-cache scales a checkpoint stores (engine/state/kv_scales.py): read as the cache's scales,
 never calibrated over, kept through reset, batch slots and prefix snapshots.
 
 compressed-tensors writes its own: its `kv_cache_scheme` applied to a transformers model by

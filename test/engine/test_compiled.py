@@ -1,4 +1,4 @@
-"""Compiled static-shape forwards (engine/models/compiled.py) against eager forwards.
+"""Compiled static-shape forwards (engine/models/graphs/compiled.py) against eager forwards.
 
 The contract: the same tokens compiled and eager, for every method, KV dtype, the grammar,
 prefix restore and cancel, on the hybrid, the dense and the MoE target. With bf16 compute
@@ -19,12 +19,12 @@ from torch._dynamo.utils import counters
 
 from flash_planner.engine.config import ConfigError, EngineConfig, cache_home
 from flash_planner.engine.generate import CancelToken, GenerationSettings, generate
-from flash_planner.engine.grammar import JsonGrammarCompiler
-from flash_planner.engine.models import compiled as compiled_mod
-from flash_planner.engine.models import direct as direct_mod
-from flash_planner.engine.models.compiled import row_buckets, span_bounds
-from flash_planner.engine.proposer import ReplayProposer
-from flash_planner.engine.sampling import QWEN3_THINKING, Sampling
+from flash_planner.engine.inputs.grammar import JsonGrammarCompiler
+from flash_planner.engine.models.graphs import compiled as compiled_mod
+from flash_planner.engine.models.graphs import direct as direct_mod
+from flash_planner.engine.models.graphs.compiled import row_buckets, span_bounds
+from flash_planner.engine.spec.proposer import ReplayProposer
+from flash_planner.engine.spec.sampling import QWEN3_THINKING, Sampling
 from flash_planner.train.tiny import write_tiny_drafter
 
 PROMPT = "open the top drawer, take the blue screwdriver"

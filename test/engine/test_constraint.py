@@ -1,4 +1,4 @@
-"""Grammar constraints inside the speculative loop (engine/constraint.py, engine/grammar.py).
+"""Grammar constraints inside the speculative loop (engine/spec/constraint.py, engine/inputs/grammar.py).
 
 The contract: constrained speculative greedy decoding publishes exactly the tokens of
 constrained greedy decoding, one masked argmax per token. The reference here is written
@@ -14,11 +14,15 @@ import torch
 import xgrammar as xgr
 from qwen3_tokenizer import DEMO
 
-from flash_planner.engine.acceptance import think_token_ids
-from flash_planner.engine.constraint import GrammarViolation, masked, unpack_bitmask
 from flash_planner.engine.generate import GenerationSettings, generate, prefill
-from flash_planner.engine.grammar import GrammarError, JsonGrammarCompiler, JsonSchemaGrammar
-from flash_planner.engine.proposer import ReplayProposer
+from flash_planner.engine.inputs.grammar import (
+    GrammarError,
+    JsonGrammarCompiler,
+    JsonSchemaGrammar,
+)
+from flash_planner.engine.spec.acceptance import think_token_ids
+from flash_planner.engine.spec.constraint import GrammarViolation, masked, unpack_bitmask
+from flash_planner.engine.spec.proposer import ReplayProposer
 from flash_planner.train.tiny import write_tiny_drafter
 from flash_planner.train.tokenizer import load_tokenizer
 

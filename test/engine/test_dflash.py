@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from flash_planner.engine.checkpoint import read_config
 from flash_planner.engine.generate import prefill
-from flash_planner.engine.models.dflash import DrafterError, default_tap_ids, load_drafter
-from flash_planner.engine.proposer import DFlashProposer
+from flash_planner.engine.models.drafters.dflash import DrafterError, default_tap_ids, load_drafter
+from flash_planner.engine.spec.proposer import DFlashProposer
 from flash_planner.train.tiny import write_tiny_drafter
 
 
@@ -178,7 +178,7 @@ def test_missing_or_broken_drafter_fails_at_engine_load(tmp_path, target, drafte
 
 
 def test_config_written_by_to_hf_dict_reads_back_identically(drafter_dir):
-    from flash_planner.engine.models.dflash import DraftConfig
+    from flash_planner.engine.models.drafters.dflash import DraftConfig
 
     raw = json.loads((drafter_dir / "config.json").read_text())
     cfg = DraftConfig.from_hf_dict(raw, "drafter")

@@ -13,10 +13,10 @@ import torch
 import transformers
 from packaging.version import Version
 
-from flash_planner.engine.cache import InferenceState
 from flash_planner.engine.config import ConfigError, ModelConfig
 from flash_planner.engine.generate import GenerationSettings, generate
-from flash_planner.engine.proposer import ReplayProposer
+from flash_planner.engine.spec.proposer import ReplayProposer
+from flash_planner.engine.state.cache import InferenceState
 from flash_planner.train.tiny import write_tiny_checkpoint
 
 pytestmark = pytest.mark.skipif(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flash_planner.engine.models.layers import MLP
+from flash_planner.engine.models.qwen.layers import MLP
 from flash_planner.engine.weights import fp8, int4, nvfp4
 from flash_planner.engine.weights.fuse import fuse_gate_up
 from flash_planner.kernels import dispatch
@@ -87,7 +87,7 @@ def test_stacked_nvfp4_dequantizes_each_half_with_its_own_global_scale():
 def test_stacked_experts_give_the_two_projections(family, backend):
     """A mixture of experts' gate and up stacks, full precision or quantized, stacked per
     expert: the same routed rows as before, decode rows and a prefill chunk."""
-    from flash_planner.engine.models.moe import Experts
+    from flash_planner.engine.models.qwen.moe import Experts
 
     gen = torch.Generator().manual_seed(4)
     experts, hidden, inter = 4, 128, 128

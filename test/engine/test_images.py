@@ -1,4 +1,4 @@
-"""Images into patches (engine/images.py) against transformers' own Qwen2-VL image processor
+"""Images into patches (engine/inputs/images.py) against transformers' own Qwen2-VL image processor
 (the Pillow one, which Qwen3.5/3.6 checkpoints name), over sizes that need rounding, scaling
 down into the pixel budget and scaling up to its least."""
 
@@ -13,7 +13,7 @@ import transformers
 from packaging.version import Version
 
 from flash_planner.engine.config import ConfigError
-from flash_planner.engine.images import ImageConfig, fitted_size, to_patches
+from flash_planner.engine.inputs.images import ImageConfig, fitted_size, to_patches
 
 PROCESSOR = {"patch_size": 4, "merge_size": 2, "temporal_patch_size": 2,
              "size": {"shortest_edge": 24 * 24, "longest_edge": 96 * 96},

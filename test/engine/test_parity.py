@@ -11,9 +11,9 @@ from transformers import (
     Qwen3_5MoeForConditionalGeneration,
 )
 
-from flash_planner.engine.cache import InferenceState
 from flash_planner.engine.checkpoint import load_checkpoint
 from flash_planner.engine.generate import GenerationSettings, generate
+from flash_planner.engine.state.cache import InferenceState
 
 CUDA = torch.cuda.is_available()
 KINDS = ["hybrid", "hybrid_vl", "dense", "hybrid_moe", "hybrid_moe_vl", "dense_moe"]

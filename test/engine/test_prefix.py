@@ -1,4 +1,4 @@
-"""Prefix state snapshots (engine/prefix.py): restoring gives the bits of a fresh prefill.
+"""Prefix state snapshots (engine/state/prefix.py): restoring gives the bits of a fresh prefill.
 
 A prompt with a declared prefix is always prefilled in two parts, so with and without a
 snapshot the same chunks run: the state after the prefix, and every generated token, must
@@ -12,9 +12,9 @@ import logging
 import pytest
 import torch
 
-from flash_planner.engine.chat import encode_chat_parts
 from flash_planner.engine.engine import Engine
 from flash_planner.engine.generate import GenerationSettings, generate
+from flash_planner.engine.inputs.chat import encode_chat_parts
 from flash_planner.planning.presets import ModelPreset, default_skills_path
 from flash_planner.planning.prompt import build_messages
 from flash_planner.planning.skills import SkillCatalog
@@ -147,8 +147,8 @@ def test_the_mtp_head_cache_of_the_prefix_is_restored_not_recomputed(catalog):
 
 def test_a_proposer_tapping_layers_the_snapshot_lacks_prefills_the_prefix_again(
         checkpoints, make_engine, tmp_path):
-    from flash_planner.engine.models.dflash import load_drafter
-    from flash_planner.engine.proposer import DFlashProposer
+    from flash_planner.engine.models.drafters.dflash import load_drafter
+    from flash_planner.engine.spec.proposer import DFlashProposer
     from flash_planner.train.tiny import write_tiny_drafter
 
     path = checkpoints("hybrid")

@@ -65,7 +65,7 @@ def _assert_same_as_reference(engine, ref_dir, kind, new_tokens=24):
                           pad_token_id=0)
         ref_logits = hf(input_ids=torch.tensor([prompt])).logits[0, -1]
     assert result.token_ids == ref[0, len(prompt):].tolist()
-    from flash_planner.engine.cache import InferenceState
+    from flash_planner.engine.state.cache import InferenceState
 
     ckpt = engine.checkpoint
     state = InferenceState(ckpt.config, 64, 1, torch.float32, torch.float32,
@@ -290,7 +290,7 @@ def _flip_scales(tensors) -> None:
 def _decode(engine, new_tokens=16):
     prompt = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
     tokens = generate(engine, prompt, GenerationSettings(max_new_tokens=new_tokens)).token_ids
-    from flash_planner.engine.cache import InferenceState
+    from flash_planner.engine.state.cache import InferenceState
 
     ckpt = engine.checkpoint
     state = InferenceState(ckpt.config, 64, 1, torch.float32, torch.float32,

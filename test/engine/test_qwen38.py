@@ -27,14 +27,14 @@ from transformers import (
     Qwen3_5MoeTextConfig,
 )
 
-from flash_planner.engine.chat import (
+from flash_planner.engine.generate import GenerationSettings, encode_prompt, generate
+from flash_planner.engine.inputs.chat import (
     TemplateError,
     TemplateVariableError,
     check_template_vars,
     encode_chat,
     template_takes,
 )
-from flash_planner.engine.generate import GenerationSettings, encode_prompt, generate
 from flash_planner.planning.presets import default_skills_path
 from flash_planner.planning.request import PlanRequest
 from flash_planner.planning.service import PlannerConfig, PlannerService

@@ -15,9 +15,9 @@ import random
 import pytest
 import torch
 
-from flash_planner.engine.acceptance import RelaxedThinking, StrictAcceptance
 from flash_planner.engine.generate import GenerationSettings, generate
-from flash_planner.engine.proposer import Proposer
+from flash_planner.engine.spec.acceptance import RelaxedThinking, StrictAcceptance
+from flash_planner.engine.spec.proposer import Proposer
 from flash_planner.train.tiny import write_tiny_drafter
 
 BLOCK = 8

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flash_planner.engine.cache import InferenceState
 from flash_planner.engine.checkpoint import load_checkpoint
+from flash_planner.engine.state.cache import InferenceState
 
 S = 8
 

@@ -1,4 +1,4 @@
-"""The state bytes a cycle moves besides the weights (engine/traffic.py): counted from the
+"""The state bytes a cycle moves besides the weights (engine/state/traffic.py): counted from the
 engine's own buffers on the meta device at the 27B's shapes, and carried by telemetry."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 from weight_bytes import MODELS, QWEN3_8_FLASH_NEXT, traffic_rows
 
-from flash_planner.engine.cache import InferenceState
 from flash_planner.engine.config import ModelConfig
 from flash_planner.engine.engine import Engine
 from flash_planner.engine.generate import GenerationSettings, generate
-from flash_planner.engine.traffic import TrafficModel
+from flash_planner.engine.state.cache import InferenceState
+from flash_planner.engine.state.traffic import TrafficModel
 from flash_planner.planning.presets import ModelPreset
 
 META = torch.device("meta")

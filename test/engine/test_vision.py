@@ -1,4 +1,4 @@
-"""The vision tower (engine/models/vision.py) against transformers' own, on tiny random
+"""The vision tower (engine/models/qwen/vision.py) against transformers' own, on tiny random
 Qwen3.5 / Qwen3.5-MoE vision-language checkpoints written by `save_pretrained`."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from packaging.version import Version
 
 from flash_planner.engine.checkpoint import CheckpointError, load_vision_tower
 from flash_planner.engine.config import ConfigError
-from flash_planner.engine.models.vision import VisionConfig
+from flash_planner.engine.models.qwen.vision import VisionConfig
 
 # (t, h, w) in patches: square and not, one frame each (an image) and two (a pair of frames)
 GRIDS = [[(1, 4, 4)], [(1, 6, 8), (1, 2, 4)], [(2, 4, 6)], [(1, 10, 6), (1, 4, 4), (1, 8, 2)]]
@@ -93,7 +93,7 @@ def test_a_quantized_checkpoints_tower_loads_as_stored_and_equals_its_dequantize
     from quantized_checkpoints import write_quantized
 
     from flash_planner.engine.generate import GenerationSettings, generate
-    from flash_planner.engine.images import ImageConfig, to_patches
+    from flash_planner.engine.inputs.images import ImageConfig, to_patches
 
     source, _ = wide_towers("hybrid_vl")
     quant, ref = write_quantized(source, tmp_path, fmt, kind="hybrid_vl")
@@ -145,7 +145,7 @@ IMAGE_TOKEN = 7          # an id of the tiny vocabulary the prompts never use ot
 
 def _prompt(images, merge, text_ids):
     """Text, image, text (, image, text): ids with each image's tokens, and their spans."""
-    from flash_planner.engine.mrope import ImageSpan
+    from flash_planner.engine.inputs.mrope import ImageSpan
 
     ids, spans = list(text_ids[0]), []
     for image, text in zip(images, text_ids[1:]):
@@ -163,10 +163,10 @@ def test_the_target_over_images_equals_transformers_whole_chunked_and_decoding(w
     """Logits of a prompt with two images (tower embeddings in place of their tokens,
     (t, h, w) rotary positions), in one forward and in chunks split inside an image, then a
     decode step after it (rows shifted), equal transformers' forward with the same inputs."""
-    from flash_planner.engine.cache import InferenceState
     from flash_planner.engine.checkpoint import load_checkpoint
-    from flash_planner.engine.images import ImageConfig, to_patches
-    from flash_planner.engine.mrope import prompt_positions
+    from flash_planner.engine.inputs.images import ImageConfig, to_patches
+    from flash_planner.engine.inputs.mrope import prompt_positions
+    from flash_planner.engine.state.cache import InferenceState
 
     path, theirs = wide_towers(kind)
     tower = load_vision_tower(path)
@@ -211,9 +211,9 @@ def test_the_target_over_images_equals_transformers_whole_chunked_and_decoding(w
 
 
 def test_image_positions_refuse_overlaps_and_a_saved_state_keeps_its_shift(checkpoints):
-    from flash_planner.engine.cache import InferenceState
     from flash_planner.engine.checkpoint import load_checkpoint
-    from flash_planner.engine.mrope import ImageSpan, prompt_positions
+    from flash_planner.engine.inputs.mrope import ImageSpan, prompt_positions
+    from flash_planner.engine.state.cache import InferenceState
 
     positions, shift = prompt_positions(9, [ImageSpan(1, (1, 2, 3))])
     # text 0; the image's 2 x 3 tokens at 1 + (0, row, col); text after it from 1 + 3
@@ -249,7 +249,7 @@ VISION_PROMPTS = [([11, 12, 13], [((40, 24), [14, 15])]),
 
 
 def _vision_requests(path, tower):
-    from flash_planner.engine.images import ImageConfig, to_patches
+    from flash_planner.engine.inputs.images import ImageConfig, to_patches
 
     cfg = ImageConfig(patch_size=tower.cfg.patch_size, min_pixels=8 * 8, max_pixels=64 * 64)
     rng = np.random.default_rng(2)
@@ -268,7 +268,7 @@ def test_greedy_tokens_after_images_equal_transformers_and_every_method_is_lossl
         wide_towers, make_engine, tmp_path, kind):
     from flash_planner.engine.batch import Batch, BatchRequest
     from flash_planner.engine.generate import GenerationSettings, generate
-    from flash_planner.engine.proposer import ReplayProposer
+    from flash_planner.engine.spec.proposer import ReplayProposer
     from flash_planner.train.tiny import write_tiny_drafter
 
     path, theirs = wide_towers(kind)
@@ -365,7 +365,7 @@ def test_chat_messages_with_image_parts_and_the_cli_equal_transformers(
 
     from flash_planner.cli import main
     from flash_planner.engine.generate import GenerationSettings, encode_prompt, generate
-    from flash_planner.engine.images import to_patches
+    from flash_planner.engine.inputs.images import to_patches
 
     path, pad = chat_vl
     engine = make_engine(path, prefill_chunk=8)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from flash_planner.engine.images import to_patches
+from flash_planner.engine.inputs.images import to_patches
 from flash_planner.planning.images import ImageLimits, ImageSource, request_images
 from flash_planner.planning.presets import default_skills_path
 from flash_planner.planning.request import PlanRequest, RequestError

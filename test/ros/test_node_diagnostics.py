@@ -43,7 +43,7 @@ def test_diagnostics_carry_the_keys_and_follow_the_budget(harness):
     assert any(float(values_of(s).get("batch tokens per s", 0)) > 0 for s in h.statuses())
     assert values["threads"].startswith("1 intra-op, ") and "(engine.threads)" in values["threads"]
     assert float(values["latency p95 ms"]) > 0 and float(values["tokens per cycle"]) > 1
-    # the demo's KV rows and GDN state, moved by every cycle (engine/traffic.py)
+    # the demo's KV rows and GDN state, moved by every cycle (engine/state/traffic.py)
     read, written = (float(values[f"state {x} per cycle MB"]) for x in ("read", "written"))
     assert read > written > 0
     assert status.level == DiagnosticStatus.OK and status.message.startswith("ok: p95 latency")

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from live import requires_ros, wait_for
 
-from flash_planner.engine.images import to_patches
+from flash_planner.engine.inputs.images import to_patches
 
 pytestmark = requires_ros
 PIXELS = np.random.default_rng(12).integers(0, 256, (24, 40, 3), dtype=np.uint8)

@@ -13,7 +13,7 @@ from packaging.version import Version
 from safetensors.torch import load_file
 
 from flash_planner.engine.checkpoint import load_checkpoint
-from flash_planner.engine.models.dflash import DFlashDrafter, load_drafter
+from flash_planner.engine.models.drafters.dflash import DFlashDrafter, load_drafter
 from flash_planner.train.drafter import (
     DrafterSpec,
     drafter_loss,

@@ -14,7 +14,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from ..config import DENSE_BACKENDS, cache_home
-from ..models.target import TargetModel, TorchDense
+from ..models.qwen.target import TargetModel, TorchDense
 from ..weights.linear import QuantLinear
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from ..cache import InferenceState
-from ..models.target import TargetModel, TorchDense
+from ..models.qwen.target import TargetModel, TorchDense
+from ..state.cache import InferenceState
 
 log = logging.getLogger(__name__)
 

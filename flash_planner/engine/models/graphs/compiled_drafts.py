@@ -1,0 +1,216 @@
+"""The proposers' forwards as compiled graphs: the MTP head's rows and the DFlash drafter's
+block, on the same footing as the target's (compiled.py: buckets, padding, warm-up, the
+on-disk cache, CUDA-graph capture)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from ...state.cache import InferenceState
+from ..qwen.layers import rope_cos_sin
+from .compiled import key_mask, span_forward
+from .direct import check_direct
+from .static_graphs import (
+    CapturedGraph,
+    CompileReport,
+    StaticGraphs,
+    batch_rows,
+    compile_cache_dir,
+    compile_graph,
+    layer_cache,
+    run_graph,
+    warm_up_report,
+)
+
+
+class StaticHead(StaticGraphs):
+    """Runs `MTPHead.forward` for up to max_block rows as one compiled graph per bucket on
+    the head's own state: the MTP proposer's drafting steps and its per-cycle catch-up. Or
+    on a batch's head slots (`MTPProposer.head_slots`), whose drafts go through the head
+    together over every slot (`propose_together`): `batches` (the slots' count,)."""
+
+    part = "MTP head"
+
+    def __init__(self, head: nn.Module, state: InferenceState, max_block: int,
+                 cache_dir: str | None = None, batches: tuple[int, ...] = (1,)):
+        weight = head.pre_fc_norm_hidden.weight
+        super().__init__(state, max_block, cache_dir, weight.device, batches)
+        if batches != (1,):
+            self.part = f"batch of {batches[-1]}'s MTP head"
+        self.head = head
+        self.caches = {bb: (batch_rows(layer_cache(state, 0, False), bb,
+                                       state.kv.k.shape[1]),) for bb in batches}
+        self.graph = self._compile(_mtp_head)
+        hidden, dtype = head.cfg.hidden_size, head.fc.weight.dtype
+        self.inputs = {key: (torch.zeros(*key, hidden, dtype=dtype, device=self.device),
+                             torch.zeros(*key, hidden, dtype=dtype, device=self.device))
+                       for key in self.keys}
+
+    def accepts(self, embedded: torch.Tensor, state: InferenceState) -> bool:
+        return self.fits(state, embedded.shape[0], embedded.shape[1])
+
+    def run(self, embedded: torch.Tensor, hidden: torch.Tensor, state: object
+            ) -> torch.Tensor:
+        """`MTPHead.forward` of rows `accepts` took -> normed outputs [B, T, H]."""
+        b, t = embedded.shape[:2]
+        key, valid, window_rows = self._begin(state, t, False)
+        for buffer, rows in zip(self.inputs[key], (embedded, hidden)):
+            buffer[:b, :t].copy_(rows)
+        out = self._run(key, valid, window_rows)[:b, :t]
+        return out.clone() if self.cuda_graphs else out
+
+    def _forward(self, key: tuple[int, int], valid: torch.Tensor, window_rows: torch.Tensor):
+        rope = self.head.cfg.rope
+        return self.graph.call(key, self.head, self.caches[key[0]], *self.inputs[key],
+                               self.positions[key], self.key_positions, rope.rotary_dim,
+                               rope.theta, valid, window_rows)
+
+
+def _mtp_head(head: nn.Module, caches: tuple[tuple[torch.Tensor, ...], ...],
+              embedded: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+              key_positions: torch.Tensor, rotary_dim: int, theta: float,
+              valid: torch.Tensor, window_rows: torch.Tensor) -> torch.Tensor:
+    x = head.fuse(embedded, hidden)
+    cos, sin = rope_cos_sin(positions, rotary_dim, theta, x.dtype)
+    outs, _ = span_forward(tuple(head.layers), caches, x, cos, sin, positions,
+                           key_mask(key_positions, positions), valid, window_rows)
+    return head.norm(outs[-1])
+
+
+class StaticDrafter:
+    """The DFlash drafter's proposal (block forward and logits, or a DFlash2 selector's
+    candidates and pair scores) as one compiled graph:
+    the block is the proposer's fixed block size and the context window is padded to its
+    capacity, its empty rows at a position no block precedes (so the drafter's own mask
+    hides them). With `batches` (group sizes, e.g. 2, 4, 8), the blocks of several requests
+    drafted together instead (`propose_rows`; a batch's `propose_together`), each at its own
+    start over its own window, a group padded to the smallest size that holds it."""
+
+    part = "DFlash drafter"
+
+    def __init__(self, drafter: nn.Module, embed: nn.Embedding, lm_head_weight: torch.Tensor,
+                 block_size: int, window: int, cache_dir: str | None = None,
+                 batches: tuple[int, ...] = ()):
+        self.drafter, self.embed, self.lm_head_weight = drafter, embed, lm_head_weight
+        self.block_size, self.window = block_size, window
+        self.cache_dir = compile_cache_dir(cache_dir)
+        self.cuda_graphs = lm_head_weight.device.type == "cuda"
+        # 0: one request's block, its tensors without a batch dimension
+        self.keys = batches or (0,)
+        if batches:
+            self.part = f"batch of {batches[-1]}'s DFlash drafter"
+        self.inputs = {bb: self._inputs(bb) for bb in self.keys}
+        self.graph = compile_graph(_dflash_drafts_rows if batches else _dflash_drafts,
+                                   self.cuda_graphs, 2 * len(self.keys), block_size)
+        self.captured: dict[int, CapturedGraph] = {}
+        self.report: CompileReport | None = None
+        self.calls = 0
+
+    def _inputs(self, bb: int) -> tuple[torch.Tensor, torch.Tensor, list, torch.Tensor]:
+        """(ids, start, per-layer context (k, v), context positions) of a key's graph."""
+        device, dtype = self.lm_head_weight.device, self.lm_head_weight.dtype
+        cfg, lead = self.drafter.cfg, (bb,) if bb else ()
+        shape = (max(bb, 1), self.window, cfg.num_kv_heads, cfg.head_dim)
+        ctx_kv = [(torch.zeros(shape, dtype=dtype, device=device),
+                   torch.zeros(shape, dtype=dtype, device=device))
+                  for _ in range(cfg.num_layers)]
+        return (torch.zeros(*lead, self.block_size, dtype=torch.long, device=device),
+                torch.zeros(max(bb, 1), dtype=torch.long, device=device), ctx_kv,
+                torch.full((*lead, self.window), EMPTY_POSITION, device=device))
+
+    def accepts(self, ids: torch.Tensor, window_rows: int) -> bool:
+        return (self.report is not None and ids.shape[0] == self.block_size
+                and window_rows <= self.window)
+
+    def accepts_rows(self, blocks: list) -> bool:
+        """Whether `propose_rows` takes these (ids, start, ctx_kv, ctx_pos) blocks."""
+        return (self.report is not None and len(blocks) <= self.keys[-1]
+                and all(self.accepts(ids, pos.shape[0]) for ids, _, _, pos in blocks))
+
+    def propose(self, ids: torch.Tensor, start: int, ctx_kv, ctx_pos: torch.Tensor):
+        """`draft_output` of the block ids [block_size] at `start` (logits [block_size - 1,
+        V], or a selector's candidates and pair scores), over the window's per-layer (k, v)
+        [1, n, Hkv, D] at positions ctx_pos [n] (the proposer picks the drafts)."""
+        self._stage(0, [(ids, start, ctx_kv, ctx_pos)])
+        return self._call(0)
+
+    def propose_rows(self, blocks: list) -> list:
+        """`propose` of several requests' blocks (ids, start, ctx_kv, ctx_pos) in one
+        graph call: each one's `draft_output`."""
+        bb = next(b for b in self.keys if b >= len(blocks))
+        self._stage(bb, blocks)
+        return list(self._call(bb)[:len(blocks)])
+
+    def _stage(self, bb: int, blocks: list) -> None:
+        self.calls += 1
+        ids_in, start_in, ctx_in, pos_in = self.inputs[bb]
+        for i, (ids, start, ctx_kv, ctx_pos) in enumerate(blocks):
+            n = ctx_pos.shape[0]
+            row = i if bb else slice(None)
+            for (k, v), (ck, cv) in zip(ctx_in, ctx_kv):
+                k[i:i + 1, :n].copy_(ck)
+                v[i:i + 1, :n].copy_(cv)
+            pos_in[row][:n].copy_(ctx_pos)
+            pos_in[row][n:].fill_(EMPTY_POSITION)
+            ids_in[row].copy_(ids)
+            start_in[i] = start
+        if bb:   # padding rows: empty windows, so nothing a real row reads
+            pos_in[len(blocks):].fill_(EMPTY_POSITION)
+
+    def _call(self, bb: int):
+        if self.graph.direct:
+            return self._forward(bb)
+        out = run_graph(self.captured.get(bb), partial(self._forward, bb))
+        if bb not in self.captured:
+            return out
+        return tree_map(lambda t: t.clone(), out)
+
+    def _forward(self, bb: int):
+        ids, start, ctx_kv, ctx_pos = self.inputs[bb]
+        return self.graph.call(bb, self.drafter, self.embed, self.lm_head_weight, ids, start,
+                               ctx_kv, ctx_pos)
+
+    def warm_up(self, progress: Callable[[str], None] | None = None) -> CompileReport:
+        def every_key() -> None:
+            for bb in self.keys:
+                t0 = time.perf_counter()
+                forward = partial(self._forward, bb)
+                if self.cuda_graphs:
+                    self.captured[bb] = CapturedGraph(forward)
+                elif self.graph.direct:   # a block twice: through dynamo, then directly
+                    check_direct([self.graph], self.part, forward(), forward)
+                else:
+                    forward()
+                if progress is not None:
+                    rows = f"{bb} x " if bb else ""
+                    progress(f"compiled the {self.part}'s {rows}{self.block_size}-row block "
+                             f"({time.perf_counter() - t0:.1f} s)")
+
+        self.report = warm_up_report(every_key, self.part, self.cuda_graphs, (self.block_size,),
+                                     1, self.cache_dir, tuple(b or 1 for b in self.keys))
+        return self.report
+
+
+# A context row at this position follows every block, so the drafter's mask hides it.
+EMPTY_POSITION = 1 << 40
+
+
+def _dflash_drafts(drafter: nn.Module, embed: nn.Embedding, lm_head_weight: torch.Tensor,
+                   ids: torch.Tensor, start: torch.Tensor, ctx_kv, ctx_pos: torch.Tensor):
+    hidden = drafter(embed(ids)[None], start, ctx_kv, ctx_pos)          # [1, B, H]
+    return drafter.draft_output(hidden[0, 1:], lm_head_weight, ids[:1])
+
+
+def _dflash_drafts_rows(drafter: nn.Module, embed: nn.Embedding, lm_head_weight: torch.Tensor,
+                        ids: torch.Tensor, start: torch.Tensor, ctx_kv, ctx_pos: torch.Tensor):
+    """`_dflash_drafts` of bb blocks ids [bb, block] at starts [bb] over windows ctx_pos
+    [bb, W]: a tuple of each block's draft output."""
+    hidden = drafter(embed(ids), start, ctx_kv, ctx_pos)               # [bb, B, H]
+    return tuple(drafter.draft_output(hidden[i, 1:], lm_head_weight, ids[i, :1])
+                 for i in range(ids.shape[0]))

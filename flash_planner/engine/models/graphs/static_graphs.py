@@ -1,0 +1,383 @@
+"""What every compiled static-shape model shares (compiled.py's target, compiled_drafts.py's
+MTP head and DFlash drafter): the row and batch buckets, compiling a graph function with
+the options a CPU or CUDA wants, the on-disk cache, warm-up and its report, padding and
+positions per (batch bucket, row bucket) key, the state views a layer's graph takes, and
+one CUDA graph captured per key. compiled.py's docstring says why the forwards are compiled
+and how their static shapes are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import types
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from ....kernels.toolchain import toolchain_error
+from ...config import cache_home
+from ...state.cache import InferenceState
+from .direct import DirectGraph, check_direct
+
+log = logging.getLogger(__name__)
+
+
+def row_buckets(max_block: int) -> tuple[int, ...]:
+    """Block sizes the forwards are compiled for: 1 (plain decode), the powers of two below
+    max_block, and max_block (the largest verify block)."""
+    out, size = [1], 2
+    while size < max_block:
+        out.append(size)
+        size *= 2
+    return tuple(out + ([max_block] if max_block > 1 else []))
+
+
+
+# A cache directory the user chose for torch before we ran (inductor sets the variable itself
+# to a temporary directory the first time it compiles, so it is read at import).
+_USER_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+
+def compile_cache_dir(configured: str | None = None) -> Path:
+    """Where compiled graphs persist across starts: the configured directory, else
+    $TORCHINDUCTOR_CACHE_DIR as the user set it, else torch_compile under `cache_home()`."""
+    if configured or _USER_CACHE:
+        return Path(configured or _USER_CACHE).expanduser()
+    return cache_home() / "torch_compile"
+
+
+
+def _own_copy(fn):
+    """fn with a code object of its own. Dynamo keeps compiled graphs, and the guards that
+    choose among them, per code object: each engine's stay its own (two engines in one
+    process neither share entries nor exhaust each other's recompile limit)."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
+
+
+@contextmanager
+def quiet_inductor():
+    """Compiling with the C++ wrapper warns, once per op, that ops without a C shim (the
+    triangular solve of the GDN verify) run through a proxy: correct, and not for users."""
+    logger = logging.getLogger("torch._inductor.ir")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def compile_graph(fn, cuda_graphs: bool, variants: int, rows: int = 1) -> DirectGraph:
+    """torch.compile of one graph function, static shapes, no graph break allowed; rows:
+    the most rows a GEMM of it multiplies. On a CPU its sites may be called directly
+    (direct.py); on CUDA the captured graph is replayed instead."""
+    # dynamo's per-code limit must admit every variant (bucket x recording x graph kind)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                               variants)
+    # On a CPU the graph's host wrapper in C++ (not Python) halves what a call costs; on
+    # CUDA the captured graph is replayed and the wrapper runs only at capture. Rounding to
+    # the compute dtype where eager does keeps bf16 close to eager.
+    options: dict[str, object] = {"cpp_wrapper": not cuda_graphs,
+                                  "emulate_precision_casts": True}
+    if not cuda_graphs:
+        # What else a CPU call's wrapper costs, per span of 4 layers (of ~120 us): a check of
+        # every input's sizes and strides (~15 us; the inputs are the tensors compiled with,
+        # so the check cannot fail) and one allocation per intermediate (~80: one pool).
+        options.update(size_asserts=False, memory_planning=True, memory_pool="combined",
+                       post_grad_fusion_options={"decompose_mm_pass": {}})
+        _decompose_small_gemms(rows)
+    return DirectGraph(_own_copy(fn), options, direct=not cuda_graphs)
+
+
+def _decompose_small_gemms(rows: int) -> None:
+    """On a CPU, let inductor write a GEMM of a block's few rows (and weights of at most
+    2048 columns) as a loop it fuses with its neighbours, instead of a BLAS call that costs
+    microseconds of dispatch for nanoseconds of work (8 per layer; -10 to -25% per forward at
+    the bench's widths). Inductor does this for one row; its limit is a module setting."""
+    from torch._inductor.fx_passes import decompose_mem_bound_mm as small_gemms
+
+    small_gemms.cpu_max_first_dimension_decomposition = max(
+        small_gemms.cpu_max_first_dimension_decomposition, rows)
+
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What warm-up did: telemetry and the node's summary show it."""
+
+    backend: str              # "inductor" (CPU) or "inductor + CUDA graphs"
+    buckets: tuple[int, ...]
+    parts: tuple[str, ...]    # the models compiled: target, and the MTP head where loaded
+    spans: int                # graph calls per target forward for its layers
+    graphs: int               # graphs compiled (or read from the cache) at warm-up
+    seconds: float
+    cache_dir: str
+    batches: tuple[int, ...] = (1,)   # batch buckets (a batch of slots' forwards)
+
+    def plus(self, other: CompileReport) -> CompileReport:
+        return replace(self, parts=self.parts + other.parts, graphs=self.graphs + other.graphs,
+                       seconds=self.seconds + other.seconds,
+                       batches=max(self.batches, other.batches, key=len))
+
+    def as_dict(self) -> dict[str, object]:
+        return {"backend": self.backend, "buckets": list(self.buckets),
+                "batches": list(self.batches),
+                "parts": list(self.parts), "spans": self.spans, "graphs": self.graphs,
+                "seconds": round(self.seconds, 3), "cache_dir": self.cache_dir}
+
+    def __str__(self) -> str:
+        batches = f" x batches {list(self.batches)}" if self.batches != (1,) else ""
+        return (f"compiled {' + '.join(self.parts)} ({self.backend}): buckets "
+                f"{list(self.buckets)}{batches}, {self.spans} layer graph calls per target "
+                f"forward, {self.graphs} graphs in {self.seconds:.1f} s (cache "
+                f"{self.cache_dir})")
+
+
+def layer_cache(state: InferenceState, layer: int, record: bool) -> tuple[torch.Tensor, ...]:
+    """A layer's views of the state, as `mix_static` takes them: GDN (state, conv window,
+    then the kept rows when recording), attention (k, v, then FP8 scales)."""
+    kv, gdn = state.kv, state.gdn
+    if layer in gdn.slot:
+        s = gdn.slot[layer]
+        return (gdn.state[s], gdn.conv[s], *(gdn.kept(s) if record else ()))
+    s = kv.slot[layer]
+    scales = (kv.k_scale[s], kv.v_scale[s]) if kv.is_fp8 else ()
+    return (kv.k[s], kv.v[s], *scales)
+
+
+class StaticGraphs:
+    """What a compiled model shares: the buckets, the position and padding tensors, the
+    compile options, the on-disk cache, warm-up and (on CUDA) one captured graph per bucket.
+    Subclasses stage their inputs in per-bucket buffers and define `_forward(key, valid,
+    window_rows)`, the graphs of one forward, key = (batch bucket, row bucket).
+
+    Bound to one sequence's state (batches (1,)), or to a batch's slots (`slots.py`):
+    then a forward of slots 0..m-1 runs padded to the smallest of `batches` >= m. The
+    padding batch rows are free slots: their rows are marked not real (the GDN state and
+    conv window stay as they were) and they write KV rows at positions 0.. of their own
+    slot, which the next request to take the slot prefills over before anything reads
+    them."""
+
+    part = ""
+    spans = 1
+    records = False           # whether blocks of several rows keep per-step checkpoints
+
+    def __init__(self, state: InferenceState, max_block: int, cache_dir: str | None,
+                 device: torch.device, batches: tuple[int, ...] = (1,)):
+        self.state = state
+        self.cache_dir = compile_cache_dir(cache_dir)
+        self.buckets = row_buckets(max_block)
+        self.batches = batches
+        self._bucket_of = {rows: next(b for b in self.buckets if b >= rows)
+                           for rows in range(1, self.buckets[-1] + 1)}
+        self._batch_of = {m: next(b for b in batches if b >= m)
+                          for m in range(1, batches[-1] + 1)}
+        self.keys = tuple((bb, tb) for bb in self.batches for tb in self.buckets)
+        self.device = device
+        self.cuda_graphs = device.type == "cuda"
+        self.key_positions = torch.arange(state.capacity, device=device)
+        self.positions = {key: torch.zeros(key, dtype=torch.long, device=device)
+                          for key in self.keys}
+        self._starts = {bb: torch.zeros(bb, 1, dtype=torch.long, device=device)
+                        for bb in self.batches}
+        self._padding: dict[tuple[int, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], CapturedGraph] = {}
+        self.report: CompileReport | None = None
+        self.calls = 0                      # forwards run compiled since warm-up
+        self.compiled: list[DirectGraph] = []
+        self.direct = False                 # calls skip dynamo (checked at warm-up)
+
+    def _compile(self, fn, kinds: int = 1) -> DirectGraph:
+        graph = compile_graph(fn, self.cuda_graphs, 2 * len(self.keys) * kinds,
+                              self.buckets[-1])
+        self.compiled.append(graph)
+        return graph
+
+    def bucket(self, rows: int) -> int | None:
+        return self._bucket_of.get(rows)
+
+    def padding(self, bb: int, tb: int, m: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(valid [bb, tb]: rows 0..t-1 of batch rows 0..m-1 are real; window_rows
+        [bb, K-1]: the rows of [window, block] each batch row's conv window keeps)."""
+        key = (bb, tb, m, t)
+        if key not in self._padding:
+            k1, device = self.state.gdn.conv.shape[2], self.device
+            running = torch.arange(bb, device=device)[:, None] < m
+            valid = running & (torch.arange(tb, device=device) < t)
+            window_rows = torch.where(running, torch.arange(t, t + k1, device=device),
+                                      torch.arange(k1, device=device))
+            self._padding[key] = (valid, window_rows)
+        return self._padding[key]
+
+    def _slots(self, state: object, batch: int) -> list[InferenceState] | None:
+        """The sequences a forward on `state` of `batch` rows runs: this state itself, or
+        slots 0..batch-1 of it (`slots.BatchRows`); None when not bound to them."""
+        if state is self.state and batch == 1:
+            return [state]
+        if getattr(state, "whole", None) is self.state and batch in self._batch_of:
+            return state.slots
+        return None
+
+    def fits(self, state: object, batch: int, rows: int) -> bool:
+        """This state (or a batch of its slots), a block that fits a bucket and every
+        sequence's cache, and an FP8 cache already calibrated (the first prefill chunk does
+        that, eagerly)."""
+        tb = self.bucket(rows)
+        if tb is None or self.report is None:
+            return False
+        slots = self._slots(state, batch)
+        return (slots is not None and all(s.length + tb <= s.capacity for s in slots)
+                and (not state.kv.is_fp8 or all(state.kv.calibrated)))
+
+    def _begin(self, state: object, rows: int, record: bool
+               ) -> tuple[tuple[int, int], torch.Tensor, torch.Tensor]:
+        tb = self.bucket(rows)
+        start = state.begin(rows, record)
+        self.calls += 1
+        if isinstance(start, int):     # one sequence
+            bb, m = 1, 1
+            if tb == 1:      # a decode step: the one position, without slicing the arange
+                self.positions[1, 1].fill_(start)
+            else:
+                self.positions[1, tb][0].copy_(self.key_positions[start:start + tb])
+        else:                          # slots 0..m-1 of a batch, each at its own length
+            m = len(start)
+            bb = self._batch_of[m]
+            starts = self._starts[bb]
+            starts.zero_()
+            starts[:m, 0].copy_(torch.tensor(start))
+            torch.add(starts, self.key_positions[:tb], out=self.positions[bb, tb])
+        return (bb, tb), *self.padding(bb, tb, m, rows)
+
+    def _run(self, key: tuple[int, int], valid: torch.Tensor, window_rows: torch.Tensor):
+        if self.direct:
+            return self._forward(key, valid, window_rows)
+        return run_graph(self.graphs.get(key), partial(self._forward, key), valid,
+                         window_rows)
+
+    def _forward(self, key: tuple[int, int], valid: torch.Tensor, window_rows: torch.Tensor):
+        raise NotImplementedError
+
+    def _warm_state(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The state emptied and opened for a full bucket at position 0 of every row (FP8
+        scales of 1), as warm-up runs it -> (valid, window_rows)."""
+        bb, tb = key
+        kv = self.state.kv
+        self.state.reset()
+        kv.calibrated = [True] * len(kv.calibrated)
+        self.state.begin(tb, self.records and tb > 1)
+        self.positions[key].copy_(self.key_positions[:tb].expand(bb, tb))
+        return self.padding(bb, tb, bb, tb)
+
+    def warm_up(self, progress: Callable[[str], None] | None = None) -> CompileReport:
+        """Compile (or read from the on-disk cache) every bucket's graphs, running each once
+        on the state, which is left empty."""
+
+        def every_bucket() -> None:
+            for i, key in enumerate(self.keys):
+                t1 = time.perf_counter()
+                valid, window_rows = self._warm_state(key)
+                if self.cuda_graphs:
+                    self.graphs[key] = CapturedGraph(partial(self._forward, key), valid,
+                                                     window_rows)
+                elif self.compiled[0].direct:
+                    self._check_direct(key, self._forward(key, valid, window_rows))
+                else:
+                    self._forward(key, valid, window_rows)
+                if progress is not None:
+                    bb, tb = key
+                    rows = f"{tb}-row" if bb == 1 else f"{bb} x {tb}-row"
+                    progress(f"compiled the {self.part}'s {rows} forward ({i + 1}/"
+                             f"{len(self.keys)}, {time.perf_counter() - t1:.1f} s)")
+            self.state.reset()
+
+        self.report = warm_up_report(every_bucket, self.part, self.cuda_graphs, self.buckets,
+                                     self.spans, self.cache_dir, self.batches)
+        self.direct = all(graph.direct for graph in self.compiled)
+        return self.report
+
+    def _check_direct(self, key: tuple[int, int], first: object) -> None:
+        """The bucket's forward again from the same empty state, now by direct calls: it
+        must give what dynamo's first calls gave (outputs, recurrent state), bit for bit."""
+        gdn = self.state.gdn
+
+        def again() -> object:
+            return self._forward(key, *self._warm_state(key)), gdn.state, gdn.conv
+
+        check_direct(self.compiled, self.part, (first, gdn.state, gdn.conv), again)
+
+
+@torch.inference_mode()
+@quiet_inductor()
+def warm_up_report(run: Callable[[], None], part: str, cuda_graphs: bool,
+                   buckets: tuple[int, ...], spans: int, cache_dir: Path,
+                   batches: tuple[int, ...] = (1,)) -> CompileReport:
+    """Run `run` (the first call of every graph: compiling, or reading the on-disk cache
+    at `cache_dir`) and report what it took."""
+    # process-wide: inductor reads the variable whenever it looks for a cached graph
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    counters = torch._dynamo.utils.counters["stats"]
+    before, t0 = counters["unique_graphs"], time.perf_counter()
+    try:
+        run()
+    except Exception as exc:    # a compiled graph calls the kernels unguarded (dispatch.py)
+        clear = toolchain_error(exc)
+        if clear is None:
+            raise
+        raise clear from exc
+    report = CompileReport("inductor + CUDA graphs" if cuda_graphs else "inductor", buckets,
+                           (part,), spans, counters["unique_graphs"] - before,
+                           time.perf_counter() - t0, str(cache_dir), batches)
+    log.info("%s", report)
+    return report
+
+
+def run_graph(captured: CapturedGraph | None, forward: Callable[..., object],
+              *inputs: torch.Tensor):
+    """One compiled forward: the CUDA graph replayed with `inputs` copied in, or on a CPU
+    the compiled code called. Every call after warm-up matches a graph compiled for these
+    modules and state tensors, so only the guards that tell those graphs apart (bucket,
+    recording, layer kinds) are checked: a third of a call's cost saved."""
+    if captured is not None:
+        return captured.replay(*inputs)
+    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+        return forward(*inputs)
+
+
+
+def batch_rows(views: tuple[torch.Tensor, ...], bb: int, batch: int
+               ) -> tuple[torch.Tensor, ...]:
+    """The first bb of a state's `batch` rows of a layer's state views (the views
+    themselves when that is all of them: a one-sequence state's FP8 scales have no batch
+    dimension)."""
+    return views if bb == batch else tuple(x[:bb] for x in views)
+
+
+
+
+class CapturedGraph:
+    """A forward as a CUDA graph: run once to compile and warm up, captured, and replayed
+    with its per-call inputs copied into the static tensors it was captured with."""
+
+    def __init__(self, forward: Callable[..., object], *inputs: torch.Tensor):
+        self.inputs = tuple(x.clone() for x in inputs)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            forward(*self.inputs)                                  # compile and autotune
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outputs = forward(*self.inputs)
+
+    def replay(self, *inputs: torch.Tensor):
+        for static, x in zip(self.inputs, inputs):
+            static.copy_(x)
+        self.graph.replay()
+        return self.outputs
