@@ -6,7 +6,7 @@ VENV       ?= .venv
 # Pinned and installed first: an unpinned torch requirement would pull GB of CUDA wheels.
 TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.installed
-LINT_PATHS := flash_planner kernels test bench launch tools setup.py
+LINT_PATHS := flash_planner test bench launch tools setup.py
 
 DEMO_TASK  ?= bring the red cup from the kitchen table to the sink
 

@@ -1,10 +1,8 @@
 """Packaging of flash_planner as a ROS 2 ament_python package (also pip-installable).
 
-The top-level ``kernels/`` folder is shipped only as ``flash_planner.kernels`` through the
-git symlink ``flash_planner/kernels -> ../kernels``; it must never become a top-level
-``kernels`` package (Hugging Face ships one of that name and transformers probes for it).
-Do not set ``package_dir={"": "."}``: setuptools would then implement editable installs
-with a .pth file on the repository root, which exposes ``kernels`` at top level.
+The Triton kernels live inside the package (``flash_planner/kernels/``) and ship as
+``flash_planner.kernels``; there must never be a top-level ``kernels`` package (Hugging Face
+ships one of that name and transformers probes for it).
 """
 
 from glob import glob

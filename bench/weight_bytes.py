@@ -17,8 +17,8 @@ experts per layer, and the same model scaled by the distinct experts measured on
 over consecutive tokens of its own greedy continuation: each window of n rows is what a fully
 accepted verify block of n rows routes). A dense model reads the same bytes for every n.
 A third table gives the vision tower's bytes (a vision-language target's images). A fourth
-gives the state a verify cycle moves besides the weights (engine/state/traffic.py, from the engine's
-own state buffers on the meta device: KV rows, GDN state and kept rows, conv windows,
+gives the state a verify cycle moves besides the weights (engine/state/traffic.py, from the
+engine's own state buffers on the meta device: KV rows, GDN state and kept rows, conv windows,
 Flash-Next's windows and indexer keys) for a 16-row verify at a context of CONTEXT tokens,
 batch 1 and 8, beside the NVFP4 weights one forward reads.
 

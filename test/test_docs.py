@@ -147,10 +147,11 @@ def _map_block() -> str:
 def _unnamed(block: str) -> list[str]:
     """Modules, presets, catalogs, benchmarks and tools the architecture map does not name
     (a kernel op's kernel.py, reference.py and skinny.py are named by pattern)."""
+    kernels = ROOT / "flash_planner" / "kernels"
     files = [p for p in (ROOT / "flash_planner").rglob("*.py")
-             if "assets" not in p.parts and p.parts[len(ROOT.parts) + 1] != "kernels"]
-    files += [p for p in (ROOT / "kernels").rglob("*.py")
-              if not (p.parent != ROOT / "kernels"
+             if "assets" not in p.parts and kernels not in p.parents]
+    files += [p for p in kernels.rglob("*.py")
+              if not (p.parent != kernels
                       and p.name in ("kernel.py", "reference.py", "skinny.py"))]
     files += [*(ROOT / "config" / "catalogs").glob("*.yaml"), *(ROOT / "bench").glob("gpu.py"),
               *(ROOT / "tools").iterdir()]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LINT_PATHS = ("flash_planner", "kernels", "test", "bench", "launch", "tools", "setup.py")
+LINT_PATHS = ("flash_planner", "test", "bench", "launch", "tools", "setup.py")
 
 
 def _ruff() -> list[str] | None:

@@ -1,8 +1,9 @@
-"""Packaging: the kernels symlink, the colcon install layout and a plain wheel install.
+"""Packaging: the kernels inside the package, the colcon install layout and a plain wheel
+install.
 
-``kernels/`` must ship only as ``flash_planner.kernels`` (through the git symlink
-``flash_planner/kernels -> ../kernels``), never as a top-level ``kernels`` package: Hugging
-Face ships a package of that name and transformers probes for it.
+The kernels ship only as ``flash_planner.kernels`` (a folder of the package), never as a
+top-level ``kernels`` package: Hugging Face ships a package of that name and transformers
+probes for it.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _copy_repo(dest: Path) -> Path:
     else:
         ignore = shutil.ignore_patterns(*COPY_IGNORE)
         shutil.copytree(REPO, dest, symlinks=True, ignore=ignore)
-    assert (dest / PKG / "kernels").is_symlink(), "the flash_planner/kernels symlink was lost"
+    assert (dest / PKG / "kernels" / "dispatch.py").is_file(), "flash_planner/kernels was lost"
     return dest
 
 
@@ -71,10 +72,12 @@ def _within(path: str | Path, root: Path) -> bool:
     return Path(path).resolve().is_relative_to(root.resolve())
 
 
-def test_kernels_import_through_symlink():
+def test_kernels_are_a_folder_of_the_package():
     import flash_planner.kernels as kernels
 
-    assert Path(kernels.__file__).resolve() == (REPO / "kernels" / "__init__.py").resolve()
+    folder = REPO / PKG / "kernels"
+    assert Path(kernels.__file__) == folder / "__init__.py"
+    assert folder.is_dir() and not folder.is_symlink() and not (REPO / "kernels").exists()
 
 
 def test_setup_packages_have_no_top_level_kernels():

@@ -29,7 +29,8 @@ FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
 
 # model_type -> family. The hybrid family has GDN layers, gated attention and (1 + w) norms.
-# The *_moe types have a sparse mixture-of-experts MLP (models/qwen/moe.py) in place of the dense one.
+# The *_moe types have a sparse mixture-of-experts MLP (models/qwen/moe.py) in place of the
+# dense one.
 SUPPORTED_MODEL_TYPES = {
     "qwen3": "dense",
     "qwen3_moe": "dense",

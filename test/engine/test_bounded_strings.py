@@ -1,6 +1,7 @@
-"""A string of a constrained answer closes after `max_string_tokens` tokens (engine/inputs/grammar.py
-`BoundedStrings`), over xgrammar's real matcher and the demo's tokenizer; and through the
-planner service, a spoken text that would run past the bound still gives a valid plan."""
+"""A string of a constrained answer closes after `max_string_tokens` tokens
+(engine/inputs/grammar.py `BoundedStrings`), over xgrammar's real matcher and the demo's
+tokenizer; and through the planner service, a spoken text that would run past the bound
+still gives a valid plan."""
 
 from __future__ import annotations
 

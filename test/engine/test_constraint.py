@@ -1,4 +1,5 @@
-"""Grammar constraints inside the speculative loop (engine/spec/constraint.py, engine/inputs/grammar.py).
+"""Grammar constraints inside the speculative loop (engine/spec/constraint.py,
+engine/inputs/grammar.py).
 
 The contract: constrained speculative greedy decoding publishes exactly the tokens of
 constrained greedy decoding, one masked argmax per token. The reference here is written
