@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from flash_planner.engine.inputs.grammar import JsonGrammarCompiler
-from flash_planner.engine.spec.acceptance import think_token_ids
+from flash_planner.engine.loop.acceptance import think_token_ids
 from flash_planner.planning.grounding import RequestWords
 from flash_planner.planning.parse import split_answer
 from flash_planner.planning.plan_grammar import PlanGrammar

@@ -23,8 +23,8 @@ import torch
 from flash_planner.engine.config import EngineConfig
 from flash_planner.engine.engine import Engine
 from flash_planner.engine.generate import GenerationSettings, generate
-from flash_planner.engine.spec.auto_proposer import AutoProposer
-from flash_planner.engine.spec.proposer import ReplayProposer
+from flash_planner.engine.loop.auto_proposer import AutoProposer
+from flash_planner.engine.loop.proposer import ReplayProposer
 from flash_planner.train.tiny import write_tiny_checkpoint
 
 LENGTHS = (1, 2, 4, 8, 15)

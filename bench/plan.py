@@ -57,7 +57,7 @@ from decode import token_clock_class
 from flash_planner.engine.engine import Engine
 from flash_planner.engine.generate import GenerationSettings, encode_prompt, generate
 from flash_planner.engine.inputs.grammar import JsonGrammarCompiler
-from flash_planner.engine.spec.sampling import GREEDY, QWEN3_THINKING, Sampling
+from flash_planner.engine.loop.sampling import GREEDY, QWEN3_THINKING, Sampling
 from flash_planner.planning.grounding import RequestWords
 from flash_planner.planning.parse import PlanError, parse_plan
 from flash_planner.planning.plan_grammar import PlanGrammar

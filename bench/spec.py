@@ -28,7 +28,7 @@ import torch
 
 from flash_planner.engine.engine import Engine, EngineConfig
 from flash_planner.engine.generate import GenerationSettings, generate
-from flash_planner.engine.spec.proposer import DFlashProposer, ReplayProposer
+from flash_planner.engine.loop.proposer import DFlashProposer, ReplayProposer
 from flash_planner.train.tiny import write_tiny_checkpoint, write_tiny_drafter
 
 PROMPT = ("You are a robot task planner. Skills: navigate_to(target), pick(object), "

@@ -41,7 +41,7 @@ def _sampling(args: argparse.Namespace, engine, base) -> object:
     defaults, the single-setting flags over both phases, then --seed."""
     from dataclasses import replace
 
-    from .engine.spec.sampling import Sampling, resolve_sampling
+    from .engine.loop.sampling import Sampling, resolve_sampling
     from .planning.request import sampling_spec
 
     spec = sampling_spec(args.sampling, "--sampling") if args.sampling else base
@@ -124,7 +124,7 @@ def _generate(args: argparse.Namespace, model: str, show_text: bool = True) -> i
     """Generate and print the text (unless `show_text` is off), then the run's summary."""
     from .engine.generate import GenerationSettings, generate
     from .engine.inputs.images import read_image
-    from .engine.spec.speculative import NonFiniteLogits
+    from .engine.loop.speculative import NonFiniteLogits
 
     _one_request(args)
     engine, preset = _load_engine(args, model)

@@ -14,15 +14,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "flash_planner"
 NEVER = {
     "kernels": ("flash_planner.engine", "flash_planner.planning", "flash_planner.ros",
                 "flash_planner.cli", "flash_planner.server", "flash_planner.train"),
-    "engine/models": ("flash_planner.engine.spec", "flash_planner.engine.inputs",
+    "engine/models": ("flash_planner.engine.loop", "flash_planner.engine.inputs",
                       "flash_planner.engine.engine", "flash_planner.planning",
                       "flash_planner.ros"),
     # the inference state: buffers and their commit, below the loop and the models
-    "engine/state": ("flash_planner.engine.spec", "flash_planner.engine.inputs",
+    "engine/state": ("flash_planner.engine.loop", "flash_planner.engine.inputs",
                      "flash_planner.engine.models", "flash_planner.engine.engine",
                      "flash_planner.planning"),
     # the speculative loop's parts never reach up to the inputs or the run
-    "engine/spec": ("flash_planner.engine.inputs", "flash_planner.engine.engine",
+    "engine/loop": ("flash_planner.engine.inputs", "flash_planner.engine.engine",
                     "flash_planner.engine.batch", "flash_planner.engine.decoding",
                     "flash_planner.engine.generate", "flash_planner.planning"),
     "engine/inputs": ("flash_planner.engine.engine", "flash_planner.engine.batch",

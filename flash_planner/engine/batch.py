@@ -45,12 +45,12 @@ from .decoding import CancelToken, Decoding, GenerationResult, GenerationSetting
 from .engine import Engine
 from .generate import start
 from .inputs.images import ImagePatches
+from .loop.auto_proposer import AutoProposer
+from .loop.constraint import Constraint
+from .loop.proposer import DraftAsk, Proposer, draft_together
+from .loop.proposers import fork_proposers
+from .loop.speculative import Block
 from .models.qwen.moe import RoutingRecord
-from .spec.auto_proposer import AutoProposer
-from .spec.constraint import Constraint
-from .spec.proposer import DraftAsk, Proposer, draft_together
-from .spec.proposers import fork_proposers
-from .spec.speculative import Block
 from .state.slots import SlotStates
 from .telemetry import SharedPhase
 

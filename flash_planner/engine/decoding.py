@@ -22,12 +22,10 @@ import torch
 from .engine import Engine
 from .inputs.chat import check_reasoning_effort
 from .inputs.mrope import PromptImages
-from .methods import METHODS
-from .prefill import prefill_prompt
-from .spec.constraint import Constraint, masked
-from .spec.proposer import DraftAsk, Proposer
-from .spec.sampling import Sampling
-from .spec.speculative import (
+from .loop.constraint import Constraint, masked
+from .loop.proposer import DraftAsk, Proposer
+from .loop.sampling import Sampling
+from .loop.speculative import (
     Block,
     Cycle,
     NonFiniteLogits,
@@ -37,6 +35,8 @@ from .spec.speculative import (
     decide,
     run_cycle,
 )
+from .methods import METHODS
+from .prefill import prefill_prompt
 from .state.cache import InferenceState
 from .telemetry import GenerationStats, PhaseTimer, now_ms
 

@@ -18,14 +18,14 @@ import torch
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import EngineConfig
 from .inputs.vision_input import VisionInput, vision_input
+from .loop.mtp_proposer import MTPProposer
+from .loop.proposer import Proposer
+from .loop.proposers import WHY_MISSING, ProposerBytes, build_proposers
+from .loop.sampling import GREEDY, SamplingParams
 from .methods import METHODS
 from .models.graphs.compiled import CompileReport, StaticForward
 from .models.graphs.compiled_drafts import StaticDrafter, StaticHead
 from .models.graphs.static_graphs import row_buckets
-from .spec.mtp_proposer import MTPProposer
-from .spec.proposer import Proposer
-from .spec.proposers import WHY_MISSING, ProposerBytes, build_proposers
-from .spec.sampling import GREEDY, SamplingParams
 from .state.cache import ContextOverflowError, InferenceState
 from .state.kv_scales import kv_scales_label
 from .state.prefix import PrefixCache

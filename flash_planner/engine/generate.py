@@ -30,11 +30,11 @@ from .decoding import (
 from .engine import Engine
 from .inputs.chat import encode_chat
 from .inputs.images import ImagePatches
+from .loop.acceptance import RelaxedThinking, StrictAcceptance, think_token_ids
+from .loop.constraint import Constraint
+from .loop.proposer import Proposer
+from .loop.sampling import SampledAcceptance
 from .prefill import prefill, prefill_chunks, run_to_end
-from .spec.acceptance import RelaxedThinking, StrictAcceptance, think_token_ids
-from .spec.constraint import Constraint
-from .spec.proposer import Proposer
-from .spec.sampling import SampledAcceptance
 from .state.cache import InferenceState
 from .telemetry import now_ms
 

@@ -16,7 +16,7 @@ import torch
 
 from .engine import Engine
 from .inputs.mrope import PromptImages
-from .spec.proposer import Proposer
+from .loop.proposer import Proposer
 from .state.cache import InferenceState
 from .state.prefix import take
 from .telemetry import GenerationStats, now_ms

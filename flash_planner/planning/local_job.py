@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..engine.batch import BatchRequest
 from ..engine.generate import GenerationResult
-from ..engine.spec.speculative import NonFiniteLogits
+from ..engine.loop.speculative import NonFiniteLogits
 from ..engine.state.cache import ContextOverflowError
 from .feedback import Listener
 from .grounding import RequestWords

@@ -21,7 +21,7 @@ from ..engine.inputs.grammar import (
     JsonGrammarCompiler,
     JsonSchemaGrammar,
 )
-from ..engine.spec.constraint import Constraint
+from ..engine.loop.constraint import Constraint
 from .grounding import RequestWords
 from .parse import REFUSAL_SCHEMA
 from .skills import CatalogError, SkillCatalog

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..engine.inputs.chat import check_reasoning_effort
 from ..engine.inputs.grammar import MAX_STRING_TOKENS
-from ..engine.spec.sampling import Sampling, resolve_sampling
+from ..engine.loop.sampling import Sampling, resolve_sampling
 from .images import ImageLimits
 from .remote import BACKENDS, RemoteConfig
 from .request import MAX_CONTEXT_CHARS, MAX_TASK_CHARS

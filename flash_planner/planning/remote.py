@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..engine.spec.sampling import Sampling
+from ..engine.loop.sampling import Sampling
 
 BACKENDS = ("local", "remote", "remote_or_local")
 

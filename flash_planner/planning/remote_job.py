@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ..engine.spec.sampling import Sampling
+from ..engine.loop.sampling import Sampling
 from .feedback import Listener
 from .grounding import RequestWords
 from .local_job import failed

@@ -151,7 +151,7 @@ class PlanRequest:
             raise RequestError(f"seed must be an integer in [0, 2**63), got {self.seed!r}",
                                "seed")
         sampling = sampling_spec(self.sampling, "sampling")
-        from ..engine.spec.sampling import Sampling  # torch: only once the text has passed
+        from ..engine.loop.sampling import Sampling  # torch: only once the text has passed
 
         if sampling is not None and not isinstance(sampling, (str, dict, Sampling)):
             raise RequestError("sampling must be a mode name (greedy, model, card) or an "

@@ -41,7 +41,7 @@ from ..engine.inputs.chat import (
 )
 from ..engine.inputs.grammar import JsonGrammarCompiler
 from ..engine.inputs.images import ImagePatches
-from ..engine.spec.sampling import Sampling, resolve_sampling
+from ..engine.loop.sampling import Sampling, resolve_sampling
 from .feedback import FeedbackCallback, PlanFeedback
 from .grounding import RequestWords
 from .images import oldest_ms, request_images

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from ..engine.engine import Engine
 from ..engine.generate import GenerationSettings, generate
-from ..engine.spec.speculative import NonFiniteLogits
+from ..engine.loop.speculative import NonFiniteLogits
 
 log = logging.getLogger(__name__)
 WARM_UP_TASK = "say OK"

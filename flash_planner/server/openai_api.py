@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine.inputs.chat import check_reasoning_effort
-from ..engine.spec.sampling import Sampling, SamplingParams
+from ..engine.loop.sampling import Sampling, SamplingParams
 from ..planning.images import ImageSource
 
 KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "stream",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from flash_planner.engine.spec.acceptance import RelaxedThinking, StrictAcceptance
+from flash_planner.engine.loop.acceptance import RelaxedThinking, StrictAcceptance
 
 OPEN, CLOSE = 3, 4
 V = 10

@@ -14,8 +14,8 @@ import torch
 
 from flash_planner.engine.batch import Batch, BatchRequest
 from flash_planner.engine.generate import CancelToken, GenerationSettings, generate
-from flash_planner.engine.spec.proposer import ReplayProposer
-from flash_planner.engine.spec.sampling import Sampling, SamplingParams
+from flash_planner.engine.loop.proposer import ReplayProposer
+from flash_planner.engine.loop.sampling import Sampling, SamplingParams
 from flash_planner.train.tiny import write_tiny_drafter
 
 PROMPTS = ["open the top drawer", "take the blue screwdriver from the shelf and",
@@ -223,7 +223,7 @@ def test_drafts_made_together_equal_each_request_alone(checkpoints, make_engine,
     """One drafter forward for several requests (windows of different lengths padded,
     each block at its own start) drafts what each request drafts alone."""
     from flash_planner.engine.generate import prefill
-    from flash_planner.engine.spec.proposer import DraftAsk, draft_together
+    from flash_planner.engine.loop.proposer import DraftAsk, draft_together
 
     target = checkpoints("hybrid")
     drafter = write_tiny_drafter(tmp_path_factory.mktemp("together"), target,
@@ -253,7 +253,7 @@ def test_mtp_drafts_made_together_equal_each_request_alone(checkpoints, make_eng
     over three cycles with different commits. Catch-ups (the prompt's rows; rows of a cycle
     another proposer drafted) go through the head together once a cache is calibrated."""
     from flash_planner.engine.generate import prefill
-    from flash_planner.engine.spec.proposer import DraftAsk, draft_together
+    from flash_planner.engine.loop.proposer import DraftAsk, draft_together
 
     engine = make_engine(checkpoints("hybrid", mtp=True, init=0.25), method="mtp",
                          mtp_steps=5, kv_dtype=kv)
@@ -305,7 +305,7 @@ def test_auto_requests_in_a_batch_draft_with_their_common_choice(engines, monkey
     drafter forward for all), and their tokens stay their own alone. Three routers are
     made to prefer the DFlash drafter and two the MTP head: the first cycle drafts with the
     drafter; each cycle drafts with one candidate."""
-    from flash_planner.engine.spec.auto_proposer import AutoProposer, Estimate
+    from flash_planner.engine.loop.auto_proposer import AutoProposer, Estimate
 
     engine = engines("hybrid", "fp32")
     requests = _requests(engine, ["auto"])[:5]

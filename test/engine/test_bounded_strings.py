@@ -9,8 +9,8 @@ import torch
 from qwen3_tokenizer import DEMO
 
 from flash_planner.engine.inputs.grammar import BoundedStrings, JsonGrammarCompiler
-from flash_planner.engine.spec.acceptance import think_token_ids
-from flash_planner.engine.spec.constraint import mask_words, unpack_bitmask
+from flash_planner.engine.loop.acceptance import think_token_ids
+from flash_planner.engine.loop.constraint import mask_words, unpack_bitmask
 from flash_planner.planning.parse import REFUSAL_SCHEMA
 from flash_planner.train.tokenizer import load_tokenizer
 

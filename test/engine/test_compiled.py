@@ -20,11 +20,11 @@ from torch._dynamo.utils import counters
 from flash_planner.engine.config import ConfigError, EngineConfig, cache_home
 from flash_planner.engine.generate import CancelToken, GenerationSettings, generate
 from flash_planner.engine.inputs.grammar import JsonGrammarCompiler
+from flash_planner.engine.loop.proposer import ReplayProposer
+from flash_planner.engine.loop.sampling import QWEN3_THINKING, Sampling
 from flash_planner.engine.models.graphs import compiled as compiled_mod
 from flash_planner.engine.models.graphs import direct as direct_mod
 from flash_planner.engine.models.graphs.compiled import row_buckets, span_bounds
-from flash_planner.engine.spec.proposer import ReplayProposer
-from flash_planner.engine.spec.sampling import QWEN3_THINKING, Sampling
 from flash_planner.train.tiny import write_tiny_drafter
 
 PROMPT = "open the top drawer, take the blue screwdriver"

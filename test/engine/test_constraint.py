@@ -1,4 +1,4 @@
-"""Grammar constraints inside the speculative loop (engine/spec/constraint.py,
+"""Grammar constraints inside the speculative loop (engine/loop/constraint.py,
 engine/inputs/grammar.py).
 
 The contract: constrained speculative greedy decoding publishes exactly the tokens of
@@ -21,9 +21,9 @@ from flash_planner.engine.inputs.grammar import (
     JsonGrammarCompiler,
     JsonSchemaGrammar,
 )
-from flash_planner.engine.spec.acceptance import think_token_ids
-from flash_planner.engine.spec.constraint import GrammarViolation, masked, unpack_bitmask
-from flash_planner.engine.spec.proposer import ReplayProposer
+from flash_planner.engine.loop.acceptance import think_token_ids
+from flash_planner.engine.loop.constraint import GrammarViolation, masked, unpack_bitmask
+from flash_planner.engine.loop.proposer import ReplayProposer
 from flash_planner.train.tiny import write_tiny_drafter
 from flash_planner.train.tokenizer import load_tokenizer
 

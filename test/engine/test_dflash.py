@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from flash_planner.engine.checkpoint import read_config
 from flash_planner.engine.generate import prefill
+from flash_planner.engine.loop.proposer import DFlashProposer
 from flash_planner.engine.models.drafters.dflash import DrafterError, default_tap_ids, load_drafter
-from flash_planner.engine.spec.proposer import DFlashProposer
 from flash_planner.train.tiny import write_tiny_drafter
 
 

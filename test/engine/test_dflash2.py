@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 from test_dflash import _rms, slow_attention
 
 from flash_planner.engine.generate import GenerationSettings, generate, prefill
+from flash_planner.engine.loop.proposer import DFlashProposer
 from flash_planner.engine.models.drafters.dflash import DraftConfig, DrafterError
 from flash_planner.engine.models.drafters.selector import walk
-from flash_planner.engine.spec.proposer import DFlashProposer
 from flash_planner.train.tiny import write_tiny_drafter
 
 BLOCK, WINDOW = 8, 5           # a window shorter than the block: both of its sides matter
@@ -296,7 +296,7 @@ def test_auto_routes_between_the_dflash2_drafter_mtp_and_plain(checkpoints, draf
                                                                 make_engine):
     """auto measures the DFlash2 drafter as it measures a DFlash one: lossless, and it
     routes cycles to it among MTP and plain decoding."""
-    from flash_planner.engine.spec.auto_proposer import AutoProposer
+    from flash_planner.engine.loop.auto_proposer import AutoProposer
 
     target = checkpoints("hybrid", init=0.25, mtp=True)
     drafter = write_tiny_drafter(drafter_dir.parent / "auto2", target, num_layers=2,

@@ -15,7 +15,7 @@ from packaging.version import Version
 
 from flash_planner.engine.config import ConfigError, ModelConfig
 from flash_planner.engine.generate import GenerationSettings, generate
-from flash_planner.engine.spec.proposer import ReplayProposer
+from flash_planner.engine.loop.proposer import ReplayProposer
 from flash_planner.engine.state.cache import InferenceState
 from flash_planner.train.tiny import write_tiny_checkpoint
 

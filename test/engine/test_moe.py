@@ -18,9 +18,9 @@ from test_mtp import VirtualClock
 from flash_planner.engine.checkpoint import CheckpointError, load_checkpoint
 from flash_planner.engine.config import ConfigError, ModelConfig
 from flash_planner.engine.generate import GenerationSettings, generate
+from flash_planner.engine.loop.auto_proposer import AutoProposer
+from flash_planner.engine.loop.proposer import ReplayProposer
 from flash_planner.engine.models.qwen.moe import Router, RoutingRecord, SparseMoeBlock
-from flash_planner.engine.spec.auto_proposer import AutoProposer
-from flash_planner.engine.spec.proposer import ReplayProposer
 from flash_planner.engine.state.cache import InferenceState
 from flash_planner.train.tiny import write_tiny_drafter
 
@@ -226,8 +226,8 @@ def test_a_drafter_sized_for_the_35b_a3b_loads_and_drafts(tmp_path):
     as z-lab's drafters place them), a narrow MLP and vocabulary to stay small."""
     from weight_bytes import QWEN3_6_35B_A3B
 
+    from flash_planner.engine.loop.proposer import DFlashProposer
     from flash_planner.engine.models.drafters.dflash import default_tap_ids, load_drafter
-    from flash_planner.engine.spec.proposer import DFlashProposer
 
     raw = dict(QWEN3_6_35B_A3B, vocab_size=512)
     target_dir = tmp_path / "target"

@@ -21,8 +21,8 @@ from flash_planner.engine.checkpoint import CheckpointError, weight_map
 from flash_planner.engine.config import ConfigError
 from flash_planner.engine.engine import Engine, EngineConfig
 from flash_planner.engine.generate import GenerationSettings, encode_prompt, generate
-from flash_planner.engine.spec.auto_proposer import AutoProposer, Estimate
-from flash_planner.engine.spec.proposer import Proposer, ReplayProposer
+from flash_planner.engine.loop.auto_proposer import AutoProposer, Estimate
+from flash_planner.engine.loop.proposer import Proposer, ReplayProposer
 from flash_planner.planning.presets import ModelPreset, default_skills_path
 from flash_planner.planning.prompt import build_messages
 from flash_planner.planning.skills import SkillCatalog

@@ -147,8 +147,8 @@ def test_the_mtp_head_cache_of_the_prefix_is_restored_not_recomputed(catalog):
 
 def test_a_proposer_tapping_layers_the_snapshot_lacks_prefills_the_prefix_again(
         checkpoints, make_engine, tmp_path):
+    from flash_planner.engine.loop.proposer import DFlashProposer
     from flash_planner.engine.models.drafters.dflash import load_drafter
-    from flash_planner.engine.spec.proposer import DFlashProposer
     from flash_planner.train.tiny import write_tiny_drafter
 
     path = checkpoints("hybrid")

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from flash_planner.engine.generate import GenerationSettings, generate
-from flash_planner.engine.spec.acceptance import RelaxedThinking, StrictAcceptance
-from flash_planner.engine.spec.proposer import Proposer
+from flash_planner.engine.loop.acceptance import RelaxedThinking, StrictAcceptance
+from flash_planner.engine.loop.proposer import Proposer
 from flash_planner.train.tiny import write_tiny_drafter
 
 BLOCK = 8

@@ -1,4 +1,4 @@
-"""Sampling (engine/spec/sampling.py): the processed distribution equals transformers', and the
+"""Sampling (engine/loop/sampling.py): the processed distribution equals transformers', and the
 speculative sampler is exact in distribution.
 
 Exactness is shown two ways. Pathwise: with a seed, every method publishes the tokens plain
@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from flash_planner.engine.generate import GenerationSettings, generate, prefill
-from flash_planner.engine.spec.acceptance import ThinkTracker
-from flash_planner.engine.spec.constraint import masked
-from flash_planner.engine.spec.proposer import ReplayProposer
-from flash_planner.engine.spec.sampling import (
+from flash_planner.engine.loop.acceptance import ThinkTracker
+from flash_planner.engine.loop.constraint import masked
+from flash_planner.engine.loop.proposer import ReplayProposer
+from flash_planner.engine.loop.sampling import (
     QWEN3_ANSWER,
     QWEN3_THINKING,
     SampledAcceptance,

@@ -10,8 +10,8 @@ import torch
 from flash_planner.cli import main
 from flash_planner.engine.checkpoint import load_checkpoint
 from flash_planner.engine.generate import GenerationSettings, generate
+from flash_planner.engine.loop.proposer import ReplayProposer
 from flash_planner.engine.models.qwen.target import TorchDense
-from flash_planner.engine.spec.proposer import ReplayProposer
 from flash_planner.engine.trt.backends import make_dense
 from flash_planner.engine.trt.export import export_all, segment_digest, segment_specs
 

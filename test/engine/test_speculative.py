@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from flash_planner.engine.generate import CancelToken, GenerationSettings, generate
-from flash_planner.engine.spec.auto_proposer import AutoProposer
-from flash_planner.engine.spec.mtp_proposer import MTPProposer
-from flash_planner.engine.spec.proposer import DFlashProposer, ReplayProposer
+from flash_planner.engine.loop.auto_proposer import AutoProposer
+from flash_planner.engine.loop.mtp_proposer import MTPProposer
+from flash_planner.engine.loop.proposer import DFlashProposer, ReplayProposer
 from flash_planner.train.tiny import write_tiny_drafter
 
 NEAR_TIE = 1e-3

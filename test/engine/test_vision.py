@@ -268,7 +268,7 @@ def test_greedy_tokens_after_images_equal_transformers_and_every_method_is_lossl
         wide_towers, make_engine, tmp_path, kind):
     from flash_planner.engine.batch import Batch, BatchRequest
     from flash_planner.engine.generate import GenerationSettings, generate
-    from flash_planner.engine.spec.proposer import ReplayProposer
+    from flash_planner.engine.loop.proposer import ReplayProposer
     from flash_planner.train.tiny import write_tiny_drafter
 
     path, theirs = wide_towers(kind)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flash_planner.engine.generate import GenerationSettings, generate
-from flash_planner.engine.spec.proposer import DFlashProposer, ReplayProposer
+from flash_planner.engine.loop.proposer import DFlashProposer, ReplayProposer
 from flash_planner.train.tiny import write_tiny_drafter
 
 

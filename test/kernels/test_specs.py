@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from flash_planner.engine.generate import GenerationSettings, generate
-from flash_planner.engine.spec.proposer import ReplayProposer
+from flash_planner.engine.loop.proposer import ReplayProposer
 from flash_planner.kernels import dispatch
 from flash_planner.kernels.report import MODULES, all_specs
 from flash_planner.kernels.specs import kernel_name, record_launches

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from flash_planner.engine.engine import Engine
-from flash_planner.engine.spec.speculative import NonFiniteLogits
+from flash_planner.engine.loop.speculative import NonFiniteLogits
 from flash_planner.planning.presets import ModelPreset, default_skills_path
 from flash_planner.planning.request import PlanRequest
 from flash_planner.planning.service import PlannerConfig, PlannerService

@@ -20,8 +20,8 @@ from qwen3_tokenizer import DEMO, qwen3_shaped_tokenizer
 from flash_planner.engine.engine import Engine
 from flash_planner.engine.generate import GenerationSettings, generate
 from flash_planner.engine.inputs.grammar import JsonGrammarCompiler
-from flash_planner.engine.spec.acceptance import think_token_ids
-from flash_planner.engine.spec.constraint import GrammarViolation, unpack_bitmask
+from flash_planner.engine.loop.acceptance import think_token_ids
+from flash_planner.engine.loop.constraint import GrammarViolation, unpack_bitmask
 from flash_planner.planning.grounding import RequestWords
 from flash_planner.planning.parse import PlanRefused, parse_plan, split_answer
 from flash_planner.planning.plan_grammar import PlanGrammar, answer_schema

@@ -230,8 +230,8 @@ def test_warm_up_drafts_whole_blocks_with_every_proposer_and_auto_starts_afresh(
     """The first request must not pay a first call: warm-up runs a full verify block with
     each loaded proposer and plain decoding, then auto forgets those cold measurements."""
     from flash_planner.engine.engine import Engine
-    from flash_planner.engine.spec.mtp_proposer import MTPProposer
-    from flash_planner.engine.spec.proposer import DFlashProposer
+    from flash_planner.engine.loop.mtp_proposer import MTPProposer
+    from flash_planner.engine.loop.proposer import DFlashProposer
     from flash_planner.planning.presets import ModelPreset
 
     preset = ModelPreset.load("demo")

@@ -18,8 +18,8 @@ import torch
 import xgrammar as xgr
 
 from ..config import EngineConfig, ModelConfig
-from ..spec.acceptance import think_token_ids
-from ..spec.constraint import Constraint, TokenMatcher, token_row
+from ..loop.acceptance import think_token_ids
+from ..loop.constraint import Constraint, TokenMatcher, token_row
 
 SEPARATORS = (", ", ": ")
 # the most tokens one string of a constrained answer may hold (`BoundedStrings`): a spoken
