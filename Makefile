@@ -10,7 +10,7 @@ LINT_PATHS := flash_planner test bench launch tools setup.py
 
 DEMO_TASK  ?= bring the red cup from the kitchen table to the sink
 
-.PHONY: all venv ros-env thor-deps thor-image test test-gpu demo demo-model bench bench-peer bench-ros bench-batch bench-vision bench-gpu kernels-report lint lint-fix clean distclean
+.PHONY: all venv ros-env thor-deps thor-image test check test-gpu demo demo-model bench bench-peer bench-ros bench-batch bench-vision bench-gpu kernels-report lint lint-fix clean distclean
 
 all: test
 
@@ -88,6 +88,14 @@ bench: $(STAMP)
 
 # The GPU figures in one command (bench/gpu.py): run on a CUDA machine; its Python needs
 # torch, triton and transformers, and this tree (no install). The JSON goes to bench/out/.
+# The quick tier before a commit (test/quick_tier.py: every module loads, the import rules,
+# docs and lint, one fast file per room; no compile proofs, no llama.cpp build): a few
+# minutes warm. `make test` stays the whole suite.
+check: ros-env
+	$(VENV)/bin/python -m ruff check $(LINT_PATHS)
+	. $(ROS_ENV)/env.sh && TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -q -rs -m quick \
+		-n $(TEST_WORKERS) --dist loadfile test
+
 # The tests that need a CUDA GPU (marked `cuda`: skipped without one), and the kernels
 # compiled for it, with the GPU machine's own Python (torch, triton, transformers, plus the
 # wheels docs/thor.md lists for bench-gpu, and pytest).

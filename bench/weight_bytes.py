@@ -238,7 +238,7 @@ def flash_next_rows(tokens_per_cycle: float) -> list[dict]:
     the 10 experts a token reads, plus the PLE rows it reads (16 rows of 160 per PLE layer, in
     the table's storage: FP8 as Qwen publishes it, bf16 in the bf16 build); the n-gram table
     itself (51.2B parameters) is never read whole."""
-    from flash_planner.engine.models.flash_next.flash_next.flash_next import FlashNextModel
+    from flash_planner.engine.models.flash_next.flash_next import FlashNextModel
 
     cfg = ModelConfig.from_hf_dict(QWEN3_8_FLASH_NEXT)
     fn = cfg.flash_next
@@ -264,7 +264,7 @@ def flash_next_rows(tokens_per_cycle: float) -> list[dict]:
 
 def ple_table_rows(fn, ple_index: int) -> int:
     """Rows of one PLE layer's n-gram table: its heads' prime sizes summed."""
-    from flash_planner.engine.models.flash_next.flash_next.ngram import head_sizes
+    from flash_planner.engine.models.flash_next.ngram import head_sizes
 
     return sum(head_sizes(fn.ngram_vocab_base, fn.ngram_heads, ple_index))
 

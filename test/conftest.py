@@ -31,6 +31,7 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+from quick_tier import is_quick  # noqa: E402
 from skip_policy import pytest_runtest_makereport  # noqa: E402,F401 (CI skip policy hook)
 from suite_order import slow_rank  # noqa: E402
 
@@ -47,6 +48,7 @@ def pytest_configure(config):
     packages' imports, not from our calls."""
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped without one); "
                             "`make test-gpu` runs these alone")
+    config.addinivalue_line("markers", "quick: the quick tier, `make check` (quick_tier.py)")
     # torch._inductor imports torch.utils.mkldnn, whose classes use torch.jit.script_method:
     # 14 warnings at import, from torch's own module; we never call torch.jit.
     config.addinivalue_line("filterwarnings", "ignore:`torch.jit.script_method` is deprecated"
@@ -64,6 +66,8 @@ def pytest_collection_modifyitems(config, items):
     test skipped for want of a CUDA GPU is a `cuda` test: `-m cuda` selects them."""
     items.sort(key=slow_rank)
     for item in items:
+        if is_quick(item):
+            item.add_marker(pytest.mark.quick)
         if any("CUDA GPU" in str(mark.kwargs.get("reason", ""))
                for mark in item.iter_markers("skipif")):
             item.add_marker(pytest.mark.cuda)

@@ -27,7 +27,7 @@ from flash_planner.engine.checkpoint import (
     read_config,
 )
 from flash_planner.engine.models.drafters.dflash import DrafterError, load_drafter
-from flash_planner.engine.models.flash_next.flash_next.ngram import StoredTensor
+from flash_planner.engine.models.flash_next.ngram import StoredTensor
 from flash_planner.engine.weights.shard import problem
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quick_tier import QUICK
 from suite_order import SLOW_FIRST, slow_rank
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -12,6 +13,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_slow_file_exists():
     assert [name for name in SLOW_FIRST if not (ROOT / "test" / name).is_file()] == []
+
+
+def test_every_quick_file_exists_and_none_is_slow():
+    """A file renamed away would silently leave `make check`; a slow one would not be quick."""
+    assert [name for name in QUICK if not (ROOT / "test" / name).is_file()] == []
+    assert set(QUICK).isdisjoint(SLOW_FIRST)
+    assert "check:" in (ROOT / "Makefile").read_text()
 
 
 def test_slow_files_sort_first_and_in_their_order():
