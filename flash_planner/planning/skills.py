@@ -6,21 +6,34 @@ request's words (`grounding.RequestWords`) its schema admits only their runs. On
 perception): with a scene list its schema is that list's names as an enum; without one it
 follows the phrase rule of `grounded: true`. An argument with `required: false` (or a
 `default`) may be left out; the validated step then carries its default, if it has one.
+A skill may name what executes it (an action or service, bindings.py); one that does not is
+plan-only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .bindings import (
+    Binding,
+    BindingError,
+    Location,
+    Workspace,
+    read_binding,
+    read_locations,
+    read_workspace,
+)
 from .grounding import RequestWords
 
 ARG_TYPES = ("string", "number", "integer", "boolean")
 CONSTRAINTS = ("enum", "minimum", "maximum")
 ARG_FIELDS = ("type", "description", "grounded", "required", "default", *CONSTRAINTS)
+SKILL_FIELDS = ("name", "description", "args", "action", "service", "approve", "limits")
+TOP_FIELDS = ("skills", "enum_shown", "locations", "workspace")
 GROUNDED = (False, True, "scene")
 # A signature lists an enum's values up to this many; past it, their count and the first few
 # (the grammar and the validator keep the whole set). A catalog may set `enum_shown`.
@@ -30,6 +43,10 @@ ENUM_EXAMPLES = 3
 
 class CatalogError(ValueError):
     """A skill catalog that cannot be used; the message names the file and entry."""
+
+
+def _catalog_error(exc: BindingError) -> CatalogError:
+    return CatalogError(str(exc))
 
 
 @dataclass(frozen=True)
@@ -94,6 +111,10 @@ class Skill:
 class SkillCatalog:
     skills: tuple[Skill, ...]
     enum_shown: int = ENUM_SHOWN    # enum values a signature lists (see ENUM_SHOWN)
+    # skill name -> what executes it (bindings.py); the named locations and the workspace
+    bindings: dict[str, Binding] = field(default_factory=dict)
+    locations: dict[str, Location] | None = None
+    workspace: Workspace | None = None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> SkillCatalog:
@@ -104,30 +125,47 @@ class SkillCatalog:
             raise CatalogError(f"skill catalog {path} is not readable ({exc})") from exc
         except yaml.YAMLError as exc:
             raise CatalogError(f"skill catalog {path} is not valid YAML ({exc})") from exc
-        return cls.from_dict(data, where=str(path))
+        return cls.from_dict(data, where=str(path), base=path.parent)
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "skill catalog") -> SkillCatalog:
+    def from_dict(cls, data: Any, where: str = "skill catalog",
+                  base: Path | None = None) -> SkillCatalog:
+        """`base`: the directory a `locations` file is relative to (the catalog's)."""
         if not isinstance(data, dict) or not isinstance(data.get("skills"), list):
             raise CatalogError(f"{where}: expected a mapping with a 'skills' list")
-        skills, seen = [], set()
+        unknown = sorted(set(data) - set(TOP_FIELDS))
+        if unknown:
+            raise CatalogError(f"{where}: unknown top-level field(s) {unknown} (known: "
+                               f"{', '.join(TOP_FIELDS)})")
+        try:
+            locations = (None if data.get("locations") is None else read_locations(
+                (base or Path.cwd()) / str(data["locations"]), where))
+            workspace = (None if data.get("workspace") is None
+                         else read_workspace(data["workspace"], where))
+        except BindingError as exc:
+            raise _catalog_error(exc) from None
+        skills, seen, bindings = [], set(), {}
         for i, entry in enumerate(data["skills"]):
-            skill = _skill(entry, f"{where}: skills[{i}]")
+            at = f"{where}: skills[{i}]"
+            skill = _skill(entry, at)
             if skill.name in seen:
                 raise CatalogError(f"{where}: skill '{skill.name}' is defined twice")
             seen.add(skill.name)
             skills.append(skill)
+            try:
+                binding = read_binding(skill.name, entry, {a.name: a for a in skill.args},
+                                       locations, at)
+            except BindingError as exc:
+                raise _catalog_error(exc) from None
+            if binding is not None:
+                bindings[skill.name] = binding
         if not skills:
             raise CatalogError(f"{where}: the catalog has no skills")
-        unknown = sorted(set(data) - {"skills", "enum_shown"})
-        if unknown:
-            raise CatalogError(f"{where}: unknown top-level field(s) {unknown} (known: "
-                               "skills, enum_shown)")
         shown = data.get("enum_shown", ENUM_SHOWN)
         if isinstance(shown, bool) or not isinstance(shown, int) or shown < 0:
             raise CatalogError(f"{where}: 'enum_shown' must be a non-negative integer, "
                                f"got {shown!r}")
-        return cls(tuple(skills), shown)
+        return cls(tuple(skills), shown, bindings, locations, workspace)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -166,6 +204,10 @@ def _skill(entry: Any, where: str) -> Skill:
     name = entry.get("name")
     if not isinstance(name, str) or not name.isidentifier():
         raise CatalogError(f"{where}: 'name' must be an identifier, got {name!r}")
+    unknown = sorted(set(entry) - set(SKILL_FIELDS))
+    if unknown:
+        raise CatalogError(f"{where} ({name}): unknown field(s) {unknown} (known: "
+                           f"{', '.join(SKILL_FIELDS)})")
     args = entry.get("args") or {}
     if not isinstance(args, dict):
         raise CatalogError(f"{where} ({name}): 'args' must be a mapping")
