@@ -138,12 +138,14 @@ def planner_node_class():
         def _load(self) -> None:
             from ..planning.service import PlannerService
             from ..planning.skills import SkillCatalog
+            from .binding_types import check_types
 
             if self._param_errors:
                 raise ValueError("; ".join(self._param_errors))
             values = params.read(self)
             engine_config, planner_config, skills_path = params.build_configs(values)
             catalog = SkillCatalog.from_yaml(skills_path)  # before the model: fail fast
+            check_types(catalog)          # its bindings against the installed interfaces
             self._planner = PlannerService.load(engine_config, catalog, planner_config,
                                                 progress=self.get_logger().info)
             warm_ms = self._planner.warm_up()

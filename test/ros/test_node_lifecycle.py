@@ -102,11 +102,20 @@ def _damaged_demo(how: str):
     return make
 
 
+def _bound_to_a_missing_type(tmp_path):
+    catalog = tmp_path / "skills.yaml"
+    catalog.write_text("skills:\n  - name: go\n    args: {}\n    action: {type: "
+                       "nav2_msgs/action/NavigateToPose, server: /navigate_to_pose}\n")
+    return ({"planner.skills_file": str(catalog)},
+            "skill go: action type nav2_msgs/action/NavigateToPose is not installed here")
+
+
 @pytest.mark.parametrize("overrides", [
     lambda _: ({"model.preset": ""}, "no model"),  # nor a model.path
     _damaged_demo("truncated"),                    # the file, then `truncated: the header...`
     _damaged_demo("lying-header"),                 # `the header lies about tensor ...`
-], ids=["no-model", "truncated-safetensors", "lying-safetensors-header"])
+    _bound_to_a_missing_type,                      # a binding's type, before the model
+], ids=["no-model", "truncated-safetensors", "lying-safetensors-header", "binding-type"])
 def test_failed_configure_reports_error_and_the_node_keeps_answering(harness, tmp_path,
                                                                       overrides):
     """Configure fails with one line naming what is wrong (for a damaged checkpoint: the
