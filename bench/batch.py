@@ -77,6 +77,7 @@ class Sample:
     ttft_ms: float              # submit -> first token's feedback
     first: float | None         # perf_counter of the first and last token's feedback
     last: float | None
+    state_bytes: int = 0        # the state its cycles read and wrote besides the weights
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -110,9 +111,11 @@ def one_request(service: PlannerService, index: int, example, method: str) -> Sa
         ttft = (seen[0] - t0) * 1e3
     else:        # no token was fed back: the service's own account
         ttft = float(tel.get("queue_wait_ms", 0.0)) + float(tel.get("ttft_ms", 0.0))
-    return Sample(index, result.raw_text, ran, int(tel.get("new_tokens", 0)),
-                  int(tel.get("cycles", 0)), (t1 - t0) * 1e3, ttft,
-                  seen[0] if seen else None, seen[-1] if seen else None)
+    cycles = int(tel.get("cycles", 0))
+    per_cycle = tel.get("state_bytes_per_cycle") or {}
+    return Sample(index, result.raw_text, ran, int(tel.get("new_tokens", 0)), cycles,
+                  (t1 - t0) * 1e3, ttft, seen[0] if seen else None, seen[-1] if seen else None,
+                  cycles * (int(per_cycle.get("read", 0)) + int(per_cycle.get("written", 0))))
 
 
 def closed_loop(service: PlannerService, tasks: list[tuple[int, object]], clients: int,
@@ -177,6 +180,9 @@ def summarise(cell: Cell, reference: dict[int, str]) -> dict:
             "tokens_per_verify": (cell.verify_tokens / cell.verifies
                                   if cell.verifies else None),
             "most_at_once": cell.peak,
+            # engine/state/traffic.py: KV, GDN state, kept rows, conv, per request and cycle
+            "state_mb_per_cycle": (sum(s.state_bytes for s in ran) / cycles / 1e6
+                                   if cycles else 0.0),
             "mismatches": sum(reference.get(s.index) != s.text for s in samples)}
 
 
@@ -281,14 +287,16 @@ def print_table(report: dict) -> None:
           "single (one at a time, max_batch 1)")
     print(f"closed-loop clients, {report['tasks']} held-out tasks per cell in "
           f"{report['rounds']} round(s), greedy under the request's grammar; mismatches: "
-          "raw_text against the task alone (1 client, single)")
+          "raw_text against the task alone (1 client, single); state MB/cyc: what a request's "
+          "cycle reads and writes besides the weights (KV, GDN state, conv; batched)")
     print(f"{'':15}{'aggregate tok/s, batched vs':^31}  {'latency p50/p95 ms':^23}  "
           f"{'TTFT p50/p95 ms':^23}  {'tok/cycle':^12}{'tok/':>7}{'at':>5}  "
-          f"{'mismatches':^12}")
+          f"{'mismatches':^12}{'state':>7}")
     head = (f"{'method':<7}{'clients':>8}{'batched':>9}{'single':>8}{'alone':>7}"
             f"{'queued':>7}  "
             f"{'batched':>11}{'single':>12}  {'batched':>11}{'single':>12}  "
-            f"{'batch':>5}{'single':>7}{'verify':>7}{'once':>5}  {'batch':>5}{'single':>7}")
+            f"{'batch':>5}{'single':>7}{'verify':>7}{'once':>5}  {'batch':>5}{'single':>7}"
+            f"{'MB/cyc':>7}")
     print(head + "\n" + "-" * len(head))
     for r in report["rows"]:
         b, s = r["batched"], r["single"]
@@ -302,7 +310,8 @@ def print_table(report: dict) -> None:
               f"{vs_alone:>7}{r['tok_s_ratio']:>6.2f}x  {pair(b, 'latency_ms'):>11}"
               f"{pair(s, 'latency_ms'):>12}  {pair(b, 'ttft_ms'):>11}{pair(s, 'ttft_ms'):>12}"
               f"  {b['tokens_per_cycle']:>5.2f}{s['tokens_per_cycle']:>7.2f}"
-              f"{per_verify:>7}{b['most_at_once']:>5}  {b['mismatches']:>5}{s['mismatches']:>7}")
+              f"{per_verify:>7}{b['most_at_once']:>5}  {b['mismatches']:>5}{s['mismatches']:>7}"
+              f"{b['state_mb_per_cycle']:>7.3f}")
     for method, g in report["latency_growth"].items():
         print(f"{method}: p50 latency at {g['clients']} clients / p50 latency alone: batched "
               f"{g['batched']:.2f}x, single {g['single']:.2f}x")

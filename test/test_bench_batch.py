@@ -13,7 +13,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "batch.py"
 
 SUMMARY_KEYS = {"requests", "failed", "tokens", "wall_s", "tok_s", "latency_ms_p50",
                 "latency_ms_p95", "ttft_ms_p50", "ttft_ms_p95", "tokens_per_cycle",
-                "tokens_per_verify", "most_at_once", "mismatches"}
+                "tokens_per_verify", "most_at_once", "mismatches", "state_mb_per_cycle"}
 
 
 def test_the_batch_bench_runs_small_and_batching_changes_no_text():
@@ -38,6 +38,7 @@ def test_the_batch_bench_runs_small_and_batching_changes_no_text():
             assert cell["requests"] == report["tasks"]
             assert cell["failed"] == 0
             assert cell["tokens"] > 0
+            assert cell["state_mb_per_cycle"] > 0      # KV rows and GDN state, every cycle
             # batched or not, every request's raw text is the task's text alone
             assert cell["mismatches"] == 0, (row["clients"], name)
         # the one-at-a-time service never decodes two requests together
