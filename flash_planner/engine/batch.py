@@ -9,8 +9,8 @@ A cycle (`Batch.step`):
    `Proposer.fork`), the drafts of those sharing a drafter or an MTP head's slots in one
    forward per step (`draft_together`), and its grammar cuts it;
 3. one target forward verifies every block, padded to the longest with rows that the
-   per-step checkpoints make harmless: a request commits at most its own rows, and the
-   rollback to its accepted step discards the padding's effect on the recurrent state, while
+   commit makes harmless: a request commits at most its own rows, its GDN state replayed
+   from its accepted rows alone, so the padding never reaches the recurrent state, while
    the KV rows past its length are overwritten before anything reads them;
 4. each request accepts, applies its stop rules, publishes and commits on its own slot
    (`Decoding.finish`), exactly as it does alone.

@@ -1,7 +1,7 @@
 """The engine: one loaded target model, its tokenizer and its preallocated inference state.
 
 `EngineConfig` (config.py) says what to load and how much to preallocate; `Engine.load`
-does all the heavy work up front (weights, KV cache, GDN state, step checkpoints) and
+does all the heavy work up front (weights, KV cache, GDN state, a verify's kept rows) and
 reports the bytes it holds. Requests that cannot fit are refused before prefill by `check_fits`.
 """
 
@@ -60,7 +60,7 @@ class MemoryReport:
         mib = 1 << 20
         vision = f", vision {self.vision / mib:.1f} MiB" if self.vision else ""
         return (f"weights {self.weights / mib:.1f} MiB, KV {self.kv_cache / mib:.1f} MiB, "
-                f"GDN state {self.gdn_state / mib:.1f} MiB, step checkpoints "
+                f"GDN state {self.gdn_state / mib:.1f} MiB, a verify's kept rows "
                 f"{self.checkpoints / mib:.1f} MiB{vision}, total {self.total / mib:.1f} MiB; "
                 f"one target forward reads {self.weights_per_forward / mib:.1f} MiB of weights")
 

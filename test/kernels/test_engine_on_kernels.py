@@ -1,8 +1,8 @@
 """The engine with every hot-path op on its Triton kernel: the same tokens as the references.
 
 Forced with `set_backend("triton")` (interpreted on a CPU, compiled on a CUDA GPU, where
-the engine is built): FP8 KV appends, the GDN verify recurrence with per-step checkpoints,
-rollback selects and acceptance all run as kernels inside real speculative decoding, against
+the engine is built): FP8 KV appends, the GDN verify recurrence keeping its rows, the
+commit that replays the accepted ones and acceptance all run as kernels inside real speculative decoding, against
 the same request on the torch references.
 """
 

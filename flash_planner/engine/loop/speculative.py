@@ -6,7 +6,7 @@ at position `start`:
 1. propose: the proposer drafts k tokens (k = 0 is plain greedy decoding, same path); under
    a grammar constraint the drafts come to the host, the block ends at the first draft the
    grammar forbids and the tokens it forces next are appended (`constraint.py`);
-2. verify: one target forward over [anchor, d_1..d_k] that records per-step GDN checkpoints
+2. verify: one target forward over [anchor, d_1..d_k] that keeps each row's GDN inputs
    and the proposer's taps; a constraint's masks are built while it runs and applied to its
    logits;
 3. accept: the policy decides the accepted count n and the token after it (the row's

@@ -232,7 +232,7 @@ class InferenceState:
                       if cfg.flash_next is not None else None)
         self.length = 0
         self.pending = 0          # rows run by the last forward, not yet committed
-        self.recorded = False     # whether that forward recorded per-step checkpoints
+        self.recorded = False     # whether that forward kept its GDN rows (a verify)
         # rotary position of the next row minus its cache row: an image's tokens take fewer
         # positions than rows (mRoPE), so the text after it is shifted back (<= 0)
         self.rope_shift = 0

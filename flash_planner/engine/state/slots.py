@@ -1,7 +1,7 @@
 """The inference state of several requests at once: slots of one preallocated state.
 
 `SlotStates` allocates one `InferenceState` whose batch rows are slots (KV rows, GDN state
-and conv window, step checkpoints, FP8 scales per row: the checkpoint's in every row where
+and conv window, a verify's kept rows, FP8 scales per row: the checkpoint's in every row where
 it stores them, kv_scales.py). Each slot is also seen as an ordinary one-sequence state
 (`InferenceState.row`): a request prefills, restores a prefix snapshot, commits and rolls
 back through it exactly as it does alone, and nothing else of the batch is touched. The

@@ -13,7 +13,8 @@ Static shapes, so that nothing recompiles after warm-up:
   KV rows past the real ones, which no real row attends to and the next forward overwrites;
 - the KV cache is read at its full capacity under a position mask, never sliced by length;
 - positions, the padding mask and the conv window's rows are tensors, never Python ints;
-- state is updated in place (KV rows, GDN state, conv window, per-step checkpoints).
+- state is updated in place (KV rows, conv window; a verify's kept GDN rows, the GDN state on
+  a plain step).
 
 Compile once per layout, not per layer: the layer kinds (GDN or attention, MLP or MoE)
 repeat with a period (the hybrids: 3 GDN + 1 attention); layers are cut into spans of whole

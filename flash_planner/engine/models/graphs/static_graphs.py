@@ -166,7 +166,7 @@ class StaticGraphs:
 
     part = ""
     spans = 1
-    records = False           # whether blocks of several rows keep per-step checkpoints
+    records = False           # whether blocks of several rows keep their GDN rows (verify)
 
     def __init__(self, state: InferenceState, max_block: int, cache_dir: str | None,
                  device: torch.device, batches: tuple[int, ...] = (1,)):

@@ -18,7 +18,7 @@ class ForwardContext:
     positions: torch.Tensor    # [B, T] absolute positions
     cos: torch.Tensor          # [B, T, rotary_dim]
     sin: torch.Tensor
-    record_steps: bool         # keep per-step GDN checkpoints for a later partial commit
+    record_steps: bool         # a verify: GDN rows kept for the commit, the state not advanced
     # key position <= query position: [T, L] when every row starts at one position, else
     # [B, 1, T, L] (a batch of requests, each at its own length)
     causal_mask: torch.Tensor

@@ -14,8 +14,8 @@ back to [B, T] with zeros at the padding:
 
 Zeros are harmless padding for the mixers: an attention row writes KV past its request's
 length (overwritten before anything reads it), and a gated delta-net row with g = 0 and
-beta = 0 leaves the recurrent state as it was (the conv window is rolled back with the
-per-step checkpoints, as for any padding).
+beta = 0 leaves the recurrent state as it was (the commit rebuilds the conv window from the
+rows it keeps, as for any padding).
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ class TargetModel(nn.Module):
                 rope_positions: torch.Tensor | None = None) -> ForwardOutput:
         """Run ids [B, T] at the state's next positions; the caller commits rows afterwards.
 
-        record_steps keeps per-step GDN checkpoints so `state.commit(n)` may keep fewer rows.
+        record_steps keeps each GDN row's k, delta and decay (not the state) for `state.commit(n)`.
         taps: layer ids whose outputs to return (id L = output of decoder layer L; the last
         layer's after the final norm, which is what upstream drafters and MTP heads consume).
         all_logits: logits of every row (verify) instead of the last row only (prefill).
