@@ -2,8 +2,8 @@
 
 Forced with `set_backend("triton")` (interpreted on a CPU, compiled on a CUDA GPU, where
 the engine is built): FP8 KV appends, the GDN verify recurrence keeping its rows, the
-commit that replays the accepted ones and acceptance all run as kernels inside real speculative decoding, against
-the same request on the torch references.
+commit that replays the accepted ones and acceptance all run as kernels inside real
+speculative decoding, against the same request on the torch references.
 """
 
 from __future__ import annotations
