@@ -277,6 +277,10 @@ class Batch:
             self.slots.rows(m).gdn.commit(torch.tensor(counts, dtype=torch.int32,
                                                        device=ids.device))
         self.stats.tokens += sum(len(r.decoding.published) for r in running) - before
+        for r, exc in ended:      # a failed request's rows were never committed: emptied
+            if exc is not None:   # before any slot moves (a move takes committed rows only),
+                r.decoding.state.reset()         # and its KV rows cleared (KVCache.clear)
+                r.decoding.state.kv.clear()
         for r, exc in ended:      # after every slot has committed: the moves need that
             self._end(r, exc)
 

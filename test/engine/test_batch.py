@@ -402,3 +402,29 @@ def test_a_batch_on_onnxruntime_segments_equals_each_request_alone(engines, tmp_
     assert [a.token_ids for a in alone] == [p.token_ids for p in plain[:4]]
     # the replay requests' blocks were padded beside the plain ones' single rows
     assert batch.stats.verify_rows > batch.stats.block_rows
+
+
+def test_requests_failing_in_the_same_cycle_end_alone(engines):
+    """Two requests whose verify gives non-finite logits in one cycle (their slots' GDN
+    state corrupted mid-decode): each ends with that error and the others decode on; the
+    failed slots hold uncommitted rows, emptied before any slot moves."""
+    from flash_planner.engine.loop.speculative import NonFiniteLogits
+
+    engine = engines("hybrid", "fp32")
+    requests = _requests(engine, ["none", "none", "none", "none"])[:4]
+    alone = _alone(engine, requests)
+    batch = Batch(engine, max_batch=4)
+    futures = [batch.submit(r) for r in requests]
+    while len(batch._active) < 4:
+        batch.step()
+    for r in batch._active:
+        if r.request is requests[1] or r.request is requests[3]:
+            r.decoding.state.gdn.state.fill_(float("nan"))
+    while not all(f.done() for f in futures):
+        batch.step()
+    for i in (1, 3):
+        with pytest.raises(NonFiniteLogits):
+            futures[i].result()
+    for i in (0, 2):
+        assert futures[i].result().token_ids == alone[i].token_ids
+    assert batch.running == 0 and batch.waiting == 0

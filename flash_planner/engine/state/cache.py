@@ -125,6 +125,13 @@ class KVCache:
     def reset(self) -> None:
         self.calibrated = list(self.fixed)
 
+    def clear(self) -> None:
+        """Zero every row. A batched forward reads each slot past its own length under a
+        mask, where a weight of 0 times a NaN row is NaN: the rows of a request that ended
+        on non-finite values are cleared before the slot serves another."""
+        self.k.zero_()
+        self.v.zero_()
+
     def _calibrate(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if self.k_scale.dim() == 3:
             raise RuntimeError("a batch of slots is calibrated slot by slot, on each prompt")
