@@ -199,12 +199,19 @@ def _plan(args: argparse.Namespace) -> int:
         return EXIT_USAGE if exc.broken_weights else EXIT_FAILED
     finally:
         service.stop()
+    goals, refusal = _goals(catalog, result) if args.goals else (None, "")
     if args.json:
-        print(json.dumps(result.as_dict()))
+        print(json.dumps({**result.as_dict(), **({} if goals is None else {"goals": goals}),
+                          **({"gate_error": refusal} if refusal else {})}))
     elif result.success and not args.stream:  # valid JSON, one step per line
         # a person reads this: names as written (still valid JSON)
         steps = ",\n".join(f"  {json.dumps(step, ensure_ascii=False)}" for step in result.plan)
         print(f'{{"plan": [\n{steps}\n]}}')
+    if not args.json and goals is not None:
+        for goal in goals:
+            print(json.dumps(goal, ensure_ascii=False))
+    if not args.json and refusal:
+        print(f"flash-planner: the safety gate refuses the plan: {refusal}", file=sys.stderr)
     if not args.json and not result.success:
         print(f"flash-planner: no valid plan: {result.error}", file=sys.stderr)
     if not args.json and not result.rejected:     # a rejected request never decoded
@@ -215,7 +222,27 @@ def _plan(args: argparse.Namespace) -> int:
               f"{t.get('tokens_per_cycle', 0):.2f} tokens/cycle, "
               + (f"{t['forced_tokens']} forced by the grammar, " if t.get("constrained") else "")
               + f"total {t.get('total_latency_ms', 0):.1f} ms]", file=sys.stderr)
+    if refusal:
+        return EXIT_FAILED
     return EXIT_OK if result.success else EXIT_USAGE if result.rejected else EXIT_FAILED
+
+
+def _goals(catalog, result) -> tuple[list[dict] | None, str]:
+    """`--goals`: each bound step's goal as the safety gate fills and checks it (a plan-only
+    step has none), or the gate's refusal; nothing is sent (planning/bindings.py)."""
+    from .planning.bindings import GateError, gate
+
+    if not result.success:
+        return None, ""
+    try:
+        filled = gate(result.plan, catalog.bindings, catalog.locations, catalog.workspace)
+    except GateError as exc:
+        return None, str(exc)
+    return [{"index": i, "skill": step["skill"],
+             **({"goal": None} if goal is None else {
+                 catalog.bindings[step["skill"]].kind: catalog.bindings[step["skill"]].type,
+                 "server": catalog.bindings[step["skill"]].server, "goal": goal})}
+            for i, (step, goal) in enumerate(zip(result.plan, filled))], ""
 
 
 SERVE_MODULES = ("fastapi", "uvicorn", "prometheus_client")

@@ -168,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "the catalog's plan grammar (it is only validated afterwards)")
     plan.add_argument("--stream", action="store_true", help="print each plan step the moment "
                       "it closes, one JSON line {\"index\", \"skill\", \"args\"} each")
+    plan.add_argument("--goals", action="store_true", help="also print the goal each step "
+                      "bound in the catalog would send (its action or service; nothing is sent), "
+                      "or the safety gate's refusal of the whole plan (exit 1)")
     plan.add_argument("--backend", choices=["local", "remote", "remote_or_local"],
                       help="where the plan is made (default: the preset's, local)")
     plan.add_argument("--remote-url", metavar="URL", help="an OpenAI-compatible server's base "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -329,3 +330,53 @@ def test_a_warm_up_that_fails_in_the_engine_is_one_line_with_exit_1(monkeypatch,
     assert err.startswith("flash-planner: error: warm-up of ") and "demo" in err, err
     assert "failed: RuntimeError: triton: failed to compile verify_block (decoding with " \
         "method " in err, err
+
+
+def _bound_catalog(tmp_path, places: dict) -> Path:
+    """The default catalog with navigate_to bound to an action whose goal is the named
+    location of its target (a PoseStamped), and a workspace box."""
+    import yaml
+
+    from flash_planner.planning.presets import default_skills_path
+
+    data = yaml.safe_load(Path(default_skills_path()).read_text())
+    for skill in data["skills"]:
+        if skill["name"] == "navigate_to":
+            skill["action"] = {"type": "nav2_msgs/action/NavigateToPose",
+                               "server": "/navigate_to_pose",
+                               "goal": {"pose": "{location:target}", "behavior_tree": ""}}
+    data["locations"] = "places.yaml"
+    data["workspace"] = {"frame": "map", "x": [-5, 5], "y": [-5, 5]}
+    (tmp_path / "places.yaml").write_text(yaml.safe_dump(places))
+    path = tmp_path / "skills.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_plan_goals_prints_what_each_bound_step_would_send(tmp_path, capsys):
+    task = "bring the red cup from the kitchen table to the sink"
+    skills = _bound_catalog(tmp_path, {"kitchen table": {"frame": "map", "x": 1.0, "y": 2.0},
+                                       "sink": {"frame": "map", "x": -1.5, "y": 0.5}})
+    assert main(["plan", task, "--skills", str(skills), "--json", "--goals"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    plan, goals = out["plan"], out["goals"]
+    assert [g["index"] for g in goals] == list(range(len(plan))) and "gate_error" not in out
+    navigations = [(s, g) for s, g in zip(plan, goals) if s["skill"] == "navigate_to"]
+    assert navigations, plan
+    for step, goal in navigations:
+        assert goal["action"] == "nav2_msgs/action/NavigateToPose"
+        assert goal["server"] == "/navigate_to_pose"
+        place = {"kitchen table": (1.0, 2.0), "sink": (-1.5, 0.5)}[step["args"]["target"]]
+        position = goal["goal"]["pose"]["pose"]["position"]
+        assert (position["x"], position["y"]) == place
+    assert all(g["goal"] is None for s, g in zip(plan, goals) if s["skill"] != "navigate_to")
+
+
+def test_plan_goals_reports_the_gates_refusal_and_fails(tmp_path, capsys):
+    task = "bring the red cup from the kitchen table to the sink"
+    skills = _bound_catalog(tmp_path, {"kitchen table": {"frame": "map", "x": 9.0, "y": 0.0},
+                                       "sink": {"frame": "map", "x": 0.0, "y": 0.0}})
+    assert main(["plan", task, "--skills", str(skills), "--goals"]) == 1
+    err = capsys.readouterr().err
+    assert ("flash-planner: the safety gate refuses the plan: step 0 (navigate_to): pose "
+            "(9.0, 0.0) is outside the workspace x [-5.0, 5.0]") in err
