@@ -185,7 +185,8 @@ class Decoding:
         self.stats = GenerationStats(prompt_tokens=len(ids),
                                      moe_layers=len(engine.model.moe_blocks),
                                      compiled=engine.compile_report is not None,
-                                     seed=getattr(policy, "seed", None))
+                                     seed=getattr(policy, "seed", None),
+                                     traffic=engine.traffic)
         self.timer = PhaseTimer(sync=settings.profile_phases)
         self.rules = StopRules(settings, engine.eos_ids(), engine.tokenizer)
         self.published: list[int] = []
@@ -276,8 +277,7 @@ class Decoding:
     def _after(self, cycle: Cycle) -> None:
         self.cycle, self.block = cycle, None
         self.stats.record_cycle(cycle.drafted, cycle.accepted, cycle.method, cycle.experts)
-        self.stats.record_traffic(self.engine.traffic.cycle(cycle.drafted + 1, cycle.start,
-                                                            cycle.accepted + 1))
+        self.stats.record_traffic(cycle.drafted + 1, cycle.start, cycle.accepted + 1)
         self._absorb(cycle.tokens)
 
     def _emit(self, ids: list[int], final: bool) -> None:

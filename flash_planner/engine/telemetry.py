@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:        # the stats hold the engine's model; telemetry imports no state
+    from .state.traffic import StateTraffic, TrafficModel
 
 PHASES = ("draft", "grammar", "verify", "accept", "commit")
 
@@ -94,10 +98,11 @@ class GenerationStats:
     verify_cycles: dict[int, int] = field(default_factory=dict)
     verify_experts: dict[int, int] = field(default_factory=dict)
     phase_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-    # bytes the cycles moved besides the weights (traffic.py), summed: per part, read and
-    # written
-    state_read: dict[str, int] = field(default_factory=dict)
-    state_written: dict[str, int] = field(default_factory=dict)
+    # the bytes the cycles moved besides the weights (state/traffic.py): the engine's model,
+    # and per kind of cycle (verify, plain step) [cycles, rows, contexts, kept rows] summed
+    traffic: TrafficModel | None = None
+    traffic_sums: dict[bool, list[int]] = field(
+        default_factory=lambda: {True: [0, 0, 0, 0], False: [0, 0, 0, 0]})
     # grammar-constrained requests: jump-forward tokens published, proposer drafts the
     # grammar cut from blocks, whether the thinking budget closed thinking (None:
     # unconstrained)
@@ -158,18 +163,28 @@ class GenerationStats:
             self.accept_hist.extend([0] * (accepted + 1 - len(self.accept_hist)))
         self.accept_hist[accepted] += 1
 
-    def record_traffic(self, traffic) -> None:
-        """Add one cycle's StateTraffic (traffic.py)."""
-        for part, read, written in traffic.parts:
-            self.state_read[part] = self.state_read.get(part, 0) + read
-            self.state_written[part] = self.state_written.get(part, 0) + written
+    def record_traffic(self, rows: int, context: int, kept: int) -> None:
+        """One cycle of `rows` rows after `context` committed tokens, `kept` committed."""
+        sums = self.traffic_sums[rows > 1]
+        sums[0] += 1
+        sums[1] += rows
+        sums[2] += context
+        sums[3] += kept
+
+    def state_traffic(self) -> StateTraffic | None:
+        """What every cycle so far read and wrote besides the weights, per part."""
+        if self.traffic is None:
+            return None
+        verify, plain = (self.traffic.cycles(*self.traffic_sums[kind], verify=kind)
+                         for kind in (True, False))
+        return verify.plus(plain)
 
     @property
     def state_bytes_per_cycle(self) -> dict[str, int]:
         """Mean bytes a cycle read and wrote besides the weights (every part together)."""
-        per_cycle = self.cycles or 1
-        return {"read": sum(self.state_read.values()) // per_cycle,
-                "written": sum(self.state_written.values()) // per_cycle}
+        total, per_cycle = self.state_traffic(), self.cycles or 1
+        return ({"read": 0, "written": 0} if total is None else
+                {"read": total.read // per_cycle, "written": total.written // per_cycle})
 
     def as_dict(self) -> dict[str, object]:
         per_cycle = self.cycles or 1
@@ -206,9 +221,8 @@ class GenerationStats:
                 "thinking_budget_hit": self.thinking_budget_hit}),
             "state_bytes_per_cycle": self.state_bytes_per_cycle,
             "state_bytes_per_cycle_by_part": {
-                part: {"read": self.state_read[part] // per_cycle,
-                       "written": self.state_written.get(part, 0) // per_cycle}
-                for part in self.state_read},
+                part: {"read": read // per_cycle, "written": written // per_cycle}
+                for part, read, written in getattr(self.state_traffic(), "parts", ())},
             "phase_ms_per_cycle": {name: round(ms / per_cycle, 4)
                                    for name, ms in {**self.phase_ms, "other": other}.items()},
         }

@@ -79,3 +79,17 @@ def test_telemetry_carries_the_cycles_state_bytes():
     # each cycle read the state at least once and wrote it once
     assert parts["gdn state"]["written"] == engine.traffic.gdn_state
     assert parts["gdn state"]["read"] >= engine.traffic.gdn_state
+
+
+def test_cycles_from_sums_equal_the_cycles_added_one_by_one():
+    """Telemetry adds four integers a cycle and computes the parts once (every part is affine
+    in rows, context and kept rows): the same bytes as adding each cycle's parts."""
+    model = TrafficModel.of(_state(QWEN3_8_FLASH_NEXT))
+    verifies = [(16, 100, 5), (9, 106, 9), (4, 116, 1)]
+    one_by_one = model.cycle(*verifies[0])
+    for rows, context, kept in verifies[1:]:
+        one_by_one = one_by_one.plus(model.cycle(rows, context, kept))
+    sums = [sum(v[i] for v in verifies) for i in range(3)]
+    assert model.cycles(3, *sums, verify=True) == one_by_one
+    assert model.cycles(2, 2, 230, 2, verify=False) == model.cycle(1, 110).plus(
+        model.cycle(1, 120))

@@ -45,6 +45,11 @@ class StateTraffic:
     def times(self, batch: int) -> StateTraffic:
         return StateTraffic(tuple((p, r * batch, w * batch) for p, r, w in self.parts))
 
+    def plus(self, other: StateTraffic) -> StateTraffic:
+        """Part by part (both of one model: the same parts in the same order)."""
+        return StateTraffic(tuple((p, r + r2, w + w2) for (p, r, w), (_, r2, w2)
+                                  in zip(self.parts, other.parts)))
+
     def as_dict(self) -> dict[str, dict[str, int]]:
         return {p: {"read": r, "written": w} for p, r, w in self.parts}
 
@@ -88,20 +93,26 @@ class TrafficModel:
     def cycle(self, rows: int, context: int, kept: int | None = None) -> StateTraffic:
         """One request's cycle of `rows` rows after `context` committed tokens (a verify
         when rows > 1; `kept`: rows it commits, rows when not given)."""
-        kept = rows if kept is None else kept
-        verify = rows > 1
+        return self.cycles(1, rows, context, rows if kept is None else kept, rows > 1)
+
+    def cycles(self, n: int, rows: int, context: int, kept: int, verify: bool
+               ) -> StateTraffic:
+        """`n` cycles of one kind (verifies or plain steps) together, from the sums of their
+        rows, contexts and kept rows: every part is affine in those, so a request's total
+        needs its sums alone (telemetry adds four integers a cycle, not the parts)."""
         conv_k1 = self.conv_window // self.conv_row if self.conv_row else 0
         parts = [("kv", (context + rows) * self.kv_row, rows * self.kv_row)]
         if self.gdn_state:
             parts += [
-                ("gdn state", (2 if verify else 1) * self.gdn_state, self.gdn_state),
+                ("gdn state", (2 if verify else 1) * n * self.gdn_state, n * self.gdn_state),
                 ("gdn rows", kept * self.gdn_row if verify else 0,
                  rows * self.gdn_row if verify else 0),
-                ("conv", self.conv_window + (conv_k1 * self.conv_row if verify else 0),
-                 self.conv_window + ((conv_k1 + rows) * self.conv_row if verify else 0))]
+                ("conv", n * self.conv_window + (n * conv_k1 * self.conv_row if verify else 0),
+                 n * self.conv_window
+                 + ((n * conv_k1 + rows) * self.conv_row if verify else 0))]
         if self.flash_window or self.key_row:
             flash_k1 = self.flash_window // self.flash_row if self.flash_row else 0
-            parts.append(("flash", self.flash_window + (context + rows) * self.key_row,
-                          self.flash_window + rows * self.key_row
-                          + ((flash_k1 + rows) * self.flash_row if verify else 0)))
+            parts.append(("flash", n * self.flash_window + (context + rows) * self.key_row,
+                          n * self.flash_window + rows * self.key_row
+                          + ((n * flash_k1 + rows) * self.flash_row if verify else 0)))
         return StateTraffic(tuple(parts))
