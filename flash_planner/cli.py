@@ -238,11 +238,13 @@ def _goals(catalog, result) -> tuple[list[dict] | None, str]:
         filled = gate(result.plan, catalog.bindings, catalog.locations, catalog.workspace)
     except GateError as exc:
         return None, str(exc)
-    return [{"index": i, "skill": step["skill"],
-             **({"goal": None} if goal is None else {
-                 catalog.bindings[step["skill"]].kind: catalog.bindings[step["skill"]].type,
-                 "server": catalog.bindings[step["skill"]].server, "goal": goal})}
-            for i, (step, goal) in enumerate(zip(result.plan, filled))], ""
+    out = []
+    for i, (step, goal) in enumerate(zip(result.plan, filled)):
+        b = catalog.bindings.get(step["skill"])
+        out.append({"index": i, "skill": step["skill"],
+                    **({} if b is None else {b.kind: b.type, "server": b.server}),
+                    "goal": goal})
+    return out, ""
 
 
 SERVE_MODULES = ("fastapi", "uvicorn", "prometheus_client")

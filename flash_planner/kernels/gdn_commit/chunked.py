@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..gdn_steps.chunked import LOG_FLOOR
-from .reference import check_commit
+from .reference import check_commit, host_counts
 
 
 def gdn_commit(
@@ -28,10 +28,7 @@ def gdn_commit(
 ) -> None:
     """As reference.gdn_commit."""
     check_commit(state, k_rows, delta_rows, g_rows, conv_state, conv_rows, count)
-    slots = delta_rows.shape[2]
-    counts = count.tolist()
-    if any(not 0 <= n <= slots for n in counts):
-        raise ValueError(f"gdn_commit: counts {counts} outside 0..{slots}")
+    counts = host_counts(count, delta_rows.shape[2])
     if state.numel() == 0:
         return
     k1 = conv_state.shape[2]

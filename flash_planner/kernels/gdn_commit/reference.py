@@ -36,6 +36,14 @@ def check_commit(state: torch.Tensor, k_rows: torch.Tensor, delta_rows: torch.Te
         raise ValueError(f"gdn_commit: count must be [{seqs}], got {tuple(count.shape)}")
 
 
+def host_counts(count: torch.Tensor, slots: int) -> list[int]:
+    """The counts as ints (a host read), each checked to lie in 0..slots."""
+    counts = count.tolist()
+    if any(not 0 <= n <= slots for n in counts):
+        raise ValueError(f"gdn_commit: counts {counts} outside 0..{slots}")
+    return counts
+
+
 def gdn_commit(
     state: torch.Tensor,
     k_rows: torch.Tensor,
@@ -52,10 +60,7 @@ def gdn_commit(
         return
     hv = state.shape[2]
     k1 = conv_state.shape[2]
-    counts = [int(n) for n in count]
-    slots = delta_rows.shape[2]
-    if any(not 0 <= n <= slots for n in counts):
-        raise ValueError(f"gdn_commit: counts {counts} outside 0..{slots}")
+    counts = host_counts(count, delta_rows.shape[2])
     kv = k_rows.repeat_interleave(hv // k_rows.shape[3], dim=3)        # [L, B, S, Hv, Dk]
     for b, n in enumerate(counts):
         s = state[:, b]

@@ -1,1 +1,1 @@
-"""Gated delta rule over a short block, emitting the state after every step."""
+"""Gated delta rule over a block; a verify keeps its rows for gdn_commit instead of the state."""
