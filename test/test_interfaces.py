@@ -147,7 +147,8 @@ def test_cmakelists_generates_exactly_the_interface_files():
         for p in (IFACE / sub).glob("*")
         if p.suffix in (".msg", ".srv", ".action")
     }
-    assert listed == on_disk == {"msg/PlanTelemetry.msg", "action/Plan.action"}
+    assert listed == on_disk == {"msg/PlanTelemetry.msg", "action/Plan.action",
+                                 "action/ExecutePlan.action", "srv/Approve.srv"}
     for needle in (
         "find_package(ament_cmake REQUIRED)",
         "find_package(rosidl_default_generators REQUIRED)",

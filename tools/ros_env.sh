@@ -17,6 +17,9 @@ OUT=$(cd "$2" && pwd)
 PY=$VENV/bin/python
 PYVER=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 IFACE=$REPO/flash_planner_interfaces
+# The execution tests' own action and service types (test servers); never installed with
+# the planner.
+TEST_IFACE=$REPO/test/ros/flash_planner_test_msgs
 ROS_REQ=$REPO/tools/requirements-ros-jazzy.txt
 COLCON_REQ=$REPO/tools/requirements-colcon.txt
 
@@ -71,31 +74,41 @@ install_wheels() {
 
 # Every input of the interfaces build: their sources, the case and the interpreter.
 interfaces_hash() {
-    { find "$IFACE" -type f -print0 | sort -z | xargs -0 cat; echo "$1 $PY"; } \
+    { find "$IFACE" "$TEST_IFACE" -type f -print0 | sort -z | xargs -0 cat; echo "$1 $PY"; } \
         | sha256sum | cut -c1-16
 }
 
 build_interfaces_cmake() {
-    local build=$OUT/build/flash_planner_interfaces tool
+    local tool package
     for tool in cmake cc c++; do
         command -v "$tool" >/dev/null || { say "building the ROS interfaces needs $tool:" \
             "apt install cmake g++ (Debian/Ubuntu)"; exit 1; }
     done
-    rm -rf "$build" "$OUT/install"
-    say "building flash_planner_interfaces with cmake (about 15 s)"
+    rm -rf "$OUT/build" "$OUT/install"
+    : > "$OUT/cmake.log"
+    for package in "$IFACE" "$TEST_IFACE"; do
+        build_one_cmake "$package"
+    done
+}
+
+build_one_cmake() {
+    local src=$1 name build
+    name=$(basename "$src")
+    build=$OUT/build/$name
+    say "building $name with cmake (about 15 s)"
     # The venv is an ament prefix: the wheels install share/ (ament index, CMake configs).
     AMENT_PREFIX_PATH=$VENV CMAKE_PREFIX_PATH=$VENV \
-        cmake -S "$IFACE" -B "$build" -DCMAKE_INSTALL_PREFIX="$OUT/install" \
-        -DPython3_EXECUTABLE="$PY" -DBUILD_TESTING=OFF >"$OUT/cmake.log" 2>&1 \
+        cmake -S "$src" -B "$build" -DCMAKE_INSTALL_PREFIX="$OUT/install" \
+        -DPython3_EXECUTABLE="$PY" -DBUILD_TESTING=OFF >>"$OUT/cmake.log" 2>&1 \
         && cmake --build "$build" -j"$(nproc)" >>"$OUT/cmake.log" 2>&1 \
         && cmake --install "$build" >>"$OUT/cmake.log" 2>&1 \
-        || { tail -20 "$OUT/cmake.log" >&2; say "interfaces build failed: $OUT/cmake.log"; exit 1; }
+        || { tail -20 "$OUT/cmake.log" >&2; say "$name build failed: $OUT/cmake.log"; exit 1; }
 }
 
 build_interfaces_colcon() {
     rm -rf "$OUT/build" "$OUT/install"
     say "building flash_planner_interfaces with colcon"
-    (cd "$OUT" && colcon --log-base "$OUT/log" build --base-paths "$IFACE" \
+    (cd "$OUT" && colcon --log-base "$OUT/log" build --base-paths "$IFACE" "$TEST_IFACE" \
         --build-base "$OUT/build" --install-base "$OUT/install" \
         --cmake-args -DBUILD_TESTING=OFF >"$OUT/colcon.log" 2>&1) \
         || { tail -20 "$OUT/colcon.log" >&2; say "interfaces build failed: $OUT/colcon.log"; exit 1; }
