@@ -117,7 +117,8 @@ def plan_job(service, ticket, words: RequestWords, telemetry: dict,
     try:
         ids, prefix = service.prompt(request.task, request.context,
                                      service.thinking(request), request.scene,
-                                     service.effort(request), len(request.images))
+                                     service.effort(request), len(request.images),
+                                     request.progress)
         # each image's one token becomes its tokens (the engine expands them)
         service.engine.check_fits(
             len(ids) + sum(image.tokens - 1 for image in request.images), max_new)
@@ -125,8 +126,12 @@ def plan_job(service, ticket, words: RequestWords, telemetry: dict,
         if service.grammar is not None:
             budget = max(0, max_new - config.answer_reserve)
             t0 = time.monotonic()   # the request's own grammar is compiled here
+            without = frozenset(service.unavailable)
+            if without:
+                telemetry["unavailable_skills"] = sorted(without)
             constraint = service.grammar.constraint(
-                think_budget=budget, words=words, max_string_tokens=config.max_string_tokens)
+                think_budget=budget, words=words, max_string_tokens=config.max_string_tokens,
+                without=without)
             telemetry["grammar_ms"] = round((time.monotonic() - t0) * 1000, 3)
         vision = embed_ahead(service.engine, request.images)
         # what encoding the prompt and making the grammar's matcher took is not given back

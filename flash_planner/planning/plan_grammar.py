@@ -52,36 +52,42 @@ class PlanGrammar:
                 compiler.compile(answer_schema(catalog, SAMPLE_WORDS))
         except GrammarError as exc:
             raise _catalog_error(catalog, compiler, exc) from None
-        self._cache: collections.OrderedDict[RequestWords, JsonSchemaGrammar] = \
+        # (the request's words or None, the skills left out) -> its compiled grammar
+        self._cache: collections.OrderedDict[tuple, JsonSchemaGrammar] = \
             collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def for_request(self, words: RequestWords | None) -> JsonSchemaGrammar:
+    def for_request(self, words: RequestWords | None,
+                    without: frozenset[str] = frozenset()) -> JsonSchemaGrammar:
         """The grammar of a request with these words (the catalog's when it has no grounded
-        arguments or `words` is None)."""
-        if words is None or not self.catalog.has_grounded:
+        arguments or `words` is None), less the skills `without` (their servers are away)."""
+        grounded = words is not None and self.catalog.has_grounded
+        if not grounded and not without:
             return self.base
+        key = (words if grounded else None, without)
         with self._lock:
-            hit = self._cache.get(words)
+            hit = self._cache.get(key)
             if hit is not None:
-                self._cache.move_to_end(words)
+                self._cache.move_to_end(key)
                 return hit
         try:
-            grammar = self._compiler.compile(answer_schema(self.catalog, words))
+            grammar = self._compiler.compile(answer_schema(self.catalog.without(without),
+                                                           key[0]))
         except GrammarError as exc:
             raise ValueError(f"the request's words cannot be compiled into its plan grammar: "
                              f"{exc}") from None
         with self._lock:
-            self._cache[words] = grammar
+            self._cache[key] = grammar
             while len(self._cache) > CACHED_REQUESTS:
                 self._cache.popitem(last=False)
         return grammar
 
     def constraint(self, think_budget: int | None = None, words: RequestWords | None = None,
-                   max_string_tokens: int | None = MAX_STRING_TOKENS) -> Constraint:
+                   max_string_tokens: int | None = MAX_STRING_TOKENS,
+                   without: frozenset[str] = frozenset()) -> Constraint:
         """A fresh per-request constraint (`JsonSchemaGrammar.constraint`)."""
-        return self.for_request(words).constraint(think_budget=think_budget,
-                                                  max_string_tokens=max_string_tokens)
+        return self.for_request(words, without).constraint(
+            think_budget=think_budget, max_string_tokens=max_string_tokens)
 
 
 def _catalog_error(catalog: SkillCatalog, compiler: JsonGrammarCompiler,

@@ -5,6 +5,8 @@ Kept short on purpose: every prompt token is prefilled before the first plan tok
 
 from __future__ import annotations
 
+import json
+
 from .grounding import scene_entries
 from .skills import SkillCatalog
 
@@ -14,6 +16,7 @@ SYSTEM = (
 )
 # The refusal shape (docs/cli.md, "Refusals"). Presets of models that were never taught it leave
 # it out (`refusal_hint: false`); the demo was trained on prompts with and without it.
+REPLAN_ASK = "Plan the remaining steps."
 REFUSAL_HINT = ', or {"refusal": REASON} if these skills cannot do the task'
 
 
@@ -23,22 +26,43 @@ def system_prompt(catalog: SkillCatalog, refusal_hint: bool = False) -> str:
     return SYSTEM.format(skills=lines) + (REFUSAL_HINT if refusal_hint else "")
 
 
-def user_prompt(task: str, context: str = "", scene=()) -> str:
-    """The task, the scene's text and its listed names (without their short forms)."""
+def user_prompt(task: str, context: str = "", scene=(), progress: str = "") -> str:
+    """The task, the scene's text, its listed names (without their short forms) and, when
+    replanning, the progress section."""
     text = f"Task: {task.strip()}"
     if context.strip():
         text += f"\nScene: {context.strip()}"
     if scene:
         text += "\nObjects: " + "; ".join(entry[0] for entry in scene_entries(scene))
+    if progress.strip():
+        text += f"\n{progress.strip()}"
     return text
 
 
+def progress_section(done: list[dict], failed: dict, reason: str) -> str:
+    """The replan section (docs/ros.md, "Replanning"): the steps done, the failed step with
+    its reason, and what is asked; a step is its skill and its arguments as JSON.
+
+        Done: navigate_to {"target": "kitchen"}
+        Failed: pick {"object": "red cup"} (aborted: /manipulate: the gripper slipped)
+        Plan the remaining steps.
+    """
+    def line(step: dict) -> str:
+        return f"{step['skill']} {json.dumps(step.get('args', {}), sort_keys=True)}"
+
+    reason = " ".join(reason.split())
+    return (f"Done: {'; '.join(line(s) for s in done) or 'nothing'}\n"
+            f"Failed: {line(failed)} ({reason})\n"
+            f"{REPLAN_ASK}")
+
+
 def build_messages(catalog: SkillCatalog, task: str, context: str = "",
-                   refusal_hint: bool = False, scene=(), images: int = 0) -> list[dict]:
+                   refusal_hint: bool = False, scene=(), images: int = 0,
+                   progress: str = "") -> list[dict]:
     """Chat messages for the tokenizer's template (thinking on/off is the template's flag);
     `images` image parts open the user's message, before the task, so that the system
     prompt stays the fixed prefix."""
-    text = user_prompt(task, context, scene)
+    text = user_prompt(task, context, scene, progress)
     user = text if not images else (
         [{"type": "image"}] * images + [{"type": "text", "text": text}])
     return [{"role": "system", "content": system_prompt(catalog, refusal_hint)},

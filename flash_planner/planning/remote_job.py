@@ -33,15 +33,19 @@ def remote_job(service, ticket, deadline: float | None, telemetry: dict,
     thinking = service.thinking(request)
     max_new = request.max_new_tokens or cfg.max_new_tokens
     messages = build_messages(service.catalog, request.task, request.context,
-                              cfg.refusal_hint, request.scene)
+                              cfg.refusal_hint, request.scene, progress=request.progress)
+    without = frozenset(service.unavailable)
+    if without:
+        telemetry["unavailable_skills"] = sorted(without)
     sampling = request.sampling if isinstance(request.sampling, Sampling) and \
         not request.sampling.greedy else None
     listener = Listener(ticket, StepStream(service.catalog, words))
     t0 = time.monotonic()
     try:
         text = service.remote.complete(
-            service.remote.body(messages, answer_schema(service.catalog, words), max_new,
-                             thinking, sampling, service.effort(request)),
+            service.remote.body(messages,
+                                answer_schema(service.catalog.without(without), words),
+                                max_new, thinking, sampling, service.effort(request)),
             lambda delta: listener([], delta), end,
             lambda: ticket.cancel_token.cancelled)
         steps, thought = parse_plan(text, service.catalog, words=words)

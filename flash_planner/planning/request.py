@@ -23,7 +23,7 @@ MAX_SCENE_ENTRY_CHARS = 120
 
 REQUEST_FIELDS = ("id", "task", "context", "scene", "images", "max_new_tokens",
                   "enable_thinking", "deadline_s", "speculative", "method", "sampling", "seed",
-                  "reasoning_effort")
+                  "reasoning_effort", "progress")
 
 
 class RequestError(ValueError):
@@ -127,11 +127,15 @@ class PlanRequest:
     # passed to chat templates that take it (Qwen3.8's: xhigh, medium, low); a short
     # lowercase word; None: the service's default
     reasoning_effort: str | None = None
+    # a replan's section (prompt.progress_section: the steps done, the failed step and why),
+    # shown after the task; "" the first time
+    progress: str = ""
 
     def checked(self, max_task_chars: int, max_context_chars: int) -> PlanRequest:
         """This request with validated text fields, or RequestError."""
         task = _check_text(self.task, "task", max_task_chars, required=True)
         context = _check_text(self.context, "context", max_context_chars, required=False)
+        progress = _check_text(self.progress, "progress", max_context_chars, required=False)
         scene = check_scene(self.scene)
         if not isinstance(self.id, str) or not self.id.strip():
             raise RequestError("id must be a non-empty string", "id")
@@ -164,7 +168,7 @@ class PlanRequest:
         except ValueError as exc:
             raise RequestError(str(exc), "reasoning_effort") from None
         return dataclasses.replace(self, task=task.strip(), context=context.strip(),
-                                   scene=scene, sampling=sampling)
+                                   scene=scene, sampling=sampling, progress=progress.strip())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PlanRequest:

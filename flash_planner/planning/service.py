@@ -99,6 +99,10 @@ class PlannerService:
         self._worker: threading.Thread | None = None
         self._preparer = ThreadPoolExecutor(1, thread_name_prefix="flash-planner-prepare")
         self.on_result: Callable[[PlanResult], None] | None = None   # every finished result
+        # skill -> why it cannot run now (its server is not on the graph: the ROS node's
+        # check); such skills are left out of each request's plan grammar. Replaced whole
+        # (`set_unavailable`), read once per request.
+        self.unavailable: dict[str, str] = {}
 
     @classmethod
     def load(cls, engine_config, catalog: SkillCatalog, config: PlannerConfig,
@@ -119,7 +123,7 @@ class PlannerService:
         return warm_up(self)
 
     def prompt(self, task: str, context: str, thinking: bool, scene=(),
-               reasoning_effort: str | None = None, images: int = 0
+               reasoning_effort: str | None = None, images: int = 0, progress: str = ""
                ) -> tuple[list[int], list[int]]:
         """The request's prompt ids and its fixed prefix: every id before the task's message
         (the system prompt with the catalog), a token boundary by construction.
@@ -128,7 +132,7 @@ class PlannerService:
         the engine)."""
         def encode(images: int) -> tuple[list[int], list[int]]:
             messages = build_messages(self.catalog, task, context, self.config.refusal_hint,
-                                      scene, images)
+                                      scene, images, progress)
             ids, starts = encode_chat_parts(self.engine.tokenizer, messages, thinking,
                                             {"reasoning_effort": reasoning_effort})
             return ids, ids[:starts[-1]]
@@ -466,7 +470,31 @@ class PlannerService:
         `cancelled` with the reason, as a running one does."""
         self._finish(ticket, failed(ticket.request, reason, finish_reason="cancelled"))
 
+    def set_unavailable(self, reasons: dict[str, str]) -> None:
+        """Skills that cannot run now, each with why; requests from now on plan without
+        them."""
+        self.unavailable = dict(reasons)
+
+    def _name_unavailable(self, result: PlanResult) -> None:
+        """A plan naming a skill that was unavailable when it was asked for fails, naming
+        why (possible without the grammar); a failed plan says which skills were away."""
+        away = result.telemetry.get("unavailable_skills")
+        if not away:
+            return
+        reasons = {name: self.unavailable.get(name, "its server is not on the graph")
+                   for name in away}
+        named = next((i for i, step in enumerate(result.plan or ())
+                      if step["skill"] in reasons), None)
+        if result.success and named is not None:
+            skill = result.plan[named]["skill"]
+            result.success, result.plan = False, None
+            result.error = f"step {named + 1} ({skill}) cannot run now: {reasons[skill]}"
+        elif not result.success:
+            result.error += " (unavailable now: " + "; ".join(
+                f"{name}: {why}" for name, why in sorted(reasons.items())) + ")"
+
     def _finish(self, ticket: PlanTicket, result: PlanResult) -> None:
+        self._name_unavailable(result)
         result.telemetry.setdefault("request_id", ticket.id)
         result.telemetry.setdefault("total_latency_ms",
                                     round((time.monotonic() - ticket.submitted) * 1000, 3))

@@ -12,7 +12,7 @@ plan-only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +166,13 @@ class SkillCatalog:
             raise CatalogError(f"{where}: 'enum_shown' must be a non-negative integer, "
                                f"got {shown!r}")
         return cls(tuple(skills), shown, bindings, locations, workspace)
+
+    def without(self, names) -> SkillCatalog:
+        """This catalog less the skills `names` (what a plan may name while their servers
+        are away)."""
+        names = set(names)
+        return replace(self, skills=tuple(s for s in self.skills if s.name not in names),
+                       bindings={k: b for k, b in self.bindings.items() if k not in names})
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -22,16 +22,21 @@ INTEGERS = NUMBERS - {"float", "double"}
 POSE_STAMPED = "geometry_msgs/PoseStamped"
 
 
-def message_class(binding: Binding) -> Any:
-    """The goal (action) or request (service) class of the binding's type."""
+def interface_class(binding: Binding) -> Any:
+    """The action or service class of the binding's type (what a client is made of)."""
     package, kind, name = binding.type.split("/")
     try:
         module = importlib.import_module(f"{package}.{kind}")
-        interface = getattr(module, name)
+        return getattr(module, name)
     except (ImportError, AttributeError) as exc:
         raise BindingError(f"skill {binding.skill}: {binding.kind} type {binding.type} is not "
                            f"installed here ({type(exc).__name__}: {exc})") from None
-    return interface.Goal if kind == "action" else interface.Request
+
+
+def message_class(binding: Binding) -> Any:
+    """The goal (action) or request (service) class of the binding's type."""
+    interface = interface_class(binding)
+    return interface.Goal if binding.kind == "action" else interface.Request
 
 
 def _nested_class(type_name: str) -> Any | None:

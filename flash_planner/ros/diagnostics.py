@@ -252,21 +252,28 @@ def load_values(report: dict[str, int], tokens_per_s: float) -> KeyValues:
 
 def node_status(state: str, load_error: str, window: LatencyWindow | None, budgets: Budgets,
                 queue_depth: int, model: str = "", compiled: str = "",
-                backend: KeyValues = (), threads: str = "", load: KeyValues = ()
-                ) -> tuple[int, str, KeyValues]:
+                backend: KeyValues = (), threads: str = "", load: KeyValues = (),
+                execution: KeyValues = ()) -> tuple[int, str, KeyValues]:
     """The node's status: ERROR after a failed model load, OK while not serving, else `status`.
     compiled: whether forwards run as compiled graphs, and what compiling them took;
     backend: `remote_values`; threads: the engine's torch threads (`Threads`); load:
-    `load_values` (in every state once a model is loaded)."""
+    `load_values` (in every state once a model is loaded); execution: `execution_values`."""
     head = [("state", state), ("model", model)] + ([("compiled", compiled)] if compiled else [])
     head += [("threads", threads)] if threads else []
-    head += list(backend) + list(load)
+    head += list(backend) + list(load) + list(execution)
     if load_error:
         return ERROR, f"model failed to load: {load_error}", head
     if state != "active" or window is None:
         return OK, f"{state}: not serving requests", head
     level, message, values = status(window, budgets, queue_depth)
     return level, message, [*head, *values]
+
+
+def execution_values(unavailable: dict[str, str], running: str) -> KeyValues:
+    """The execution keys: the skills whose server is away (each with why) and the running
+    execution's id ("idle": none)."""
+    away = "; ".join(f"{skill}: {why}" for skill, why in sorted(unavailable.items()))
+    return [("skills unavailable", away or "none"), ("execution", running or "idle")]
 
 
 TOPIC = "/diagnostics"

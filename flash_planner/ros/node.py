@@ -1,13 +1,16 @@
 """Entry point of ``planner_node``: the ``flash_planner`` lifecycle node.
 
 Created: parameters, ``~/task``, ``~/plan`` (topic and action), ``~/telemetry``,
-/diagnostics and the image topic's subscription (``planner.image_topic``), which exist in
-every lifecycle state (a request while not active is refused with the reason; a failed model
-load reads as ERROR on /diagnostics). configure: parameters -> configs, load the engine and
-skill catalog, build the planner service, warm up. activate: start serving. deactivate: stop
-serving (running and queued requests end with the reason); cleanup frees the model; shutdown
-does both. rclpy is imported inside `planner_node_class` and `main` only: this module imports
-without ROS 2.
+``~/execute`` (action), ``~/approve`` (service), ``~/dry_run``, /diagnostics and the image
+topic's subscription (``planner.image_topic``), which exist in every lifecycle state (a
+request while not active is refused with the reason; a failed model load reads as ERROR on
+/diagnostics). configure: parameters -> configs, load the engine and skill catalog (its
+bindings checked against the installed interfaces, a client made for each, their servers
+looked up on the graph every execution.check_period_s), build the planner service, warm up.
+activate: start serving. deactivate: stop serving (running and queued requests end with the
+reason, a running execution is cancelled); cleanup frees the model; shutdown does both.
+rclpy is imported inside `planner_node_class` and `main` only: this module imports without
+ROS 2.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ SHUTDOWN_GRACE_S = 5.0  # longest wait for goals in flight (and the executor) at
 RESULT_SEND_S = 0.3     # time left to the executor to send the last goal results
 SPARE_THREADS = 4       # executor threads beside the goals': goal, cancel and result requests,
                         # ~/task, timers, lifecycle and parameter services
+EXECUTION_THREADS = 2   # the one ~/execute goal (it holds its thread) and a refused second
 
 
 def executor_threads(values: dict) -> int:
@@ -41,7 +45,7 @@ def executor_threads(values: dict) -> int:
     from .params import max_batch_bound
 
     goals = max_batch_bound(values) + values["planner.queue_depth"]
-    return max(os.cpu_count() or 2, goals + SPARE_THREADS)
+    return max(os.cpu_count() or 2, goals + SPARE_THREADS + EXECUTION_THREADS)
 
 
 def free_memory() -> None:
@@ -58,6 +62,7 @@ def planner_node_class():
     from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
     from rclpy.lifecycle import Node, TransitionCallbackReturn
 
+    from ..planning.execution import ExecutionConfig
     from . import convert, params
     from .action_server import PlanActionServer
     from .camera import LatestFrame
@@ -66,10 +71,13 @@ def planner_node_class():
         Budgets,
         DiagnosticsPublisher,
         LatencyWindow,
+        execution_values,
         load_values,
         node_status,
         remote_values,
     )
+    from .execute_server import ExecuteActionServer, ExecutionSetup
+    from .step_clients import RosStepRunner
     from .topics import PlanTopics
 
     ok, failure = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
@@ -101,6 +109,10 @@ def planner_node_class():
             self._action = PlanActionServer(
                 self, self._service, f"{self.get_fully_qualified_name()}/plan",
                 values["planner.feedback_period_ms"] / 1000.0, self._with_frame)
+            self._execute = ExecuteActionServer(
+                self, self._execution_setup, f"{self.get_fully_qualified_name()}/execute")
+            self._runner = self._server_check = None
+            self._execution = ExecutionConfig()
             self._autostart_timer = None
             if values["autostart"]:
                 self._autostart_timer = self.create_timer(
@@ -148,6 +160,15 @@ def planner_node_class():
             check_types(catalog)          # its bindings against the installed interfaces
             self._planner = PlannerService.load(engine_config, catalog, planner_config,
                                                 progress=self.get_logger().info)
+            self._execution = ExecutionConfig(values["execution.max_replans"],
+                                              values["execution.approval_timeout_s"],
+                                              values["execution.dry_run"])
+            if catalog.bindings and values["execution.enabled"]:
+                self._runner = RosStepRunner(self, catalog.bindings)
+                self._check_servers()
+                self._server_check = self.create_timer(
+                    values["execution.check_period_s"], self._check_servers,
+                    callback_group=MutuallyExclusiveCallbackGroup())
             warm_ms = self._planner.warm_up()
             self._planner.on_result = self._on_result
             self._window = LatencyWindow(values["diagnostics.window"])
@@ -161,6 +182,35 @@ def planner_node_class():
             self._phase, self._load_error = "inactive", ""
             self.get_logger().info(f"loaded {self._planner.summary()}; warm-up (prefix "
                                    f"prefill, whole blocks per proposer) {warm_ms:.0f} ms")
+
+        def _check_servers(self) -> None:
+            """Skills whose server is not on the graph leave the plan grammar until it is
+            back (each change logged)."""
+            planner, runner = self._planner, self._runner
+            if planner is None or runner is None:
+                return
+            missing = runner.missing(planner.catalog.bindings)
+            before = planner.unavailable
+            if missing != before:
+                for skill in sorted(set(missing) - set(before)):
+                    self.get_logger().warning(f"skill {skill} unavailable: {missing[skill]}")
+                for skill in sorted(set(before) - set(missing)):
+                    self.get_logger().info(f"skill {skill} available again")
+                planner.set_unavailable(missing)
+
+        def _execution_setup(self) -> ExecutionSetup:
+            """What ~/execute needs, or convert.NotServing with the reason."""
+            planner = self._service()
+            if not self.get_parameter("execution.enabled").value:
+                raise convert.NotServing("execution is disabled on this node "
+                                         "(execution.enabled is false)")
+            if self._runner is None:
+                catalog = (self.get_parameter("planner.skills_file").value
+                           or "(the installed config/skills.yaml)")
+                raise convert.NotServing(
+                    f"the skill catalog {catalog} binds no skill to an action or service: "
+                    "there is nothing to execute (docs/ros.md, 'Running plans on the robot')")
+            return ExecutionSetup(planner, planner.catalog, self._runner, self._execution)
 
         def on_activate(self, state):
             self._planner.start()
@@ -190,6 +240,11 @@ def planner_node_class():
             return self.on_shutdown(state)
 
         def _release(self) -> None:
+            if self._server_check is not None:
+                self.destroy_timer(self._server_check)
+            if self._runner is not None:
+                self._runner.close()
+            self._runner = self._server_check = None
             self._planner = self._window = None
             self._phase, self._model, self._compiled = "unconfigured", "", ""
             free_memory()
@@ -200,7 +255,9 @@ def planner_node_class():
             return self._phase
 
         def stop_planner(self, reason: str = "the planner node is shutting down") -> None:
-            """End every request with `reason` and stop the worker (no ROS calls)."""
+            """End every request with `reason`, cancel a running execution and stop the
+            worker (no ROS calls)."""
+            self._execute.cancel_running()
             if self._planner is not None:
                 self._planner.stop(reason=reason)
 
@@ -211,10 +268,11 @@ def planner_node_class():
 
         def wait_goals_done(self, timeout: float) -> bool:
             """Wait (bounded) until no action goal is executing."""
-            return self._action.wait_idle(timeout)
+            return self._execute.wait_idle(timeout) and self._action.wait_idle(timeout)
 
         def destroy_node(self):
             self.stop_planner()
+            self._execute.close()
             self._action.close()
             self._topics.close()
             if self._camera is not None:
@@ -240,9 +298,12 @@ def planner_node_class():
                                     service.remote.health if service.remote else None)
             report = service.load_report()
             load = load_values(report, self._rate.update(report["tokens"]))
+            current = self._execute.current
+            execution = (execution_values(service.unavailable, current.id if current else "")
+                         if self._runner is not None else ())
             return node_status(self._phase, self._load_error, self._window, budgets,
                                report["queued"], self._model, self._compiled, backend,
-                               str(service.engine.threads), load)
+                               str(service.engine.threads), load, execution)
 
     return PlannerNode
 

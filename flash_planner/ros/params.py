@@ -149,6 +149,20 @@ PARAMS: tuple[Param, ...] = (
        range=(0.0, 3600.0)),
     _p("planner.feedback_period_ms", 50.0, "Plan action feedback at most this often (text "
        "merged in between); 0 = every speculative cycle.", range=(0.0, 10000.0)),
+    # execution (docs/ros.md, "Running plans on the robot")
+    _p("execution.enabled", True, "Serve ~/execute and ~/approve: plans run on the servers "
+       "the skill catalog binds; false = an execute goal is refused, naming this parameter."),
+    _p("execution.max_replans", 2, "Replans after a failed step at most, for goals that do "
+       "not say.", range=(0, 10)),
+    _p("execution.approval_timeout_s", 60.0, "How long a step marked approve waits for "
+       "~/approve; then it is refused.", range=(0.1, 86400.0)),
+    _p("execution.check_period_s", 2.0, "How often the bound servers are looked up on the "
+       "graph; a skill whose server is missing is left out of the plan grammar.",
+       range=(0.1, 600.0)),
+    _p("execution.dry_run", False, "Every execution publishes its goals on ~/dry_run and "
+       "sends none."),
+    _p("execution.from_task_topic", False, "Plan and execute each ~/task message (as an "
+       "execute goal would); false = ~/task only plans."),
     # diagnostics
     _p("diagnostics.ttft_budget_ms", 500.0, "p95 TTFT budget: WARN above, ERROR above 2x.",
        read_only=False, range=(1.0, 1e6)),

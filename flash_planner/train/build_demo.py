@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..planning.presets import default_skills_path
 from ..planning.skills import SkillCatalog
-from . import mobile
+from . import mobile, replans
 from .corpus import encode, heldout_sets, make_corpus, render
 from .drafter import DrafterSpec, train_drafter
 from .mtp import train_mtp
@@ -39,8 +39,12 @@ MTP_DEPTH = 3           # chain steps trained: the engine's default mtp_steps
 # The target's second stage, in rounds (each a warmup and cosine decay of its own, on fresh
 # examples): as many default-catalog examples as example-catalog ones, each batch of one.
 CATALOG_EXAMPLES = 12000            # of each catalog, per round
-CATALOG_STEPS = (1000, 1200)        # per round
+CATALOG_STEPS = (1000, 1200, 600)   # per round
 CATALOG_LR = 1e-3
+# The last round adds replans (`replans.py`: the prompt's progress section after a failed
+# step): a third of its examples, beside the default catalog's and the example catalog's
+# tasks, so that neither is forgotten.
+REPLAN_ROUND, REPLAN_EXAMPLES = 2, 4000
 # The first stage's drafter and MTP head, trained on against the final target
 DRAFTER_TUNE_STEPS, MTP_TUNE_STEPS = 800, 400
 
@@ -64,10 +68,11 @@ def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_train
     last = len(CATALOG_STEPS) - 1
     rounds = {r: _catalog_round(r, seed, data, tok)
               for r in (range(from_round, last + 1) if only is None else [last])}
-    first = rounds[min(rounds)][0][CATALOG_EXAMPLES:]
+    mixed, groups = rounds[min(rounds)]
+    first = [ids for (ids, _), own in zip(mixed, groups) if own]
     log(f"[corpus] round(s) {', '.join(str(r + 1) for r in rounds)} of both catalogs, "
-        f"{2 * CATALOG_EXAMPLES} examples each; example catalog's mean "
-        f"{sum(len(i) for i, _ in first) / CATALOG_EXAMPLES:.0f} tokens")
+        f"{len(mixed)} examples in round {min(rounds) + 1}; example catalog's mean "
+        f"{sum(len(i) for i in first) / len(first):.0f} tokens")
     with tempfile.TemporaryDirectory() as scratch:
         work = resume or Path(scratch)
         base = default_dir or work / "default"
@@ -124,6 +129,12 @@ def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_train
 
 def _catalog_round(r: int, seed: int, data: list, tok) -> tuple[list, list[bool]]:
     """Round r's examples of both catalogs, encoded, and which are the example catalog's."""
+    if r == REPLAN_ROUND:
+        n = REPLAN_EXAMPLES
+        own = data[:n] + [encode(ex, tok) for ex in replans.training_examples(seed, n)]
+        extra = mobile.training_examples(seed, n, r)
+        return (own + [encode(ex, tok, mobile.catalog()) for ex in extra],
+                [False] * 2 * n + [True] * n)
     n = CATALOG_EXAMPLES
     extra = mobile.training_examples(seed, n, r)
     mixed = data[r * n:(r + 1) * n] + [encode(ex, tok, mobile.catalog()) for ex in extra]
@@ -137,7 +148,8 @@ def check_heldout(target_dir: Path, drafter_dir: Path, seed: int, n: int, catalo
 
     engine = Engine.load(EngineConfig(str(target_dir), drafter_path=str(drafter_dir),
                                       device="cpu", dtype="fp32", max_context=1024))
-    for which, sets, cat in (("default", heldout_sets(seed, n), catalog),
+    default = {**heldout_sets(seed, n), "replan": replans.heldout_examples(seed, n)}
+    for which, sets, cat in (("default", default, catalog),
                              ("example", mobile.heldout_examples(seed, n), mobile.catalog())):
         for name, examples in sets.items():
             score = evaluate(engine, examples, cat, refusal_hint=True)

@@ -182,6 +182,7 @@ class Example:
     hint: bool = False        # the prompt names the refusal shape (training prompts only)
     scene: tuple[str, ...] = ()   # the request's scene list ("name|short form", `mobile.py`)
     catalog: str = ""         # the skill catalog the plan is written in ("": the default)
+    progress: str = ""        # a replan's progress section (`replans.py`); "" otherwise
 
 
 def _plan(family: str, combo: tuple, sc: Scene) -> list[dict]:
@@ -362,7 +363,8 @@ def prompt_text(example: Example, tokenizer=None, catalog: SkillCatalog | None =
     in plain Python (for training the tokenizer itself).
     """
     messages = build_messages(catalog or default_catalog(), example.task, example.context,
-                              refusal_hint=example.hint, scene=example.scene)
+                              refusal_hint=example.hint, scene=example.scene,
+                              progress=example.progress)
     thinking = example.thinking is not None
     if tokenizer is None:
         return chat_prompt(messages, add_generation_prompt=True, enable_thinking=thinking)

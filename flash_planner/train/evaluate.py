@@ -74,7 +74,8 @@ def evaluate(engine: Engine, examples: Sequence[Example], catalog: SkillCatalog,
         settings = GenerationSettings(max_new_tokens=max_new_tokens, speculative=speculative,
                                       relaxed_thinking=relaxed,
                                       enable_thinking=ex.thinking is not None)
-        messages = build_messages(catalog, ex.task, ex.context, refusal_hint, scene=ex.scene)
+        messages = build_messages(catalog, ex.task, ex.context, refusal_hint, scene=ex.scene,
+                                  progress=ex.progress)
         words = RequestWords.of(ex.task, ex.context, ex.scene)
         constraint = (None if grammar is None
                       else grammar.constraint(think_budget=max(0, max_new_tokens - reserve),

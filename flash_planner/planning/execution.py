@@ -1,0 +1,321 @@
+"""Running a plan on the robot: each step's goal sent to the server its binding names, in
+order, behind the safety gate, replanning when a step fails. ROS-free: the sending is a
+`StepRunner`'s (ros/step_clients.py on the robot, any object with the same two methods in a
+test), the planning a `Replanner`'s (the planner service), the approvals `Approvals`'.
+
+The contract (docs/ros.md, "Running plans on the robot"):
+- Nothing is sent for a plan unless all of it passes the gate first: every step bound, every
+  bound server on the graph, every goal filled and inside the catalog's limits, workspace and
+  location table (`bindings.gate`). A replanned plan passes the gate again before it runs.
+- A step with `approve: true` is sent only after an operator approves it; a denial or the
+  approval timeout ends the run (an operator's "no" is not a failure to replan around).
+- A step that is rejected, aborted, cancelled by its server, timed out or whose server
+  vanished ends that plan; the planner is asked again (the task, the steps done and the
+  failed step with its reason: `prompt.progress_section`) at most `max_replans` times, and
+  the new plan runs from there.
+- Cancelling the run cancels the running step's goal and sends nothing after it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .bindings import Binding, GateError, gate
+from .parse import PlanError, validate_plan
+from .prompt import progress_section
+from .skills import SkillCatalog
+
+# A step's terminal states besides "succeeded" (ExecutePlan.action's failed_state): the
+# runner's, and the run's own (denied, gate, no_plan, canceled by the caller).
+RUNNER_STATES = ("rejected", "aborted", "canceled", "timed_out", "unavailable")
+REPLANNED = ("rejected", "aborted", "timed_out", "unavailable")  # a cancel is not replanned
+POLL_S = 0.05   # how often a wait looks at the cancel flag
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """How one sent step ended: `state` "succeeded" or one of RUNNER_STATES; `reason` a line
+    naming the server and what it said; `result` the server's result message as fields."""
+
+    state: str
+    reason: str = ""
+    result: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "succeeded"
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One feedback message: a step's state change (ExecutePlan.action's feedback)."""
+
+    plan_index: int
+    step_index: int
+    skill: str
+    state: str   # planning, waiting_approval, sent, running, succeeded, failed, dry_run,
+    #              replanning
+    detail: str = ""
+    message: Any = None   # the goal (sent, dry_run), the server's feedback (running), the
+    #                       result (succeeded, failed)
+
+
+class StepRunner(Protocol):
+    def available(self, binding: Binding) -> bool:
+        """Whether the binding's server is on the graph now."""
+
+    def run(self, binding: Binding, goal: dict[str, Any],
+            on_feedback: Callable[[dict[str, Any]], None],
+            cancelled: threading.Event) -> StepOutcome:
+        """Send one goal and wait (at most the binding's timeout) for its end; on `cancelled`
+        cancel the goal on its server and return "canceled"."""
+
+
+class Replanner(Protocol):
+    def __call__(self, task: str, context: str, scene: tuple[str, ...], progress: str,
+                 cancelled: threading.Event) -> list[dict[str, Any]]:
+        """The validated steps of a plan for `task` (`progress`: the replan section, "" the
+        first time), or PlanFailed with the planner's reason."""
+
+
+class PlanFailed(RuntimeError):
+    """The planner gave no plan (a refusal, an invalid answer, a full queue, ...)."""
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    max_replans: int = 2
+    approval_timeout_s: float = 60.0
+    dry_run: bool = False
+
+
+@dataclass
+class ExecutionResult:
+    success: bool = False
+    steps_done: int = 0
+    failed_step: int = -1
+    failed_skill: str = ""
+    failed_state: str = ""
+    error: str = ""
+    replans: int = 0
+    plans: list[list[dict[str, Any]]] = field(default_factory=list)
+
+    def fail(self, step: int, skill: str, state: str, error: str) -> ExecutionResult:
+        self.success, self.failed_step, self.failed_skill = False, step, skill
+        self.failed_state, self.error = state, error
+        return self
+
+
+class Approvals:
+    """Steps waiting for an operator (thread-safe): the run waits, `answer` decides."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._waiting: dict[tuple[str, int], str] = {}   # (execution, step) -> skill
+        self._answers: dict[tuple[str, int], bool] = {}
+
+    def wait(self, execution_id: str, step: int, skill: str, timeout_s: float,
+             cancelled: threading.Event) -> str:
+        """"approved", "denied", "timed_out" or "canceled"."""
+        key = (execution_id, step)
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._waiting[key] = skill
+            try:
+                while key not in self._answers:
+                    left = deadline - time.monotonic()
+                    if cancelled.is_set():
+                        return "canceled"
+                    if left <= 0:
+                        return "timed_out"
+                    self._cond.wait(min(left, POLL_S))
+                return "approved" if self._answers.pop(key) else "denied"
+            finally:
+                self._waiting.pop(key, None)
+                self._answers.pop(key, None)
+
+    def answer(self, execution_id: str, step: int, approve: bool) -> tuple[bool, str]:
+        """(accepted, message): whether a step of that execution waits for this answer."""
+        with self._cond:
+            if not execution_id:   # the one waiting, when only one execution waits
+                ids = {e for e, _ in self._waiting}
+                if len(ids) == 1:
+                    execution_id = ids.pop()
+            key = (execution_id, step)
+            if key not in self._waiting:
+                waiting = ", ".join(f"{e} step {s} ({k})" for (e, s), k in self._waiting.items())
+                return False, (f"no step {step} of execution {execution_id or '(any)'} waits "
+                               f"for approval (waiting: {waiting or 'none'})")
+            self._answers[key] = approve
+            self._cond.notify_all()
+            return True, (f"step {step} ({self._waiting[key]}) of execution {execution_id} "
+                          f"{'approved' if approve else 'denied'}")
+
+    def waiting(self) -> list[tuple[str, int, str]]:
+        with self._cond:
+            return [(e, s, k) for (e, s), k in self._waiting.items()]
+
+
+def steps_of(plan_json: str, catalog: SkillCatalog) -> list[dict[str, Any]]:
+    """The validated steps of a plan given as JSON ({"plan": [...]} or the list of steps);
+    PlanError names what is wrong."""
+    try:
+        obj = json.loads(plan_json)
+    except ValueError as exc:
+        raise PlanError(f"plan_json is not valid JSON: {exc}") from None
+    return validate_plan({"plan": obj} if isinstance(obj, list) else obj, catalog)
+
+
+class Execution:
+    """One run of a task (or a given plan) on the robot; `run` in one thread, `cancel` from
+    any other."""
+
+    def __init__(self, execution_id: str, catalog: SkillCatalog, runner: StepRunner,
+                 replanner: Replanner, approvals: Approvals, config: ExecutionConfig,
+                 on_event: Callable[[StepEvent], None] = lambda e: None,
+                 on_dry_run: Callable[[dict[str, Any]], None] = lambda g: None):
+        self.id, self.catalog, self.runner = execution_id, catalog, runner
+        self.replanner, self.approvals, self.config = replanner, approvals, config
+        self.on_event, self.on_dry_run = on_event, on_dry_run
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def run(self, task: str = "", context: str = "", scene: tuple[str, ...] = (),
+            steps: list[dict[str, Any]] | None = None) -> ExecutionResult:
+        """Run `steps` (a plan given as is) or plan `task` first, then run it."""
+        out = ExecutionResult()
+        done: list[dict[str, Any]] = []
+        progress = ""
+        while True:
+            plan_index = len(out.plans)
+            if steps is None:
+                self.on_event(StepEvent(plan_index, -1, "", "planning" if not progress
+                                        else "replanning", task))
+                try:
+                    steps = self.replanner(task, context, scene, progress, self.cancelled)
+                except PlanFailed as exc:
+                    return out.fail(-1, "", "no_plan", f"no plan: {exc}")
+            out.plans.append(steps)
+            if self.cancelled.is_set():
+                return out.fail(-1, "", "canceled", "the execution was cancelled")
+            try:
+                goals = self._gate(steps)
+            except GateError as exc:
+                return out.fail(exc.step, exc.skill, "gate",
+                                f"refused by the safety gate, nothing sent: {exc}")
+            if self.config.dry_run:
+                self._dry_run(plan_index, steps, goals)
+                out.success = True
+                return out
+            failed = self._run_plan(plan_index, steps, goals, out, done)
+            if failed is None:
+                out.success = True
+                return out
+            index, outcome = failed
+            skill = steps[index]["skill"]
+            out.fail(index, skill, outcome.state, f"step {index} ({skill}) {outcome.state}: "
+                     f"{outcome.reason}")
+            if outcome.state not in REPLANNED or out.replans >= self.config.max_replans \
+                    or self.cancelled.is_set() or not task:
+                if outcome.state in REPLANNED and not task:
+                    out.error += " (a plan given as is, without a task, is not replanned)"
+                return out
+            out.replans += 1
+            progress = progress_section(done, steps[index], f"{outcome.state}: "
+                                        f"{outcome.reason}")
+            steps = None
+
+    def _gate(self, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every step's goal, or GateError: a step without a binding or whose server is not
+        on the graph is refused here too, before anything is sent."""
+        bindings = self.catalog.bindings
+        for i, step in enumerate(steps):
+            binding = bindings.get(step["skill"])
+            if binding is None:
+                raise GateError(i, step["skill"], "the skill has no binding in the catalog "
+                                "(a plan-only skill cannot be executed)")
+            if not self.runner.available(binding):
+                raise GateError(i, step["skill"], f"its {binding.kind} server "
+                                f"{binding.server} is not on the graph")
+        return gate(steps, bindings, self.catalog.locations, self.catalog.workspace)
+
+    def _dry_run(self, plan_index: int, steps, goals) -> None:
+        for i, (step, goal) in enumerate(zip(steps, goals)):
+            binding = self.catalog.bindings[step["skill"]]
+            record = {"execution_id": self.id, "plan_index": plan_index, "step_index": i,
+                      "skill": step["skill"], "kind": binding.kind, "type": binding.type,
+                      "server": binding.server, "goal": goal}
+            self.on_dry_run(record)
+            self.on_event(StepEvent(plan_index, i, step["skill"], "dry_run",
+                                    f"would send to {binding.server} (dry run)", goal))
+
+    def _run_plan(self, plan_index: int, steps, goals, out: ExecutionResult,
+                  done: list[dict[str, Any]]) -> tuple[int, StepOutcome] | None:
+        """Run the steps in order; the failed step's index and outcome, or None."""
+        for i, (step, goal) in enumerate(zip(steps, goals)):
+            skill = step["skill"]
+            binding = self.catalog.bindings[skill]
+            if self.cancelled.is_set():
+                return i, StepOutcome("canceled", "the execution was cancelled; nothing sent")
+            if binding.approve:
+                self.on_event(StepEvent(plan_index, i, skill, "waiting_approval",
+                                        f"execution {self.id} step {i}: call ~/approve "
+                                        f"(timeout {self.config.approval_timeout_s:g} s)",
+                                        goal))
+                answer = self.approvals.wait(self.id, i, skill,
+                                             self.config.approval_timeout_s, self.cancelled)
+                if answer != "approved":
+                    why = {"denied": "the operator denied it; nothing sent",
+                           "timed_out": f"no approval within "
+                                        f"{self.config.approval_timeout_s:g} s (refused); "
+                                        "nothing sent",
+                           "canceled": "the execution was cancelled; nothing sent"}[answer]
+                    return i, StepOutcome("denied" if answer != "canceled" else "canceled",
+                                          why)
+            self.on_event(StepEvent(plan_index, i, skill, "sent",
+                                    f"{binding.kind} {binding.server}", goal))
+            outcome = self.runner.run(
+                binding, goal,
+                lambda fb, i=i, skill=skill, server=binding.server: self.on_event(
+                    StepEvent(plan_index, i, skill, "running", server, fb)),
+                self.cancelled)
+            self.on_event(StepEvent(plan_index, i, skill,
+                                    "succeeded" if outcome.ok else "failed",
+                                    outcome.reason, outcome.result))
+            if not outcome.ok:
+                return i, outcome
+            out.steps_done += 1
+            done.append(step)
+        return None
+
+
+def service_replanner(service) -> Replanner:
+    """A Replanner on a planner service (`submit`, `cancel`): each plan a request of its own,
+    cancelled with the execution."""
+    from .request import PlanRequest  # the service's own request type; no engine import
+
+    def plan(task: str, context: str, scene: tuple[str, ...], progress: str,
+             cancelled: threading.Event) -> list[dict[str, Any]]:
+        request = PlanRequest(task=task, context=context, scene=tuple(scene),
+                              progress=progress)
+        ticket = service.submit(request)
+        while not ticket.done():
+            if cancelled.is_set():
+                try:
+                    service.cancel(request.id)
+                except ValueError:   # it finished meanwhile
+                    pass
+            time.sleep(POLL_S)
+        result = ticket.result()
+        if not result.success:
+            raise PlanFailed(result.error)
+        return result.plan
+
+    return plan

@@ -1,0 +1,158 @@
+"""The robot side of execution: one ActionClient or service client per bound skill, made at
+configure, and `run` (execution.StepRunner): send one goal, relay its feedback, wait for
+its end under the binding's timeout, cancel it on request.
+
+A step's end is read from the server: an action's goal status (SUCCEEDED, ABORTED, CANCELED)
+and its result message, a service's response. A result or response with a boolean `success`
+field set false counts as aborted (std_srvs' and most skill servers' convention), with its
+`message` (or `error_msg`) as the reason. A timeout or a cancel sends the server a cancel and
+waits up to CANCEL_GRACE_S for it to end the goal. A service call cannot be cancelled: on a
+cancel or timeout the call is abandoned (its response ignored) and that is said.
+
+rclpy is imported when the runner is built; the waits run on the calling (execute) thread
+while the node's MultiThreadedExecutor completes the futures on its others.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..planning.bindings import Binding
+from ..planning.execution import POLL_S, StepOutcome
+from .binding_types import interface_class
+from .messages import to_fields, to_message
+
+CANCEL_GRACE_S = 5.0   # how long a cancelled goal may take to end on its server
+
+
+class RosStepRunner:
+    """Clients for every binding of a catalog, on `node`."""
+
+    def __init__(self, node, bindings: dict[str, Binding]):
+        from rclpy.action import ActionClient
+        from rclpy.callback_groups import ReentrantCallbackGroup
+
+        group = ReentrantCallbackGroup()
+        self._node, self._clients, self._types = node, {}, {}
+        for skill, binding in bindings.items():
+            interface = interface_class(binding)
+            self._types[skill] = interface
+            self._clients[skill] = (
+                ActionClient(node, interface, binding.server, callback_group=group)
+                if binding.kind == "action"
+                else node.create_client(interface, binding.server, callback_group=group))
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            if hasattr(client, "send_goal_async"):
+                client.destroy()
+            else:
+                self._node.destroy_client(client)
+        self._clients = {}
+
+    def available(self, binding: Binding) -> bool:
+        client = self._clients[binding.skill]
+        return (client.server_is_ready() if binding.kind == "action"
+                else client.service_is_ready())
+
+    def missing(self, bindings: dict[str, Binding]) -> dict[str, str]:
+        """skill -> why it cannot run now, for each binding whose server is not on the graph."""
+        return {skill: f"its {b.kind} server {b.server} is not on the graph"
+                for skill, b in bindings.items() if not self.available(b)}
+
+    def run(self, binding: Binding, goal: dict[str, Any],
+            on_feedback: Callable[[dict[str, Any]], None],
+            cancelled: threading.Event) -> StepOutcome:
+        deadline = time.monotonic() + binding.timeout_s
+        if not self.available(binding):
+            return StepOutcome("unavailable", f"{binding.server} is not on the graph; "
+                               "nothing sent")
+        interface = self._types[binding.skill]
+        try:
+            message = to_message(interface.Goal() if binding.kind == "action"
+                                 else interface.Request(), goal)
+        except ValueError as exc:   # the gate checked the types at configure; never expected
+            return StepOutcome("rejected", f"the goal does not fit {binding.type}: {exc}")
+        if binding.kind == "action":
+            return self._action(binding, message, on_feedback, cancelled, deadline)
+        return self._service(binding, message, cancelled, deadline)
+
+    def _action(self, binding, goal, on_feedback, cancelled, deadline) -> StepOutcome:
+        client = self._clients[binding.skill]
+        sent = client.send_goal_async(
+            goal, feedback_callback=lambda msg: on_feedback(to_fields(msg.feedback)))
+        how = _wait(sent, deadline, cancelled)
+        if how != "done":   # no answer yet: a goal accepted later is cancelled at once
+            sent.add_done_callback(lambda f: f.result() is not None and f.result().accepted
+                                   and f.result().cancel_goal_async())
+            return _ended(how, binding, "before the server accepted the goal")
+        handle = sent.result()
+        if not handle.accepted:
+            return StepOutcome("rejected", f"{binding.server} rejected the goal")
+        result = handle.get_result_async()
+        how = _wait(result, deadline, cancelled)
+        if how != "done":
+            handle.cancel_goal_async()
+            ended = _wait(result, time.monotonic() + CANCEL_GRACE_S, threading.Event())
+            note = ("cancel sent; the server ended the goal" if ended == "done" else
+                    f"cancel sent; the server did not end the goal within {CANCEL_GRACE_S:g} s")
+            return _ended(how, binding, note)
+        return _from_status(binding, result.result().status, to_fields(result.result().result))
+
+    def _service(self, binding, request, cancelled, deadline) -> StepOutcome:
+        future = self._clients[binding.skill].call_async(request)
+        how = _wait(future, deadline, cancelled)
+        if how != "done":
+            return _ended(how, binding, "a service call cannot be cancelled: its response "
+                          "will be ignored")
+        response = to_fields(future.result())
+        return _judged(binding, "succeeded", response)
+
+
+def _wait(future, deadline: float, cancelled: threading.Event) -> str:
+    """"done", "timeout" or "canceled", whichever comes first."""
+    while not future.done():
+        if cancelled.is_set():
+            return "canceled"
+        if time.monotonic() >= deadline:
+            return "timeout"
+        time.sleep(POLL_S)
+    return "done"
+
+
+def _ended(how: str, binding: Binding, note: str) -> StepOutcome:
+    if how == "canceled":
+        return StepOutcome("canceled", f"the execution was cancelled ({binding.server}: "
+                           f"{note})")
+    return StepOutcome("timed_out", f"{binding.server} gave no result within "
+                       f"{binding.timeout_s:g} s ({note})")
+
+
+def _from_status(binding: Binding, status: int, result: dict[str, Any]) -> StepOutcome:
+    from action_msgs.msg import GoalStatus
+
+    if status == GoalStatus.STATUS_SUCCEEDED:
+        return _judged(binding, "succeeded", result)
+    state = {GoalStatus.STATUS_ABORTED: "aborted",
+             GoalStatus.STATUS_CANCELED: "canceled"}.get(status, "aborted")
+    return StepOutcome(state, f"{state} by {binding.server}{_said(result)}", result)
+
+
+def _judged(binding: Binding, state: str, result: dict[str, Any]) -> StepOutcome:
+    if result.get("success") is False:
+        return StepOutcome("aborted", f"{binding.server} reported success false"
+                           f"{_said(result)}", result)
+    return StepOutcome(state, f"{binding.server} succeeded", result)
+
+
+def _said(result: dict[str, Any]) -> str:
+    """What the server said, for a person: its message, else its result as JSON."""
+    text = result.get("message") or result.get("error_msg")
+    if isinstance(text, str) and text:
+        code = result.get("error_code")
+        return f": {text}" + (f" (error_code {code})" if code not in (None, 0) else "")
+    return f": {json.dumps(result, sort_keys=True)}" if result else ""
