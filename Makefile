@@ -116,6 +116,7 @@ bench-peer: $(STAMP)
 # The ROS layer's cost: the same tasks through the planner service and the Plan action.
 bench-ros: ros-env
 	. $(ROS_ENV)/env.sh && $(VENV)/bin/python bench/ros_overhead.py
+	. $(ROS_ENV)/env.sh && $(VENV)/bin/python bench/ros_execute.py
 
 # Batched requests through the planner service against one at a time: 1, 2, 4 and 8
 # closed-loop clients on the same held-out tasks, per method (several minutes on 2 cores);

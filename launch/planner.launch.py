@@ -2,7 +2,10 @@
 
 Arguments: params_file (default: the installed share/flash_planner/config/planner.yaml),
 model (a preset name from config/models, e.g. qwen3_6_27b; empty keeps the file's
-``model.preset``), namespace, log_level and autostart (bring the node to active on start).
+``model.preset``), namespace, log_level, autostart (bring the node to active on start),
+skills_file (the robot's skill catalog with its bindings; empty keeps the file's
+``planner.skills_file``) and execute_tasks (plan and execute each ``~/task`` message on the
+catalog's bound servers: ``execution.from_task_topic``).
 """
 
 import os
@@ -20,9 +23,15 @@ def _planner_node(context):
     def arg(name):
         return LaunchConfiguration(name).perform(context)
 
-    overrides = {"autostart": arg("autostart").strip().lower() in ("1", "true", "yes", "on")}
+    def flag(name):
+        return arg(name).strip().lower() in ("1", "true", "yes", "on")
+
+    overrides = {"autostart": flag("autostart"),
+                 "execution.from_task_topic": flag("execute_tasks")}
     if arg("model"):
         overrides["model.preset"] = arg("model")
+    if arg("skills_file"):
+        overrides["planner.skills_file"] = arg("skills_file")
     return [
         Node(
             package="flash_planner",
@@ -54,6 +63,13 @@ def generate_launch_description():
             DeclareLaunchArgument("log_level", default_value="info", description="log level"),
             DeclareLaunchArgument(
                 "autostart", default_value="true", description="configure and activate on start"
+            ),
+            DeclareLaunchArgument(
+                "skills_file", default_value="", description="skill catalog YAML (bindings)"
+            ),
+            DeclareLaunchArgument(
+                "execute_tasks", default_value="false",
+                description="plan and execute each ~/task message on the bound servers",
             ),
             OpaqueFunction(function=_planner_node),
         ]

@@ -306,13 +306,15 @@ def service_replanner(service) -> Replanner:
         request = PlanRequest(task=task, context=context, scene=tuple(scene),
                               progress=progress)
         ticket = service.submit(request)
-        while not ticket.done():
+        done = threading.Event()
+        ticket.add_done_callback(lambda _: done.set())   # woken at once, not by a poll
+        while not done.wait(POLL_S):
             if cancelled.is_set():
                 try:
                     service.cancel(request.id)
                 except ValueError:   # it finished meanwhile
                     pass
-            time.sleep(POLL_S)
+                done.wait()
         result = ticket.result()
         if not result.success:
             raise PlanFailed(result.error)

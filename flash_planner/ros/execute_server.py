@@ -1,6 +1,6 @@
-"""The `~/execute` action (ExecutePlan), the `~/approve` service and the `~/dry_run` topic:
-plans run on the robot's own servers (planning/execution.py owns the policy; this is the
-ROS side).
+"""The `~/execute` action (ExecutePlan), the `~/approve` service, the `~/dry_run` topic and
+`~/execution` (the results of executions started from `~/task`): plans run on the robot's
+own servers (planning/execution.py owns the policy; this is the ROS side).
 
 Like `~/plan`, the action exists in every lifecycle state: a goal while the node is not
 active, while execution is disabled, or while another execution runs is accepted and ends
@@ -65,6 +65,7 @@ class ExecuteActionServer:
         self._cancel_requests: set[str] = set()   # goal ids with a cancel request
         group = ReentrantCallbackGroup()
         self._dry_run = node.create_publisher(String, "~/dry_run", 10)
+        self._executions = node.create_publisher(String, "~/execution", 10)
         self._approve = node.create_service(Approve, "~/approve", self._on_approve,
                                             callback_group=group)
         self._server = ActionServer(
@@ -115,7 +116,12 @@ class ExecuteActionServer:
         return convert.fill(self._type.Result(), result_fields(result))
 
     def _run(self, goal_handle, execution_id: str) -> ExecutionResult:
-        goal = goal_handle.request
+        return self.run(execution_id, goal_handle.request,
+                        lambda event: self._feedback(goal_handle, execution_id, event))
+
+    def run(self, execution_id: str, goal, on_event: Callable[[StepEvent], None]
+            ) -> ExecutionResult:
+        """Run one execution (an ExecutePlan goal's fields) in this thread."""
         try:
             setup = self._setup()
         except convert.NotServing as exc:
@@ -138,8 +144,7 @@ class ExecuteActionServer:
             setup.config.approval_timeout_s, goal.dry_run or setup.config.dry_run)
         execution = Execution(execution_id, setup.catalog, setup.runner,
                               service_replanner(setup.service), self.approvals, config,
-                              lambda event: self._feedback(goal_handle, execution_id, event),
-                              self._publish_dry_run)
+                              on_event, self._publish_dry_run)
         with self._lock:
             if self._current is not None:
                 return ExecutionResult().fail(-1, "", "refused", (
@@ -154,6 +159,25 @@ class ExecuteActionServer:
             with self._lock:
                 self._current = None
                 self._lock.notify_all()
+
+    def run_task(self, request) -> None:
+        """Plan and execute a ~/task request (execution.from_task_topic) in a thread of its
+        own: its steps are logged, its result published on ~/execution as JSON."""
+        goal = self._type.Goal(task=request.task, context=request.context,
+                               scene=list(request.scene), max_replans=-1)
+        log = self._node.get_logger()
+
+        def run() -> None:
+            result = self.run(request.id, goal, lambda e: log.info(
+                f"execution {request.id}: plan {e.plan_index} step {e.step_index} "
+                f"{e.skill} {e.state} {e.detail}".rstrip()))
+            if not result.success:
+                log.warning(f"execution {request.id} failed: {result.error}")
+            self._executions.publish(self._string(data=json.dumps(
+                {"execution_id": request.id, "task": request.task, **result_fields(result)},
+                sort_keys=True)))
+
+        threading.Thread(target=run, name=f"execution-{request.id}", daemon=True).start()
 
     def _feedback(self, goal_handle, execution_id: str, event: StepEvent) -> None:
         msg = convert.fill(self._type.Feedback(), feedback_fields(execution_id, event))
@@ -182,6 +206,7 @@ class ExecuteActionServer:
         self._server.destroy()
         self._node.destroy_service(self._approve)
         self._node.destroy_publisher(self._dry_run)
+        self._node.destroy_publisher(self._executions)
 
 
 def result_fields(result: ExecutionResult) -> dict[str, Any]:

@@ -105,7 +105,7 @@ def planner_node_class():
                                         values["planner.image_max_age_s"])
                             if values["planner.image_topic"] else None)
             self._topics = PlanTopics(self, self._service, depths, self._on_result,
-                                      self._with_frame)
+                                      self._with_frame, self._execute_task)
             self._action = PlanActionServer(
                 self, self._service, f"{self.get_fully_qualified_name()}/plan",
                 values["planner.feedback_period_ms"] / 1000.0, self._with_frame)
@@ -197,6 +197,14 @@ def planner_node_class():
                 for skill in sorted(set(before) - set(missing)):
                     self.get_logger().info(f"skill {skill} available again")
                 planner.set_unavailable(missing)
+
+        def _execute_task(self, request) -> bool:
+            """execution.from_task_topic: a ~/task request is planned and executed (its
+            result on ~/execution); False: planned only."""
+            if not self.get_parameter("execution.from_task_topic").value:
+                return False
+            self._execute.run_task(request)
+            return True
 
         def _execution_setup(self) -> ExecutionSetup:
             """What ~/execute needs, or convert.NotServing with the reason."""

@@ -114,13 +114,18 @@ class RosStepRunner:
 
 
 def _wait(future, deadline: float, cancelled: threading.Event) -> str:
-    """"done", "timeout" or "canceled", whichever comes first."""
-    while not future.done():
+    """"done", "timeout" or "canceled", whichever comes first: woken by the future's done
+    callback at once (a poll would add its period to every step), by a cancel within
+    POLL_S."""
+    done = threading.Event()
+    future.add_done_callback(lambda _: done.set())
+    while not (done.is_set() or future.done()):
         if cancelled.is_set():
             return "canceled"
-        if time.monotonic() >= deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             return "timeout"
-        time.sleep(POLL_S)
+        done.wait(min(POLL_S, left))
     return "done"
 
 

@@ -22,8 +22,10 @@ class PlanTopics:
 
     def __init__(self, node, service: Callable, depths: dict[str, int],
                  on_result: Callable[[PlanResult], None],
-                 with_frame: Callable[[PlanRequest], PlanRequest] = lambda r: r):
-        """`with_frame` adds the image topic's latest frame to a request (node.py)."""
+                 with_frame: Callable[[PlanRequest], PlanRequest] = lambda r: r,
+                 execute: Callable[[PlanRequest], bool] = lambda r: False):
+        """`with_frame` adds the image topic's latest frame to a request (node.py);
+        `execute` takes a request to plan and execute, or declines it (False: plan only)."""
         from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
         from std_msgs.msg import String
 
@@ -33,7 +35,7 @@ class PlanTopics:
             return QoSProfile(depth=depth, reliability=ReliabilityPolicy.RELIABLE, **kw)
 
         self._node, self._service, self._on_result = node, service, on_result
-        self._with_frame = with_frame
+        self._with_frame, self._execute = with_frame, execute
         self._string, self._telemetry_type = String, PlanTelemetry
         self._lock = threading.Lock()
         self._plan = node.create_publisher(
@@ -57,7 +59,8 @@ class PlanTopics:
             self._node.get_logger().warning(f"refused a ~/task message: {exc}")
             self._on_result(convert.refused(str(exc), request.task, request.id))
             return
-        service.submit(request)  # the result comes back through the service's on_result
+        if not self._execute(request):
+            service.submit(request)  # the result comes back through the service's on_result
 
     def publish(self, result: PlanResult) -> None:
         """Publish one finished request on ~/plan and ~/telemetry (any thread)."""

@@ -148,6 +148,30 @@ def test_grounded_arguments_take_only_what_the_request_says(grammar, catalog):
         "Pick up the Copper camera from the inner foyer, then say hi"))   # compiled once
 
 
+def test_skills_whose_servers_are_away_leave_the_grammar(grammar):
+    """`without` (the node's missing servers): those skills cannot be named, the others and
+    a refusal still can; each set is compiled once and kept."""
+    words = RequestWords.of("say hello at the kitchen")
+    say = '{"plan": [{"skill": "say", "args": {"text": "hello"}}]}'
+    go = '{"plan": [{"skill": "navigate_to", "args": {"target": "kitchen"}}]}'
+
+    def takes(answer: str, without: frozenset[str]) -> bool:
+        compiled = grammar.for_request(words, without)
+        m = xgr.GrammarMatcher(compiled.compiled)
+        ids = compiled.tokenizer.encode(answer, add_special_tokens=False)
+        return all(m.accept_token(t) for t in ids) and m.accept_token(
+            compiled.tokenizer.convert_tokens_to_ids("<|im_end|>"))
+
+    assert takes(say, frozenset()) and takes(go, frozenset())
+    assert not takes(say, frozenset({"say"})) and takes(go, frozenset({"say"}))
+    assert takes('{"refusal": "the speaker is away"}', frozenset({"say"}))
+    everything = frozenset(s.name for s in grammar.catalog.skills)
+    assert not takes(go, everything) and takes('{"refusal": "nothing runs"}', everything)
+    assert grammar.for_request(words, frozenset({"say"})) is \
+        grammar.for_request(words, frozenset({"say"}))
+    assert grammar.for_request(None, frozenset({"say"})) is not grammar.base
+
+
 def test_an_enum_argument_allows_exactly_its_values(demo_tok):
     catalog = SkillCatalog.from_dict({"skills": [{"name": "gripper", "args": {
         "mode": {"type": "string", "enum": ["open", "closed"]},

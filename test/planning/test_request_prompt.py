@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flash_planner.planning.presets import default_skills_path
-from flash_planner.planning.prompt import build_messages
+from flash_planner.planning.prompt import REPLAN_ASK, build_messages, progress_section
 from flash_planner.planning.request import PlanRequest, RequestError
 from flash_planner.planning.skills import SkillCatalog
 
@@ -26,6 +26,8 @@ def _checked(**kwargs):
     ({"task": "pick up the \ufffd cup"}, "U\\+FFFD at character 12: .* not valid UTF-8"),
     ({"task": "ok", "context": "table\x00"}, "context contains the control character U\\+0000"),
     ({"task": "ok", "context": "y" * 101}, "context is 101 characters"),
+    ({"task": "ok", "progress": "Done: x\x00"}, "progress contains the control character"),
+    ({"task": "ok", "progress": "z" * 101}, "progress is 101 characters"),
     ({"task": 42}, "task must be a string"),
     ({"task": "ok", "max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
     ({"task": "ok", "deadline_s": -1}, "deadline_s must be a positive number"),
@@ -94,3 +96,25 @@ def test_prompt_lists_every_skill_and_renders_with_the_chat_template(hybrid_dir)
     off = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
                                   enable_thinking=False)
     assert "bring the cup" in on and off.endswith("<think>\n\n</think>\n\n")
+
+
+def test_a_replan_shows_the_progress_section_after_the_task():
+    """What the executor tells the planner after a failed step (docs/ros.md, "Replanning"):
+    the steps done, the failed step with its reason, the ask; in the task's message, so the
+    system prompt stays the cached prefix."""
+    catalog = SkillCatalog.from_yaml(default_skills_path())
+    done = [{"skill": "navigate_to", "args": {"target": "kitchen"}}]
+    failed = {"skill": "pick", "args": {"object": "red cup"}}
+    section = progress_section(done, failed, "aborted: the gripper\nslipped")
+    assert section == ('Done: navigate_to {"target": "kitchen"}\n'
+                       'Failed: pick {"object": "red cup"} (aborted: the gripper slipped)\n'
+                       f"{REPLAN_ASK}")
+    assert progress_section([], failed, "rejected").startswith("Done: nothing\n")
+    first = build_messages(catalog, "bring the red cup", "cup on the table")
+    again = build_messages(catalog, "bring the red cup", "cup on the table", progress=section)
+    assert again[0] == first[0]
+    assert again[1]["content"] == first[1]["content"] + "\n" + section
+    req = PlanRequest(task="bring it", progress=f"  {section}\n").checked(50, 200)
+    assert req.progress == section
+    assert PlanRequest.from_text('{"task": "x", "progress": "Done: nothing"}').progress == \
+        "Done: nothing"

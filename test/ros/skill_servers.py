@@ -47,13 +47,16 @@ class SkillServers:
     """The three servers on one node; `speak` can be started late (a server that comes
     back)."""
 
-    def __init__(self, context, speak: bool = True):
+    def __init__(self, context, speak: bool = True, feedbacks: int = FEEDBACKS,
+                 pace_s: float = 0.02):
+        """`feedbacks` messages per goal, `pace_s` apart (bench/ros_execute.py: none)."""
         import rclpy
         from flash_planner_test_msgs.action import Manipulate, NavigateToPose
         from rclpy.action import ActionServer, CancelResponse, GoalResponse
         from rclpy.callback_groups import ReentrantCallbackGroup
 
         self.node = rclpy.create_node("skill_servers", context=context)
+        self._feedbacks, self._pace = feedbacks, pace_s
         self.nav, self.manip, self.speech = ScriptedServer(), ScriptedServer(), ScriptedServer()
         group = ReentrantCallbackGroup()
 
@@ -96,12 +99,12 @@ class SkillServers:
 
     def _run(self, handle, how: str, feedback, result):
         """Feedback, then the scripted end."""
-        for i in range(FEEDBACKS):
+        for i in range(self._feedbacks):
             if handle.is_cancel_requested:
                 handle.canceled()
                 return result
             feedback(i)
-            time.sleep(0.02)
+            time.sleep(self._pace)
         while how == "hang":
             if handle.is_cancel_requested:
                 handle.canceled()
@@ -123,7 +126,7 @@ class SkillServers:
         def feedback(i: int) -> None:
             fb = kind.Feedback()
             fb.current_pose = handle.request.pose
-            fb.distance_remaining = float(FEEDBACKS - i)
+            fb.distance_remaining = float(self._feedbacks - i)
             handle.publish_feedback(fb)
 
         return self._run(handle, how, feedback, result)
@@ -136,7 +139,7 @@ class SkillServers:
                                       "fail": "nothing there to grasp"}.get(how, "done"))
 
         def feedback(i: int) -> None:
-            handle.publish_feedback(kind.Feedback(progress=(i + 1) / FEEDBACKS))
+            handle.publish_feedback(kind.Feedback(progress=(i + 1) / self._feedbacks))
 
         return self._run(handle, "succeed" if how == "fail" else how, feedback, result)
 

@@ -19,6 +19,7 @@ from flash_planner.planning.presets import default_skills_path
 pytestmark = requires_ros
 
 LOCATIONS = {"kitchen": {"frame": "map", "x": 2.0, "y": 1.0, "yaw": math.pi / 2},
+             "red cup": {"frame": "map", "x": 2.5, "y": 1.5},   # where perception saw it
              "kitchen table": {"frame": "map", "x": 2.5, "y": 1.5},
              "table": {"frame": "map", "x": 2.5, "y": 1.5},
              "sink": {"frame": "map", "x": 3.0, "y": -1.0, "yaw": math.pi},
@@ -363,3 +364,19 @@ def test_execution_is_refused_with_the_reason_when_it_cannot_run(robot, harness,
     status, result, _ = r.execute()
     assert "execution is disabled" in result.error
     assert r.sent() == 0
+
+
+def test_tasks_from_the_topic_are_planned_and_executed_when_asked(robot):
+    from std_msgs.msg import String
+
+    r = robot(**{"execution.from_task_topic": True})
+    results: list[dict] = []
+    r.h.client_node.create_subscription(String, "/flash_planner/execution",
+                                        lambda m: results.append(json.loads(m.data)), 10)
+    assert wait_for(lambda: r.h.node._runner is not None
+                    and not r.h.node._planner.unavailable)
+    r.h.task_pub.publish(String(data="go to the kitchen"))
+    assert wait_for(lambda: results)
+    assert results[0]["success"], results[0]["error"]
+    assert results[0]["task"] == "go to the kitchen"
+    assert [g["pose"]["pose"]["position"]["x"] for g in r.servers.nav.goals] == [2.0]

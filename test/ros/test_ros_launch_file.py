@@ -8,7 +8,8 @@ from pathlib import Path
 from flash_planner.ros.params import BY_NAME
 
 LAUNCH = Path(__file__).resolve().parents[2] / "launch" / "planner.launch.py"
-ARGUMENTS = ["params_file", "model", "namespace", "log_level", "autostart"]
+ARGUMENTS = ["params_file", "model", "namespace", "log_level", "autostart", "skills_file",
+             "execute_tasks"]
 
 
 def _tree() -> ast.Module:
@@ -28,7 +29,9 @@ def test_declares_exactly_the_documented_arguments():
 
 
 def test_every_argument_is_used():
-    used = {c.args[0].value for c in _calls(_tree(), "arg")}  # arg(name) -> LaunchConfiguration
+    # arg(name) -> LaunchConfiguration; flag(name): arg(name) read as a boolean
+    used = {c.args[0].value for kind in ("arg", "flag") for c in _calls(_tree(), kind)
+            if isinstance(c.args[0], ast.Constant)}
     assert set(ARGUMENTS) <= used
 
 
@@ -41,7 +44,8 @@ def test_parameter_overrides_are_declared_parameters():
             keys |= {k.value for k in node.keys if isinstance(k, ast.Constant)}
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
             keys.add(node.slice.value)
-    assert {"autostart", "model.preset"} <= keys
+    assert {"autostart", "model.preset", "planner.skills_file",
+            "execution.from_task_topic"} <= keys
     assert keys <= set(BY_NAME), keys - set(BY_NAME)
     assert isinstance(BY_NAME["autostart"].default, bool)
 

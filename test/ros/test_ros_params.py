@@ -54,7 +54,8 @@ def test_table_is_well_formed():
     names = [p.name for p in PARAMS]
     assert len(names) == len(set(names))
     groups = {n.split(".")[0] for n in names if "." in n}
-    assert groups == {"model", "engine", "speculative", "planner", "diagnostics", "qos"}
+    assert groups == {"model", "engine", "speculative", "planner", "execution", "diagnostics",
+                      "qos"}
     for p in PARAMS:
         assert p.description and type(p.default) in (bool, int, float, str), p.name
         assert params.check(p, p.default) == p.default  # defaults pass their own checks
@@ -216,6 +217,6 @@ def test_the_executor_has_a_thread_per_goal_in_flight_and_spares(monkeypatch):
 
     monkeypatch.setattr(node.os, "cpu_count", lambda: 2)
     values = {**params.defaults(), "engine.max_batch": 6, "planner.queue_depth": 10}
-    assert node.executor_threads(values) == 6 + 10 + node.SPARE_THREADS
+    assert node.executor_threads(values) == 6 + 10 + node.SPARE_THREADS + node.EXECUTION_THREADS
     monkeypatch.setattr(node.os, "cpu_count", lambda: 64)
     assert node.executor_threads(values) == 64
