@@ -14,6 +14,10 @@ in turn under each of the grammars named: `off` (free decoding), `catalog` (the 
 plan grammar, any string in any argument) and `request` (the request's own grammar, whose
 grounded arguments admit only runs of the task's and scene's words, as the planner service
 decodes by default). The misses follow the table: each task with what the model answered.
+`--sets replan` (default catalog) scores replans (`train/replans.py`): held-out set (a)'s
+tasks after one of their steps failed, the progress section in the prompt; exact is the rest
+of the plan from the failed step, sensible a plan that retries the failed step first and
+ends as the task's plan does.
 
     python bench/grounding.py [--n 200] [--before DIR] [--grammar off,catalog,request]
                               [--catalog default|example] [--hint off|on|both]
@@ -38,11 +42,12 @@ from flash_planner.engine.inputs.grammar import JsonGrammarCompiler
 from flash_planner.planning.plan_grammar import PlanGrammar
 from flash_planner.planning.presets import ModelPreset, default_skills_path
 from flash_planner.planning.skills import SkillCatalog
-from flash_planner.train import mobile
+from flash_planner.train import mobile, replans
 from flash_planner.train.corpus import HELDOUT_SETS, heldout_sets
 from flash_planner.train.evaluate import Score, evaluate
 
 COLUMNS = ("valid", "exact", "grounded", "refused")
+SETS = (*HELDOUT_SETS, "replan")
 
 
 def load(preset: ModelPreset, root: Path | None) -> Engine:
@@ -70,8 +75,8 @@ def run(engines: dict[str, Engine], sets: dict, catalog, grammars: list[str],
                                ground=grammar == "request",
                                on_result=lambda _ex, out, t=texts: t.append(out.text))
                 total = scores[(model, name, hint, grammar)]
-                for f in ("n", "valid", "exact", "grounded", "refused", "new_tokens",
-                          "cycles", "decode_ms", "ttft_ms"):
+                for f in ("n", "valid", "exact", "grounded", "refused", "sensible",
+                          "new_tokens", "cycles", "decode_ms", "ttft_ms"):
                     setattr(total, f, getattr(total, f) + getattr(one, f))
                 if not one.exact:  # the misses, with what the model answered
                     answer = texts[0].split("</think>")[-1].strip()
@@ -79,7 +84,7 @@ def run(engines: dict[str, Engine], sets: dict, catalog, grammars: list[str],
                     total.errors.append(f"{ex.task!r} (scene {ex.context!r}{listed}) -> "
                                         f"{answer}")
     return [{"model": m, "set": s, "hint": h, "grammar": g, "n": sc.n,
-             **{f"{c}_pct": sc.percent(c) for c in COLUMNS},
+             **{f"{c}_pct": sc.percent(c) for c in (*COLUMNS, "sensible")},
              "tokens_per_cycle": sc.tokens_per_cycle, "tok_s": sc.tokens_per_s,
              "misses": sc.errors} for (m, s, h, g), sc in scores.items()]
 
@@ -101,7 +106,8 @@ def main(argv=None) -> int:
                         help="the default catalog's held-out sets, or the example catalog's "
                              "(config/catalogs/mobile_manipulator.yaml, with scene lists)")
     parser.add_argument("--sets", default=",".join(HELDOUT_SETS),
-                        help=f"comma-separated, of {', '.join(HELDOUT_SETS)}")
+                        help=f"comma-separated, of {', '.join(SETS)} (replan: the default "
+                             "catalog's)")
     parser.add_argument("--hint", choices=("off", "on", "both"), default="both",
                         help="the refusal shape named in the prompt")
     parser.add_argument("--misses", type=int, default=8,
@@ -119,11 +125,12 @@ def main(argv=None) -> int:
     if args.catalog == "example":
         catalog, sets = mobile.catalog(), mobile.heldout_examples(0, args.n)
     else:
-        catalog, sets = SkillCatalog.from_yaml(default_skills_path()), heldout_sets(0, args.n)
+        catalog = SkillCatalog.from_yaml(default_skills_path())
+        sets = {**heldout_sets(0, args.n), "replan": replans.heldout_examples(0, args.n)}
     hints = {"off": (False,), "on": (True,), "both": (False, True)}[args.hint]
     chosen = [name.strip() for name in args.sets.split(",") if name.strip()]
     if not chosen or any(name not in sets for name in chosen):
-        parser.error(f"--sets takes a comma-separated list of {', '.join(HELDOUT_SETS)}; "
+        parser.error(f"--sets takes a comma-separated list of {', '.join(sets)}; "
                      f"got {args.sets!r}")
     sets = {name: sets[name] for name in chosen}
     preset = ModelPreset.load("demo")
@@ -140,12 +147,14 @@ def main(argv=None) -> int:
           f"method {preset.method}; hint = the refusal shape named in the prompt; grammar = "
           "off, the catalog's, or the request's (grounded arguments)")
     head = (f"{'set':<15}{'model':<9}{'hint':<6}{'grammar':<9}"
-            + "".join(f"{c + ' %':>11}" for c in COLUMNS) + f"{'tok/cyc':>9}{'tok/s':>7}")
+            + "".join(f"{c + ' %':>11}" for c in COLUMNS) + f"{'sensible %':>11}"
+            + f"{'tok/cyc':>9}{'tok/s':>7}")
     print(head + "\n" + "-" * len(head))
-    for name in HELDOUT_SETS:
+    for name in SETS:
         for r in (r for r in rows if r["set"] == name):
+            sensible = f"{r['sensible_pct']:>11.1f}" if name == "replan" else f"{'-':>11}"
             print(f"{name:<15}{r['model']:<9}{'on' if r['hint'] else 'off':<6}{r['grammar']:<9}"
-                  + "".join(f"{r[c + '_pct']:>11.1f}" for c in COLUMNS)
+                  + "".join(f"{r[c + '_pct']:>11.1f}" for c in COLUMNS) + sensible
                   + f"{r['tokens_per_cycle']:>9.2f}{r['tok_s']:>7.0f}")
     for r in rows:
         if r["model"] != "before":

@@ -34,6 +34,8 @@ class Score:
     exact: int = 0                 # equal to the reference plan (a refusal where one is due)
     grounded: int = 0              # a plan whose string arguments all come from the request
     refused: int = 0               # answered with a refusal
+    # a replan (`replans.py`) that retries the failed step first and ends as the task does
+    sensible: int = 0
     new_tokens: int = 0
     cycles: int = 0
     decode_ms: float = 0.0
@@ -100,6 +102,8 @@ def evaluate(engine: Engine, examples: Sequence[Example], catalog: SkillCatalog,
         else:
             score.valid += 1
             score.exact += steps == ex.plan and not ex.refusal
+            score.sensible += bool(ex.progress and steps and ex.plan and steps[0] == ex.plan[0]
+                                   and steps[-1] == ex.plan[-1])
             score.grounded += grounded(steps, ex.task, ex.context, ex.scene)
         if on_result is not None:
             on_result(ex, out)
