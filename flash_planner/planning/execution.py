@@ -105,6 +105,12 @@ class ExecutionResult:
     replans: int = 0
     plans: list[list[dict[str, Any]]] = field(default_factory=list)
 
+    def succeed(self) -> ExecutionResult:
+        """Done: a failure a replan recovered from is not the run's (`replans` counts it)."""
+        self.success, self.failed_step, self.failed_skill = True, -1, ""
+        self.failed_state, self.error = "", ""
+        return self
+
     def fail(self, step: int, skill: str, state: str, error: str) -> ExecutionResult:
         self.success, self.failed_step, self.failed_skill = False, step, skill
         self.failed_state, self.error = state, error
@@ -212,12 +218,10 @@ class Execution:
                                 f"refused by the safety gate, nothing sent: {exc}")
             if self.config.dry_run:
                 self._dry_run(plan_index, steps, goals)
-                out.success = True
-                return out
+                return out.succeed()
             failed = self._run_plan(plan_index, steps, goals, out, done)
             if failed is None:
-                out.success = True
-                return out
+                return out.succeed()
             index, outcome = failed
             skill = steps[index]["skill"]
             out.fail(index, skill, outcome.state, f"step {index} ({skill}) {outcome.state}: "

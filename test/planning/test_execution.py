@@ -104,6 +104,7 @@ def test_a_failed_step_is_replanned_with_the_progress_section():
     second = [{"skill": "move", "args": {"speed": 0.75}}]
     result, asked, _ = _run(None, runner, plans=[first, second], task="drive twice")
     assert result.success and result.replans == 1 and result.steps_done == 2
+    assert (result.failed_step, result.failed_state, result.error) == (-1, "", "")
     assert result.plans == [first, second]
     assert asked[0] == ""
     assert asked[1] == ('Done: move {"speed": 0.5}\nFailed: move {"speed": 0.75} (aborted: '

@@ -154,3 +154,32 @@ class SkillServers:
             server.destroy()
         self.stop_speak()
         self.node.destroy_node()
+
+
+def main() -> None:
+    """The servers alone, spun until SIGINT/SIGTERM (test_launch_execute.py starts them from
+    a launch file)."""
+    import signal
+
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.executors import MultiThreadedExecutor
+
+    context = Context()
+    rclpy.init(context=context)
+    servers = SkillServers(context)
+    executor = MultiThreadedExecutor(num_threads=4, context=context)
+    executor.add_node(servers.node)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    threading.Thread(target=executor.spin, daemon=True).start()
+    print("skill servers up", flush=True)
+    stop.wait()
+    executor.shutdown(timeout_sec=2)
+    servers.close()
+    rclpy.shutdown(context=context)
+
+
+if __name__ == "__main__":
+    main()
