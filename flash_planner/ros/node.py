@@ -165,6 +165,7 @@ def planner_node_class():
                                               values["execution.dry_run"])
             if catalog.bindings and values["execution.enabled"]:
                 self._runner = RosStepRunner(self, catalog.bindings)
+                self._runner.wait_discovered(catalog.bindings)
                 self._check_servers()
                 self._server_check = self.create_timer(
                     values["execution.check_period_s"], self._check_servers,

@@ -27,6 +27,9 @@ from .binding_types import interface_class
 from .messages import to_fields, to_message
 
 CANCEL_GRACE_S = 5.0   # how long a cancelled goal may take to end on its server
+# How long configure waits for discovery to find the bound servers before the first check
+# (a client made a moment ago has not heard of a server that has long been up).
+DISCOVERY_S = 2.0
 
 
 class RosStepRunner:
@@ -58,6 +61,13 @@ class RosStepRunner:
         client = self._clients[binding.skill]
         return (client.server_is_ready() if binding.kind == "action"
                 else client.service_is_ready())
+
+    def wait_discovered(self, bindings: dict[str, Binding], timeout_s: float = DISCOVERY_S
+                        ) -> None:
+        """Wait (bounded) until every bound server is seen, or the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self.missing(bindings) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
 
     def missing(self, bindings: dict[str, Binding]) -> dict[str, str]:
         """skill -> why it cannot run now, for each binding whose server is not on the graph."""
