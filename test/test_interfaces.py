@@ -237,3 +237,21 @@ def test_colcon_lists_both_packages(tmp_path):
         "flash_planner": (REPO.resolve(), "(ros.ament_python)"),
         "flash_planner_interfaces": (IFACE.resolve(), "(ros.ament_cmake)"),
     }, proc.stdout
+
+
+def test_execute_plan_fields_are_what_the_execute_server_fills():
+    """Every key execute_server writes is a field of ExecutePlan.action, and every field of
+    its result and feedback is written (a field the server forgot would stay at its zero)."""
+    from flash_planner.planning.execution import ExecutionResult, StepEvent
+    from flash_planner.ros.execute_server import feedback_fields, result_fields
+
+    sections = read_action(IFACE / "action" / "ExecutePlan.action")
+    for fields in sections.values():
+        _check_rosidl_names(fields)
+    names = {part: [name for _, name in fields] for part, fields in sections.items()}
+    assert names["goal"] == ["task", "context", "scene", "plan_json", "dry_run", "max_replans"]
+    assert list(result_fields(ExecutionResult())) == names["result"]
+    assert list(feedback_fields("e", StepEvent(0, 0, "say", "sent"))) == names["feedback"]
+    request, response = (IFACE / "srv" / "Approve.srv").read_text().split("---")
+    assert "string execution_id" in request and "bool approve" in request
+    assert "bool accepted" in response and "string message" in response
