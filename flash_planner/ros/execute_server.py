@@ -32,6 +32,7 @@ from ..planning.execution import (
 from ..planning.parse import PlanError
 from ..planning.skills import SkillCatalog
 from . import convert
+from .action_server import feedback_qos
 
 MAX_REPLANS = 10   # the most replans a goal may ask for
 
@@ -71,7 +72,8 @@ class ExecuteActionServer:
         self._server = ActionServer(
             node, ExecutePlan, name, execute_callback=self._execute,
             goal_callback=self._on_goal, handle_accepted_callback=lambda h: h.execute(),
-            cancel_callback=self._on_cancel, callback_group=group)
+            cancel_callback=self._on_cancel, callback_group=group,
+            feedback_pub_qos_profile=feedback_qos())
 
     @property
     def current(self) -> Execution | None:

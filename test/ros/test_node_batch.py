@@ -91,7 +91,9 @@ class Goal:
     def text(self, result) -> str:
         """The goal's feedback text, once every message up to its result has arrived."""
         assert wait_for(lambda: self.feedback and self.feedback[-1].tokens_so_far
-                        == result.telemetry.new_tokens, 30), (self.task, result.error)
+                        == result.telemetry.new_tokens, 30), (
+            self.task, result.error, result.telemetry.new_tokens,
+            [f.tokens_so_far for f in self.feedback])
         return "".join(f.delta_text for f in self.feedback)
 
     def streamed_steps(self) -> list:
@@ -158,8 +160,9 @@ def test_feedback_is_published_and_read_deep_enough_for_every_goal_at_once(harne
     """A feedback message holds only the text since the last, and one topic carries every
     goal's: the server publishes it 1000 deep, and the harness's client reads it so (at
     rclpy's default of 10 a goal's last message was lost under load, once in several runs of
-    the test above). Discovery does not report a history depth, so the server's is read
-    where the node makes it."""
+    the test above). Discovery does not report a history depth, so the servers' are read
+    where the node makes them: ~/plan's, and ~/execute's (a step's events are few, but a lost
+    one is a state a client never sees)."""
     import rclpy.action
 
     from flash_planner.ros.action_server import FEEDBACK_DEPTH
@@ -167,13 +170,14 @@ def test_feedback_is_published_and_read_deep_enough_for_every_goal_at_once(harne
     made, real = [], rclpy.action.ActionServer
 
     def recording(*args, **kwargs):
-        made.append(kwargs.get("feedback_pub_qos_profile"))
+        made.append((args[1].__name__, kwargs.get("feedback_pub_qos_profile")))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(rclpy.action, "ActionServer", recording)
     h = harness(**{"engine.max_batch": 4})
     h.bring_up()
-    assert [qos.depth if qos else None for qos in made] == [FEEDBACK_DEPTH]
+    assert {name: qos.depth if qos else None for name, qos in made} == {
+        "Plan": FEEDBACK_DEPTH, "ExecutePlan": FEEDBACK_DEPTH}
     status, result = h.plan(task="open the fridge")      # and it serves through it
     assert status == GoalStatus.STATUS_SUCCEEDED, result.error
 

@@ -69,6 +69,7 @@ class Robot:
         from skill_servers import SkillServers
         from std_msgs.msg import String
 
+        from flash_planner.ros.action_server import feedback_qos
         from flash_planner_interfaces.action import ExecutePlan
         from flash_planner_interfaces.srv import Approve
 
@@ -77,7 +78,8 @@ class Robot:
                             "execution.check_period_s": 0.2, **params})
         self.h.executor.add_node(self.servers.node)
         self.ExecutePlan = ExecutePlan
-        self.client = ActionClient(self.h.client_node, ExecutePlan, "/flash_planner/execute")
+        self.client = ActionClient(self.h.client_node, ExecutePlan, "/flash_planner/execute",
+                                   feedback_sub_qos_profile=feedback_qos())
         self.approve = self.h.client_node.create_client(Approve, "/flash_planner/approve")
         self.Approve = Approve
         self.dry_runs: list[dict] = []
