@@ -42,9 +42,11 @@ CATALOG_EXAMPLES = 12000            # of each catalog, per round
 CATALOG_STEPS = (1000, 1200, 600)   # per round
 CATALOG_LR = 1e-3
 # The last round adds replans (`replans.py`: the prompt's progress section after a failed
-# step): a third of its examples, beside the default catalog's and the example catalog's
-# tasks, so that neither is forgotten.
-REPLAN_ROUND, REPLAN_EXAMPLES = 2, 4000
+# step) beside the default catalog's and the example catalog's tasks, so that neither is
+# forgotten: examples of each, and its learning rate.
+REPLAN_ROUND = 2
+REPLAN_MIX = {"replans": 3000, "default": 4000, "example": 5000}
+REPLAN_LR = 7e-4
 # The first stage's drafter and MTP head, trained on against the final target
 DRAFTER_TUNE_STEPS, MTP_TUNE_STEPS = 800, 400
 
@@ -102,7 +104,9 @@ def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_train
                 mixed, groups = rounds[r]
                 log(f"[target] round {r + 1} of both catalogs, from {previous}")
                 train_target(mixed, ids["vocab_size"], ids["eos_id"], ids["pad_id"], dest,
-                             settings=TrainSettings(steps=CATALOG_STEPS[r], lr=CATALOG_LR,
+                             settings=TrainSettings(steps=CATALOG_STEPS[r],
+                                                    lr=REPLAN_LR if r == REPLAN_ROUND
+                                                    else CATALOG_LR,
                                                     warmup=30, length_buckets=False,
                                                     **settings),
                              log=log, resume=resume and resume / f"round{r}.pt", init=previous,
@@ -130,11 +134,12 @@ def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_train
 def _catalog_round(r: int, seed: int, data: list, tok) -> tuple[list, list[bool]]:
     """Round r's examples of both catalogs, encoded, and which are the example catalog's."""
     if r == REPLAN_ROUND:
-        n = REPLAN_EXAMPLES
-        own = data[:n] + [encode(ex, tok) for ex in replans.training_examples(seed, n)]
-        extra = mobile.training_examples(seed, n, r)
+        mix = REPLAN_MIX
+        own = data[:mix["default"]] + [
+            encode(ex, tok) for ex in replans.training_examples(seed, mix["replans"])]
+        extra = mobile.training_examples(seed, mix["example"], r)
         return (own + [encode(ex, tok, mobile.catalog()) for ex in extra],
-                [False] * 2 * n + [True] * n)
+                [False] * len(own) + [True] * len(extra))
     n = CATALOG_EXAMPLES
     extra = mobile.training_examples(seed, n, r)
     mixed = data[r * n:(r + 1) * n] + [encode(ex, tok, mobile.catalog()) for ex in extra]
