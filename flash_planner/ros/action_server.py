@@ -36,7 +36,7 @@ FEEDBACK_DEPTH = 1000
 
 
 def feedback_qos():
-    """The QoS of `~/plan`'s feedback: reliable, FEEDBACK_DEPTH messages deep."""
+    """The QoS of `~/plan`'s and `~/execute`'s feedback: reliable, FEEDBACK_DEPTH deep."""
     from rclpy.qos import QoSProfile, ReliabilityPolicy
 
     return QoSProfile(depth=FEEDBACK_DEPTH, reliability=ReliabilityPolicy.RELIABLE)
