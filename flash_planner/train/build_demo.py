@@ -40,13 +40,12 @@ MTP_DEPTH = 3           # chain steps trained: the engine's default mtp_steps
 # examples): as many default-catalog examples as example-catalog ones, each batch of one.
 CATALOG_EXAMPLES = 12000            # of each catalog, per round
 CATALOG_STEPS = (1000, 1200, 600)   # per round
-CATALOG_LR = 1e-3
+CATALOG_LR = (1e-3, 1e-3, 7e-4)     # per round
 # The last round adds replans (`replans.py`: the prompt's progress section after a failed
 # step) beside the default catalog's and the example catalog's tasks, so that neither is
-# forgotten: examples of each, and its learning rate.
+# forgotten: examples of each.
 REPLAN_ROUND = 2
 REPLAN_MIX = {"replans": 3000, "default": 4000, "example": 5000}
-REPLAN_LR = 7e-4
 # The first stage's drafter and MTP head, trained on against the final target
 DRAFTER_TUNE_STEPS, MTP_TUNE_STEPS = 800, 400
 
@@ -104,9 +103,7 @@ def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_train
                 mixed, groups = rounds[r]
                 log(f"[target] round {r + 1} of both catalogs, from {previous}")
                 train_target(mixed, ids["vocab_size"], ids["eos_id"], ids["pad_id"], dest,
-                             settings=TrainSettings(steps=CATALOG_STEPS[r],
-                                                    lr=REPLAN_LR if r == REPLAN_ROUND
-                                                    else CATALOG_LR,
+                             settings=TrainSettings(steps=CATALOG_STEPS[r], lr=CATALOG_LR[r],
                                                     warmup=30, length_buckets=False,
                                                     **settings),
                              log=log, resume=resume and resume / f"round{r}.pt", init=previous,
@@ -134,10 +131,9 @@ def build(out: Path, seed: int, target_steps: int, drafter_steps: int, mtp_train
 def _catalog_round(r: int, seed: int, data: list, tok) -> tuple[list, list[bool]]:
     """Round r's examples of both catalogs, encoded, and which are the example catalog's."""
     if r == REPLAN_ROUND:
-        mix = REPLAN_MIX
-        own = data[:mix["default"]] + [
-            encode(ex, tok) for ex in replans.training_examples(seed, mix["replans"])]
-        extra = mobile.training_examples(seed, mix["example"], r)
+        own = data[:REPLAN_MIX["default"]] + [
+            encode(ex, tok) for ex in replans.training_examples(seed, REPLAN_MIX["replans"])]
+        extra = mobile.training_examples(seed, REPLAN_MIX["example"], r)
         return (own + [encode(ex, tok, mobile.catalog()) for ex in extra],
                 [False] * len(own) + [True] * len(extra))
     n = CATALOG_EXAMPLES
