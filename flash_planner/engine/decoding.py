@@ -60,6 +60,8 @@ class GenerationSettings:
     sampling: Sampling | None = None    # per-phase sampling and seed; None or 0 = greedy
     # passed to the chat template for message prompts (one that takes it: Qwen3.8's)
     reasoning_effort: str | None = None
+    # tool definitions (OpenAI's function shape) the chat template renders for message prompts
+    tools: tuple[dict, ...] = ()
 
     def __post_init__(self) -> None:
         check_reasoning_effort(self.reasoning_effort)

@@ -46,12 +46,14 @@ __all__ = ["FINISH_REASONS", "CancelToken", "Decoding", "GenerationResult",
 
 def encode_prompt(engine: Engine, prompt: Sequence[int] | str | list[dict],
                   enable_thinking: bool | None = None,
-                  reasoning_effort: str | None = None) -> list[int]:
+                  reasoning_effort: str | None = None,
+                  tools: Sequence[dict] = ()) -> list[int]:
     """The prompt's ids: ids as given (checked against the vocabulary), a string encoded as
     written, or chat messages through the chat template (`chat.encode_chat`) with
-    `enable_thinking` and `reasoning_effort` (None: the template's default; both apply to
-    chat messages only). A reasoning effort for a template that does not take it is a
-    `chat.TemplateVariableError` (a ValueError)."""
+    `enable_thinking`, `reasoning_effort` (None: the template's default) and `tools` (the
+    definitions the template renders; all three apply to chat messages only). A reasoning
+    effort for a template that does not take it is a `chat.TemplateVariableError` (a
+    ValueError)."""
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict)):
         tok = engine.tokenizer
         if tok is None:
@@ -60,7 +62,7 @@ def encode_prompt(engine: Engine, prompt: Sequence[int] | str | list[dict],
         if isinstance(prompt, str):
             return list(tok.encode(prompt, add_special_tokens=False))
         return encode_chat(tok, prompt, enable_thinking,
-                           {"reasoning_effort": reasoning_effort})
+                           {"reasoning_effort": reasoning_effort}, list(tools) or None)
     ids = [int(i) for i in prompt]
     vocab = engine.model_config.vocab_size
     bad = [i for i in ids if not 0 <= i < vocab]
@@ -99,7 +101,8 @@ def start(engine: Engine, state: InferenceState, prompt: Sequence[int] | str | l
     t0 = now_ms()
     arrived = time.monotonic() if arrived is None else arrived
     deadline = None if settings.deadline_s is None else arrived + settings.deadline_s
-    ids = encode_prompt(engine, prompt, settings.enable_thinking, settings.reasoning_effort)
+    ids = encode_prompt(engine, prompt, settings.enable_thinking, settings.reasoning_effort,
+                        settings.tools)
     if images:
         ids = engine.require_vision().expand(ids, images)
     elif engine.vision is not None and engine.vision.image_token_id in ids:

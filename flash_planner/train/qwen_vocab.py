@@ -42,6 +42,60 @@ QWEN3_TEMPLATE = (
     "{%- if enable_thinking is defined and enable_thinking is false %}"
     "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
 )
+# Chat templates that render tools as Qwen's releases do (written here, in their shapes): the
+# definitions as JSON lines inside <tools></tools> in the system turn, each call inside
+# <tool_call></tool_call>, tool results as <tool_response> blocks of one user turn. Qwen3's
+# calls are JSON objects; Qwen3.5/3.6's are <function=NAME> with one <parameter=KEY> each.
+_TOOLS_HEAD = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}"
+    "{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.'"
+    " + '\\n\\nYou are provided with function signatures within <tools></tools> XML tags:'"
+    " + '\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\n' + CALL_HELP + '<|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- endif %}"
+)
+_TOOLS_TURNS = (
+    "{%- for m in messages %}"
+    "{%- if m['role'] == 'system' and loop.first %}"
+    "{%- elif m['role'] == 'assistant' %}{{- '<|im_start|>assistant\\n' + m['content'] }}"
+    "{%- for c in m['tool_calls'] or [] %}"
+    "{%- if m['content'] or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{%- set f = c['function'] %}CALL"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif m['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + m['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+_JSON_CALL = ("{{- '<tool_call>\\n{\"name\": \"' + f['name'] + '\", \"arguments\": ' }}"
+              "{{- f['arguments'] | tojson }}{{- '}\\n</tool_call>' }}")
+_XML_CALL = ("{{- '<tool_call>\\n<function=' + f['name'] + '>' }}"
+             "{%- for k, v in f['arguments'] | items %}"
+             "{{- '\\n<parameter=' + k + '>\\n' }}"
+             "{{- v if v is string else v | tojson }}{{- '\\n</parameter>' }}{%- endfor %}"
+             "{{- '\\n</function>\\n</tool_call>' }}")
+QWEN3_TOOL_TEMPLATE = (
+    _TOOLS_HEAD.replace("CALL_HELP", "'For each function call, return a json object with "
+                        "function name and arguments within <tool_call></tool_call> XML "
+                        "tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+                        "<args-json-object>}\\n</tool_call>'")
+    + _TOOLS_TURNS.replace("CALL", _JSON_CALL))
+QWEN35_TOOL_TEMPLATE = (
+    _TOOLS_HEAD.replace("CALL_HELP", "'To call a function, reply with:\\n<tool_call>\\n"
+                        "<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n"
+                        "</function>\\n</tool_call>\\n'")
+    + _TOOLS_TURNS.replace("CALL", _XML_CALL))
 _FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 

@@ -129,28 +129,39 @@ def encode_text(tokenizer, text: str) -> list[int]:
 
 def encode_chat(tokenizer, messages: list[dict[str, Any]],
                 enable_thinking: bool | None = None,
-                template_vars: TemplateVars | None = None) -> list[int]:
+                template_vars: TemplateVars | None = None,
+                tools: list[dict] | None = None) -> list[int]:
     """The chat prompt's ids with a generation prompt: template markers as control tokens,
     every message's content as plain text. `template_vars`: more variables for the
-    template (e.g. {"reasoning_effort": "low"}); None values are left unset."""
-    return encode_chat_parts(tokenizer, messages, enable_thinking, template_vars)[0]
+    template (e.g. {"reasoning_effort": "low"}); None values are left unset. `tools`: the
+    tool definitions the template renders (OpenAI's function shape); the template writes
+    them, and the calls of assistant messages, as its own text, so the caller checks they
+    hold no control token's text (`server/tool_api.py`)."""
+    return encode_chat_parts(tokenizer, messages, enable_thinking, template_vars, tools)[0]
 
 
 def encode_chat_parts(tokenizer, messages: list[dict[str, Any]],
                       enable_thinking: bool | None = None,
-                      template_vars: TemplateVars | None = None
-                      ) -> tuple[list[int], list[int]]:
+                      template_vars: TemplateVars | None = None,
+                      tools: list[dict] | None = None
+                      ) -> tuple[list[int], list[int | None]]:
     """`encode_chat`'s ids and where each message's content starts in them: a token
     boundary by construction (template text and contents are encoded apart), so the ids
-    before a message are a prefix every prompt with the same messages before it shares."""
+    before a message are a prefix every prompt with the same messages before it shares.
+    A message with empty content (an assistant turn that only calls tools) has no text to
+    keep apart: it is rendered as given, and its start is None."""
     extra = _checked_vars(template_vars, tokenizer)
-    texts = [_texts(i, m.get("content")) for i, m in enumerate(messages)]
+    texts = [[] if m.get("content") == "" else _texts(i, m.get("content"))
+             for i, m in enumerate(messages)]
     nonce = secrets.token_hex(8)
     while any(nonce in t for ts in texts for t in ts):   # a task cannot guess it; stay exact
         nonce = secrets.token_hex(8)
     masked = []
     for i, m in enumerate(messages):
         content = m["content"]
+        if content == "":
+            masked.append(m)
+            continue
         if isinstance(content, str):
             masked.append({**m, "content": _mark(nonce, i, 0)})
             continue
@@ -163,11 +174,15 @@ def encode_chat_parts(tokenizer, messages: list[dict[str, Any]],
                 parts.append(part)
         masked.append({**m, "content": parts})
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    if tools:
+        kwargs["tools"] = list(tools)
     rendered = _render(tokenizer, masked, {**kwargs, **extra})
     ids: list[int] = []
-    starts: list[int] = []
+    starts: list[int | None] = []
     rest = rendered
     for i, message_texts in enumerate(texts):
+        if not message_texts:
+            starts.append(None)
         for j, text in enumerate(message_texts):
             mark = _mark(nonce, i, j)
             before, found, rest = rest.partition(mark)
@@ -216,7 +231,8 @@ def _render(tokenizer, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                              tokenize=False, **kwargs)
     except JinjaError as exc:   # raise_exception(...) in the template, or a template bug
-        asked = ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "no variables"
+        asked = ", ".join(f"{k}={v!r}" if k != "tools" else f"{len(v)} tool(s)"
+                          for k, v in kwargs.items()) or "no variables"
         raise TemplateError(f"the chat template refused the prompt ({asked}): {exc}") from None
 
 

@@ -1,4 +1,5 @@
-"""JSON-Schema grammars for constrained decoding, compiled with xgrammar for one tokenizer.
+"""JSON-Schema grammars (and structural tags: tool calls) for constrained decoding, compiled
+with xgrammar for one tokenizer.
 
 The JSON is compact, in `json.dumps`' layout (`, ` and `: `, no newlines): a fixed layout
 leaves no whitespace choice between keys, so the grammar forces those spans (jump-forward).
@@ -218,5 +219,16 @@ class JsonGrammarCompiler:
                                                 separators=SEPARATORS)
             compiled = self._compiler.compile_grammar(xgr.Grammar.concat(self._lead, body))
         except RuntimeError as exc:
+            raise GrammarError(_reason(exc)) from None
+        return JsonSchemaGrammar(compiled, self)
+
+    def compile_tag(self, tag) -> JsonSchemaGrammar:
+        """An xgrammar structural tag (`tool_calls.structural_tag`: free text and calls held
+        to their schemas) compiled like a schema: the same leading blanks, a stop token
+        after it."""
+        try:
+            body = xgr.Grammar.from_structural_tag(tag)
+            compiled = self._compiler.compile_grammar(xgr.Grammar.concat(self._lead, body))
+        except (RuntimeError, ValueError) as exc:
             raise GrammarError(_reason(exc)) from None
         return JsonSchemaGrammar(compiled, self)

@@ -1,0 +1,166 @@
+"""Tool calls as a model's chat template writes them: which format the template uses, the
+structural tag that holds the output to calls of the declared tools, and the calls read
+back from generated text (whole, or as it streams).
+
+Two formats, told apart by the template's own text (never assumed from the model's name):
+- `qwen_3` (Qwen3, Qwen3-Next, Hermes style): `<tool_call>\\n{"name": N, "arguments": {...}}
+  \\n</tool_call>`, the arguments a JSON object;
+- `qwen_3_5` (Qwen3.5, Qwen3.6, Qwen3-Coder): `<tool_call>\\n<function=N>\\n<parameter=P>\\nV
+  \\n</parameter>\\n...</function>\\n</tool_call>`, a string parameter's value as raw text and
+  any other as JSON.
+xgrammar ships a structural tag for each (`get_model_structural_tag`): under `auto` free text
+until the call's opening, from there the call is held to a declared tool and its schema;
+`required` and a named tool allow calls only. Thinking is not part of it: the loop's
+`Constraint` keeps `<think> ... </think>` free and feeds the matcher the answer alone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .chat import template_source, template_takes
+
+QWEN3, QWEN35 = "qwen_3", "qwen_3_5"
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+# the most blanks in a row inside a call (a newline and an indent of a pretty-printed value)
+MAX_BLANKS = 4
+_FUNCTION = re.compile(r"<function=([^>\n]+)>\n?(.*?)\n?</function>", re.S)
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+
+
+class ToolCallError(ValueError):
+    """Tools were asked of a model whose chat template has no tool-call format we read."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+def tool_call_format(tokenizer) -> str | None:
+    """The template's tool-call format (QWEN3 or QWEN35), or None when its template does
+    not render tools or writes calls in neither format."""
+    if tokenizer is None or not template_takes(tokenizer, "tools"):
+        return None
+    source = template_source(tokenizer)
+    if "<function=" in source and OPEN in source:
+        return QWEN35
+    if OPEN in source:
+        return QWEN3
+    return None
+
+
+def structural_tag(fmt: str, tools: list[dict], choice: str | dict, parallel: bool):
+    """xgrammar's structural tag for `tools` (OpenAI function tools) under `choice`
+    ("auto", "required" or {"type": "function", "function": {"name": ...}}). Runs of
+    blanks inside a call are capped at MAX_BLANKS: a model that loops on them would
+    otherwise never close its call."""
+    import xgrammar as xgr
+
+    return xgr.get_model_structural_tag(fmt, tools=tools, tool_choice=choice,
+                                        reasoning="disabled", parallel_tool_calls=parallel,
+                                        max_whitespace_cnt=MAX_BLANKS)
+
+
+def _value(raw: str, schema: Mapping[str, Any] | None) -> Any:
+    """A qwen_3_5 parameter's value: raw text for a string parameter (without the blanks
+    the grammar allows around it), else JSON (raw text where it is none: the grammar only
+    lets a string through there)."""
+    kinds = (schema or {}).get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    if "string" in kinds and len(kinds) == 1:
+        return raw.strip()
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def _parameters(tools: Iterable[dict]) -> dict[str, dict]:
+    return {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
+
+
+def parse_call(fmt: str, block: str, tools: Iterable[dict]) -> ToolCall | None:
+    """One call from the text between `<tool_call>` and `</tool_call>`; None when it is
+    not a call in the format (text the grammar did not hold: tool_choice none)."""
+    if fmt == QWEN3:
+        try:
+            call = json.loads(block.strip())
+        except ValueError:
+            return None
+        if not (isinstance(call, dict) and isinstance(call.get("name"), str)
+                and isinstance(call.get("arguments", {}), dict)):
+            return None
+        return ToolCall(call["name"], call.get("arguments", {}))
+    found = _FUNCTION.search(block)
+    if found is None:
+        return None
+    name = found.group(1).strip()
+    props = _parameters(tools).get(name, {}).get("properties") or {}
+    return ToolCall(name, {key.strip(): _value(raw, props.get(key.strip()))
+                           for key, raw in _PARAMETER.findall(found.group(2))})
+
+
+def split_calls(fmt: str, text: str, tools: Iterable[dict]
+                ) -> tuple[str, list[ToolCall], bool]:
+    """(the text outside calls, the calls in order, whether a call was left open: the
+    output stopped inside one). A block that is no call in the format stays text."""
+    tools = list(tools)
+    content, calls, rest = [], [], text
+    while True:
+        before, found, after = rest.partition(OPEN)
+        content.append(before)
+        if not found:
+            return _joined(content), calls, False
+        block, closed, rest = after.partition(CLOSE)
+        if not closed:
+            return _joined(content), calls, True
+        call = parse_call(fmt, block, tools)
+        if call is None:
+            content.append(OPEN + block + CLOSE)
+        else:
+            calls.append(call)
+
+
+def _joined(parts: list[str]) -> str:
+    return "\n".join(p.strip("\n") for p in parts if p.strip("\n"))
+
+
+class ToolCallStream:
+    """Generated text in, (content delta, calls closed) out: the text before the first call
+    streams as it comes (held back where it may be the start of `<tool_call>`, and newlines
+    at its end, which a call after them drops); each call is given whole once its
+    `</tool_call>` arrives; text after a call comes with the final delta. What streamed is
+    always a prefix of `split_calls`' content."""
+
+    def __init__(self, fmt: str, tools: Iterable[dict]) -> None:
+        self.fmt, self.tools = fmt, list(tools)
+        self.text, self.sent, self.calls = "", "", 0
+
+    def feed(self, delta: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        self.text += delta
+        content, calls, _ = split_calls(self.fmt, self.text, self.tools)
+        if final:
+            target = content
+        else:
+            head, found, _ = self.text.partition(OPEN)
+            if not found:
+                head = head[:len(head) - _partial_open(head)]
+            target = head.strip("\n")
+        out = target[len(self.sent):] if target.startswith(self.sent) else ""
+        self.sent += out
+        new, self.calls = calls[self.calls:], len(calls)
+        return out, new
+
+
+def _partial_open(text: str) -> int:
+    """The characters at the end of `text` that may begin `<tool_call>`."""
+    for cut in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if text.endswith(OPEN[:cut]):
+            return cut
+    return 0

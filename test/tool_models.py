@@ -1,0 +1,38 @@
+"""Tiny random Qwen3.5 checkpoints that call tools: the real Qwen vocabulary (its
+`<tool_call>` tokens), a chat template that renders tools in Qwen3's JSON calls or Qwen3.5's
+`<function=...>` calls (`train/qwen_vocab.py`), an MTP head and a DFlash drafter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flash_planner.engine.inputs.tool_calls import QWEN3, QWEN35
+from flash_planner.train.qwen_vocab import QWEN3_TOOL_TEMPLATE, QWEN35_TOOL_TEMPLATE
+from flash_planner.train.tiny import write_tiny_checkpoint, write_tiny_drafter
+
+TEMPLATES = {QWEN3: QWEN3_TOOL_TEMPLATE, QWEN35: QWEN35_TOOL_TEMPLATE}
+# Arguments a random model finishes: enums, a boolean and a bounded integer
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "go_to_room", "description": "Drive to a room.",
+        "parameters": {"type": "object", "additionalProperties": False,
+                       "properties": {"room": {"type": "string",
+                                               "enum": ["kitchen", "hall", "lab"]},
+                                      "slow": {"type": "boolean"}},
+                       "required": ["room", "slow"]}}},
+    {"type": "function", "function": {
+        "name": "wait", "description": "Wait some seconds.",
+        "parameters": {"type": "object", "additionalProperties": False,
+                       "properties": {"seconds": {"type": "integer", "minimum": 1,
+                                                  "maximum": 30}},
+                       "required": ["seconds"]}}},
+]
+
+
+def write_tool_checkpoint(path: Path, fmt: str) -> tuple[Path, Path]:
+    """(the target, its drafter) under `path`."""
+    target = write_tiny_checkpoint(path / "target", kind="hybrid", mtp=True, qwen_vocab=True,
+                                   init=0.25)
+    (target / "chat_template.jinja").write_text(TEMPLATES[fmt])
+    drafter = write_tiny_drafter(path / "drafter", target, num_layers=2, block_size=8)
+    return target, drafter
