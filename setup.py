@@ -42,11 +42,14 @@ setup(
     # gguf reads the real Qwen vocabulary out of llama.cpp's GGUF file (train/qwen_vocab.py)
     # serve: `flash-planner serve` (FastAPI + uvicorn, Prometheus metrics); openai: the
     # official client the server's tests talk through; vision: images decoded and resized
-    # by Pillow (engine/inputs/images.py), the image processor's own resampling
+    # by Pillow (engine/inputs/images.py), the image processor's own resampling; mcp: the
+    # official MCP SDK `flash-planner mcp` is built on (server/mcp_server.py)
     extras_require={"test": ["pytest", "pytest-xdist", "onnx", "onnxruntime", "onnxscript",
                              "ruff", "compressed-tensors>=0.20", "gguf>=0.10", "openai",
-                             "fastapi", "uvicorn", "prometheus_client", "pillow"],
+                             "fastapi", "uvicorn", "prometheus_client", "pillow",
+                             "mcp>=2.3,<3"],
                     "serve": ["fastapi", "uvicorn", "prometheus_client"],
+                    "mcp": ["mcp>=2.3,<3"],
                     "vision": ["pillow"],
                     "bench": ["matplotlib", "gguf>=0.10"]},
     zip_safe=False,

@@ -1,7 +1,9 @@
 """`flash-planner serve`: an OpenAI-compatible HTTP server (FastAPI) on the planner's queue.
 
-Endpoints: POST /v1/chat/completions (openai_api.py), POST /v1/plans (our planner end to
-end, as `~/plan` answers it; `stream` sends each step as it closes), GET /v1/models,
+Endpoints: POST /v1/chat/completions (openai_api.py; tool calls: tool_api.py), POST /v1/plans
+(our planner end to end, as `~/plan` answers it; `stream` sends each step as it closes),
+GET /v1/skills (the catalog as OpenAI tools) and POST /v1/skills/check (calls of them checked
+as plan steps are: planning/skill_tools.py), GET /v1/models,
 GET /health, GET /metrics (Prometheus text). Every request runs through the same
 PlannerService queue the ROS node uses, so its policy and depth hold here: a full queue (or
 'reject' while busy) answers 429 at once. The model loads in the background after the
@@ -36,9 +38,12 @@ from starlette.exceptions import HTTPException
 from ..engine.generate import GenerationSettings
 from ..engine.inputs.chat import TemplateError, check_template_vars
 from ..engine.inputs.grammar import GrammarError, JsonGrammarCompiler
+from ..engine.inputs.tool_calls import ToolCallStream, structural_tag, tool_call_format
 from ..planning.images import request_images
+from ..planning.parse import PlanError
 from ..planning.request import PlanRequest, PlanResult, RequestError
 from ..planning.service import PlannerService
+from ..planning.skill_tools import check_calls, skill_tools
 from ..planning.ticket import Completion
 from ..planning.warmup import WarmUpError
 from .metrics import Metrics
@@ -51,6 +56,13 @@ from .openai_api import (
     completion_body,
     parse_chat,
     text_chars,
+)
+from .tool_api import (
+    ToolRequest,
+    ToolRequestError,
+    calls_body,
+    check_control_text,
+    control_texts,
 )
 
 log = logging.getLogger(__name__)
@@ -70,6 +82,7 @@ class ServerState:
     service: PlannerService | None = None
     error: str | None = None                  # why loading failed
     grammars: dict[str, Any] = field(default_factory=dict)
+    compiler: JsonGrammarCompiler | None = None   # built on first use (~1 s at 150k tokens)
 
     def ready(self) -> PlannerService:
         if self.service is None:
@@ -78,17 +91,62 @@ class ServerState:
             raise ApiError(503, why, "service_unavailable", code="not_ready")
         return self.service
 
-    def grammar(self, schema: dict[str, Any]):
-        key = json.dumps(schema, sort_keys=True)
+    def _compiled(self, key: str, compile_: Callable[[JsonGrammarCompiler], Any]):
         if key not in self.grammars:
             if len(self.grammars) >= 32:
                 self.grammars.pop(next(iter(self.grammars)))
+            if self.compiler is None:
+                self.compiler = JsonGrammarCompiler.for_engine(self.ready().engine)
+            self.grammars[key] = compile_(self.compiler)
+        return self.grammars[key]
+
+    def grammar(self, schema: dict[str, Any]):
+        def compile_(compiler: JsonGrammarCompiler):
             try:
-                compiler = JsonGrammarCompiler.for_engine(self.ready().engine)
-                self.grammars[key] = compiler.compile(schema)
+                return compiler.compile(schema)
             except GrammarError as exc:
                 raise bad(f"response_format: {exc}", "response_format") from None
-        return self.grammars[key]
+        return self._compiled(json.dumps(schema, sort_keys=True), compile_)
+
+    def tool_grammar(self, fmt: str, tools: ToolRequest):
+        """The grammar of the request's tools under its tool_choice; a 400 naming the tool
+        whose parameters xgrammar cannot take."""
+        def compile_(compiler: JsonGrammarCompiler):
+            try:
+                return compiler.compile_tag(structural_tag(fmt, list(tools.tools),
+                                                           tools.tool_choice, tools.parallel))
+            except (GrammarError, ValueError) as exc:
+                for tool in tools.tools:
+                    try:
+                        compiler.compile_tag(structural_tag(fmt, [tool], "required", True))
+                    except (GrammarError, ValueError) as one:
+                        raise bad(f"tools: the function {tool['function']['name']!r} cannot "
+                                  f"be held by a grammar: {_first_line(one)}", "tools") from None
+                raise bad(f"tools cannot be held by a grammar: {_first_line(exc)}",
+                          "tools") from None
+        return self._compiled(f"tools:{fmt}:{tools.key()}", compile_)
+
+
+def _call_of(call: Any, i: int) -> tuple[str, dict]:
+    """(name, arguments) of an OpenAI tool call or a {"name", "arguments"} object."""
+    fn = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise ToolRequestError(f"calls[{i}] must be {{'name', 'arguments'}} or an OpenAI tool "
+                               "call", "calls")
+    arguments = fn.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError as exc:
+            raise ToolRequestError(f"calls[{i}].arguments is not valid JSON: {exc}",
+                                   "calls") from None
+    if not isinstance(arguments, dict):
+        raise ToolRequestError(f"calls[{i}].arguments must be an object", "calls")
+    return fn["name"], arguments
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def _status_of(result: PlanResult) -> int:
@@ -255,7 +313,11 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
                            code="context_length_exceeded")
         if chat.reasoning_effort is not None:
             _check_effort(service, chat)
-        grammar = state.grammar(chat.schema) if chat.schema is not None else None
+        fmt = _tool_format(service, chat) if chat.tools is not None else None
+        if chat.tools is not None and chat.tools.constrained:
+            grammar = state.tool_grammar(fmt, chat.tools)
+        else:
+            grammar = state.grammar(chat.schema) if chat.schema is not None else None
         try:
             images = request_images(chat.images, service.engine, service.config.images) \
                 if chat.images else ()
@@ -263,13 +325,37 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
             raise bad(str(exc), exc.field) from None
         cid = "chatcmpl-" + uuid.uuid4().hex[:24]
         if chat.stream:
-            return await _chat_stream(service, chat, cid, grammar, images)
+            return await _chat_stream(service, chat, cid, grammar, images, fmt)
         ticket = service.submit_completion(cid, _completion(chat, grammar, images))
         result = await result_of(ticket)
         _check_ran(result, ticket)
         metrics.observe("/v1/chat/completions", 200, result.telemetry)
         return completion_body(cid, state.model_name, result.raw_text, result.finish_reason,
-                               result.telemetry)
+                               result.telemetry, chat.tools, fmt)
+
+    def _tool_format(service: PlannerService, chat: ChatRequest) -> str:
+        """The model's tool-call format; a 400 when its template renders no tools, when
+        tools and a response_format both hold the answer, or when a definition or a call's
+        arguments hold a control token's text."""
+        tokenizer = service.engine.tokenizer
+        fmt = tool_call_format(tokenizer)
+        if fmt is None:
+            raise bad("this model's chat template does not render tools in a tool-call "
+                      "format the server reads (Qwen3's JSON or Qwen3.5's <function=...> "
+                      "calls inside <tool_call>): send the request without tools", "tools")
+        if chat.tools.constrained and chat.schema is not None:
+            raise bad("response_format and tools both hold the answer: give one (or "
+                      "tool_choice none)", "response_format")
+        control = control_texts(tokenizer)
+        try:
+            for i, tool in enumerate(chat.tools.tools):
+                check_control_text(tool, f"tools[{i}]", control, "tools")
+            for i, m in enumerate(chat.messages):
+                check_control_text(m.get("tool_calls", []), f"messages[{i}].tool_calls",
+                                   control, "messages")
+        except ToolRequestError as exc:
+            raise bad(str(exc), exc.param) from None
+        return fmt
 
     def _check_effort(service: PlannerService, chat: ChatRequest) -> None:
         """400 naming reasoning_effort when the model's chat template does not take it or
@@ -287,7 +373,8 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
         settings = GenerationSettings(
             max_new_tokens=max_new, stop_strings=chat.stop, enable_thinking=chat.enable_thinking,
             sampling=None if chat.sampling.greedy else chat.sampling,
-            reasoning_effort=chat.reasoning_effort)
+            reasoning_effort=chat.reasoning_effort,
+            tools=chat.tools.tools if chat.tools is not None else ())
         constraint = None
         if grammar is not None:
             budget = max_new - min(SCHEMA_ANSWER_RESERVE, max_new // 2)
@@ -303,7 +390,8 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
             raise bad(result.error.removeprefix("cannot generate: "), "messages")
         raise ApiError(500, result.error, "server_error")
 
-    async def _chat_stream(service, chat: ChatRequest, cid: str, grammar, images):
+    async def _chat_stream(service, chat: ChatRequest, cid: str, grammar, images,
+                           fmt: str | None):
         relay = _Relay()
         ticket = service.submit_completion(
             cid, _completion(chat, grammar, images,
@@ -313,6 +401,24 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
         relay.when_done(ticket)
         model = state.model_name
 
+        calls = (ToolCallStream(fmt, chat.tools.tools)
+                 if chat.tools is not None and chat.tools.constrained else None)
+        called = 0
+
+        def deltas(reasoning: str, content: str, final: bool = False):
+            """The chunks of one text delta: reasoning, content, then each call closed."""
+            nonlocal called
+            if reasoning:
+                yield _sse(chunk_body(cid, model, {"reasoning_content": reasoning}))
+            closed = []
+            if calls is not None:
+                content, closed = calls.feed(content, final)
+            if content:
+                yield _sse(chunk_body(cid, model, {"content": content}))
+            for call in calls_body(closed, called, with_index=True):
+                yield _sse(chunk_body(cid, model, {"tool_calls": [call]}))
+            called += len(closed)
+
         async def events() -> AsyncIterator[str]:
             split = ReasoningStream()
             try:
@@ -320,23 +426,19 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
                 while True:
                     kind, item = await relay.queue.get()
                     if kind == "delta":
-                        reasoning, content = split.feed(item)
-                        if reasoning:
-                            yield _sse(chunk_body(cid, model, {"reasoning_content": reasoning}))
-                        if content:
-                            yield _sse(chunk_body(cid, model, {"content": content}))
+                        for chunk in deltas(*split.feed(item)):
+                            yield chunk
                         continue
-                    for key, rest in zip(("reasoning_content", "content"),
-                                         split.feed("", final=True)):
-                        if rest:
-                            yield _sse(chunk_body(cid, model, {key: rest}))
+                    for chunk in deltas(*split.feed("", final=True), final=True):
+                        yield chunk
                     result: PlanResult = item
                     status = 200 if result.success else 500
                     metrics.observe("/v1/chat/completions", status, result.telemetry)
                     if not result.success:
                         yield _sse(ApiError(500, result.error, "server_error").body())
                     else:
-                        yield _sse(chunk_body(cid, model, {}, result.finish_reason))
+                        yield _sse(chunk_body(cid, model, {}, result.finish_reason,
+                                              called=called > 0))
                         if chat.include_usage:
                             usage = chunk_body(cid, model, {}, usage_of=result.telemetry)
                             usage["choices"] = []
@@ -351,6 +453,33 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
                         pass
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.get("/v1/skills")
+    async def skills(request: Request):
+        """The catalog's skills as OpenAI tools; `scene` (repeated) and `task` hold the
+        grounded arguments to the request's names as the plan grammar does."""
+        check_key(request)
+        service = state.ready()
+        scene = request.query_params.getlist("scene")
+        task = request.query_params.get("task", "")
+        return {"object": "list", "data": skill_tools(service.catalog, scene, task)}
+
+    @app.post("/v1/skills/check")
+    async def check_skills(request: Request):
+        """Calls of the skills (OpenAI `tool_calls` or {"name", "arguments"} objects) as
+        validated plan steps: the checks a plan gets; a 400 naming the first problem."""
+        body = await body_of(request)
+        service = state.ready()
+        if not isinstance(body, dict) or not isinstance(body.get("calls"), list):
+            raise bad("the body must be {'calls': [...], 'task'?: str, 'scene'?: [str]}",
+                      "calls")
+        try:
+            calls = [_call_of(c, i) for i, c in enumerate(body["calls"])]
+            steps = check_calls(service.catalog, calls, str(body.get("task", "")),
+                                tuple(body.get("scene") or ()))
+        except (PlanError, ToolRequestError) as exc:
+            raise bad(str(exc), "calls") from None
+        return {"steps": steps}
 
     @app.post("/v1/plans")
     async def plans(request: Request):

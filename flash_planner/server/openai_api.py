@@ -10,9 +10,10 @@ and `image_url` parts: data URLs, http(s) only where the server allows them), `m
 `reasoning_effort` (top level, as OpenAI's API has it, or
 `chat_template_kwargs.reasoning_effort`): passed to a chat template that takes it
 (Qwen3.8's), a 400 naming it for one that does not (app.py); `response_format` text /
-json_object / json_schema (compiled by our grammar into the speculative loop). Refused with
-400 naming the field: `n` > 1, `tools` / `functions`, `logprobs`, `logit_bias` and any other
-field.
+json_object / json_schema (compiled by our grammar into the speculative loop); `tools`,
+`tool_choice`, `parallel_tool_calls`, assistant `tool_calls` and `role: tool` messages
+(tool_api.py; the calls held by a grammar). Refused with 400 naming the field: `n` > 1,
+the legacy `functions` / `function_call`, `logprobs`, `logit_bias` and any other field.
 """
 
 from __future__ import annotations
@@ -23,19 +24,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine.inputs.chat import check_reasoning_effort
+from ..engine.inputs.tool_calls import split_calls
 from ..engine.loop.sampling import Sampling, SamplingParams
 from ..planning.images import ImageSource
+from .tool_api import ToolRequest, ToolRequestError, assistant_calls, calls_body, parse_tools
 
 KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "stream",
          "stream_options", "seed", "temperature", "top_p", "top_k", "min_p",
          "presence_penalty", "frequency_penalty", "repetition_penalty", "response_format",
-         "chat_template_kwargs", "n", "user", "reasoning_effort"}
-UNSUPPORTED = {"tools", "tool_choice", "functions", "function_call", "logprobs",
-               "top_logprobs", "logit_bias", "parallel_tool_calls", "audio", "modalities",
-               "prediction", "service_tier", "store", "metadata"}
+         "chat_template_kwargs", "n", "user", "reasoning_effort", "tools", "tool_choice",
+         "parallel_tool_calls"}
+UNSUPPORTED = {"functions", "function_call", "logprobs", "top_logprobs", "logit_bias", "audio",
+               "modalities", "prediction", "service_tier", "store", "metadata"}
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                  "frequency_penalty", "repetition_penalty")
-ROLES = ("system", "user", "assistant", "developer")
+ROLES = ("system", "user", "assistant", "developer", "tool")
 
 
 class ApiError(Exception):
@@ -69,6 +72,7 @@ class ChatRequest:
     enable_thinking: bool | None
     reasoning_effort: str | None = None    # for the chat template; None: its default
     images: tuple[ImageSource, ...] = ()   # the image_url parts' URLs, in order
+    tools: ToolRequest | None = None       # the declared tools and tool_choice
 
 
 def _content(content: Any, where: str, images: list[ImageSource]) -> str | list[dict]:
@@ -130,13 +134,11 @@ def parse_chat(body: Any, served_model: str) -> ChatRequest:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise bad("messages must be a non-empty list", "messages")
-    messages, images = [], []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise bad(f"messages[{i}].role must be one of {ROLES}", f"messages[{i}].role")
-        role = "system" if m["role"] == "developer" else m["role"]
-        messages.append({"role": role, "content": _content(m.get("content"),
-                                                           f"messages[{i}].content", images)})
+    try:
+        tools = parse_tools(body)
+        messages, images = _messages(raw)
+    except ToolRequestError as exc:
+        raise bad(str(exc), exc.param) from None
     if _int(body, "n", 1) not in (None, 1):
         raise bad("n must be 1: this server returns one choice", "n")
     max_tokens = _int(body, "max_completion_tokens", 1) or _int(body, "max_tokens", 1)
@@ -176,7 +178,35 @@ def parse_chat(body: Any, served_model: str) -> ChatRequest:
     return ChatRequest(model, messages, max_tokens, stops, stream,
                        bool(options.get("include_usage")), sampling,
                        _schema(body.get("response_format")), thinking,
-                       _reasoning_effort(body, kwargs), tuple(images))
+                       _reasoning_effort(body, kwargs), tuple(images), tools)
+
+
+def _messages(raw: list) -> tuple[list[dict], list[ImageSource]]:
+    """The messages in the chat template's shape and the image parts' sources."""
+    messages: list[dict] = []
+    images: list[ImageSource] = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise bad(f"messages[{i}].role must be one of {ROLES}", f"messages[{i}].role")
+        role = "system" if m["role"] == "developer" else m["role"]
+        calls = m.get("tool_calls") if role == "assistant" else None
+        content = m.get("content")
+        if calls is not None and content is None:      # an assistant turn that only calls
+            content = ""
+        message = {"role": role, "content": _content(content, f"messages[{i}].content",
+                                                     images)}
+        if calls is not None:
+            message["tool_calls"] = assistant_calls(calls, f"messages[{i}].tool_calls")
+        if role == "tool":
+            if not isinstance(message["content"], str):
+                raise bad(f"messages[{i}].content: a tool result is text", f"messages[{i}]")
+            call = m.get("tool_call_id")
+            if not isinstance(call, str) or not call:
+                raise bad(f"messages[{i}].tool_call_id must name the call this result "
+                          "answers", f"messages[{i}].tool_call_id")
+            message["tool_call_id"] = call
+        messages.append(message)
+    return messages, images
 
 
 def _reasoning_effort(body: dict, kwargs: Any) -> str | None:
@@ -257,9 +287,12 @@ def completion_id() -> str:
     return "chatcmpl-" + uuid.uuid4().hex[:24]
 
 
-def finish_reason(reason: str) -> str:
-    """Ours -> OpenAI's: eos and stop strings are `stop`, the token limit is `length`."""
-    return "length" if reason == "length" else "stop"
+def finish_reason(reason: str, called: bool = False) -> str:
+    """Ours -> OpenAI's: eos and stop strings are `stop` (`tool_calls` when the answer
+    called tools), the token limit is `length`."""
+    if reason == "length":
+        return "length"
+    return "tool_calls" if called else "stop"
 
 
 def usage(telemetry: dict[str, Any]) -> dict[str, int]:
@@ -270,24 +303,34 @@ def usage(telemetry: dict[str, Any]) -> dict[str, int]:
 
 
 def completion_body(cid: str, model: str, text: str, reason: str,
-                    telemetry: dict[str, Any]) -> dict[str, Any]:
+                    telemetry: dict[str, Any], tools: ToolRequest | None = None,
+                    tool_format: str | None = None) -> dict[str, Any]:
+    """The answer; with tools under a grammar, its calls as `tool_calls` (a call the token
+    limit cut off is not one: the answer says `length`)."""
     reasoning, content = split_reasoning(text)
-    message = {"role": "assistant", "content": content}
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    calls = []
+    if tools is not None and tools.constrained and tool_format is not None:
+        content, calls, _ = split_calls(tool_format, content, tools.tools)
+        message["content"] = content or None
+        if calls:
+            message["tool_calls"] = calls_body(calls)
     if reasoning:
         message["reasoning_content"] = reasoning
     return {"id": cid, "object": "chat.completion", "created": int(time.time()),
             "model": model, "system_fingerprint": "flash_planner",
-            "choices": [{"index": 0, "message": message,
-                         "logprobs": None, "finish_reason": finish_reason(reason)}],
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": finish_reason(reason, bool(calls))}],
             "usage": usage(telemetry)}
 
 
 def chunk_body(cid: str, model: str, delta: dict[str, Any], reason: str | None = None,
-               usage_of: dict[str, Any] | None = None) -> dict[str, Any]:
+               usage_of: dict[str, Any] | None = None, called: bool = False) -> dict[str, Any]:
     body = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": model, "system_fingerprint": "flash_planner",
             "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                         "finish_reason": None if reason is None else finish_reason(reason)}]}
+                         "finish_reason": None if reason is None else finish_reason(reason,
+                                                                                    called)}]}
     if usage_of is not None:
         body["usage"] = usage(usage_of)
     return body

@@ -20,8 +20,25 @@ SPECIAL_TOKENS = [PAD, IM_START, EOS, MASK]
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 THINK_TOKENS = [THINK_OPEN, THINK_CLOSE]
 IDS_FILE = "planner_tokens.json"
+# Turns in ChatML; given `tools` (OpenAI's function shape), a system turn lists them and the
+# calls are Qwen3's JSON inside <tool_call></tool_call>, results <tool_response> blocks of a
+# user turn. Without tools it renders what `chat_prompt` writes. No newline follows a block
+# tag: transformers renders templates with trim_blocks.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% if tools %}<|im_start|>system\n{% if messages[0]['role'] == 'system' %}"
+    "{{ messages[0]['content'] }}{{ '\n\n' }}{% endif %}"
+    "# Tools{{ '\n' }}To call a function, answer <tool_call>{{ '\n' }}"
+    "{\"name\": NAME, \"arguments\": {...}}{{ '\n' }}</tool_call> with one of:"
+    "{% for t in tools %}{{ '\n' }}{{ t | tojson }}{% endfor %}<|im_end|>{{ '\n' }}"
+    "{% endif %}"
+    "{% for m in messages %}{% if not (tools and loop.first and m['role'] == 'system') %}"
+    "<|im_start|>{{ 'user' if m['role'] == 'tool' else m['role'] }}\n"
+    "{% if m['role'] == 'tool' %}<tool_response>{{ '\n' }}{{ m['content'] }}{{ '\n' }}"
+    "</tool_response>{% else %}{{ m['content'] }}{% endif %}"
+    "{% for c in m['tool_calls'] or [] %}{% if m['content'] or not loop.first %}{{ '\n' }}"
+    "{% endif %}<tool_call>{{ '\n' }}{\"name\": \"{{ c['function']['name'] }}\", "
+    "\"arguments\": {{ c['function']['arguments'] | tojson }}}{{ '\n' }}</tool_call>"
+    "{% endfor %}<|im_end|>\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
     "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
     "{% endif %}{% endif %}"

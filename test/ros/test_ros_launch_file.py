@@ -9,7 +9,7 @@ from flash_planner.ros.params import BY_NAME
 
 LAUNCH = Path(__file__).resolve().parents[2] / "launch" / "planner.launch.py"
 ARGUMENTS = ["params_file", "model", "namespace", "log_level", "autostart", "skills_file",
-             "execute_tasks"]
+             "execute_tasks", "mcp", "mcp_port", "mcp_execute"]
 
 
 def _tree() -> ast.Module:

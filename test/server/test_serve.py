@@ -166,7 +166,7 @@ def test_plans_endpoint_plans_and_streams_each_step(server):
 @pytest.mark.parametrize("case,status,code_or_type", [
     ("bad_json", 400, "invalid_request_error"),
     ("n2", 400, "invalid_request_error"),
-    ("tools", 400, "invalid_request_error"),
+    ("functions", 400, "invalid_request_error"),
     ("top_p", 400, "invalid_request_error"),
     ("no_key", 401, "invalid_api_key"),
     ("model", 404, "model_not_found"),
@@ -181,8 +181,8 @@ def test_each_error_status_from_a_real_bad_request(server, case, status, code_or
         raw = b'{"model": "demo", "messages": ['
     elif case == "n2":
         body = {**ok, "n": 2}
-    elif case == "tools":
-        body = {**ok, "tools": []}
+    elif case == "functions":
+        body = {**ok, "functions": []}        # the legacy form of tools
     elif case == "top_p":
         body = {**ok, "top_p": 1.5}
     elif case == "no_key":

@@ -1,0 +1,47 @@
+"""`flash-planner mcp --ros-node` (ros/mcp_door.py): the MCP server's tools reach a running
+planner node through its own actions. `plan` is a goal of ~/plan (the node's queue and
+grammar) and comes back as /v1/plans answers; `execute` is offered only when asked for and
+goes through ~/execute, whose gate refuses what the catalog does not bind."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from live import NODE, requires_ros
+
+from flash_planner.planning.parse import validate_plan
+from flash_planner.planning.presets import default_skills_path
+from flash_planner.planning.skills import SkillCatalog
+
+pytestmark = requires_ros
+TASK = "bring the red cup from the kitchen table to the sink"
+
+
+def test_plan_and_execute_go_through_the_nodes_own_actions(harness, ros_context):
+    from flash_planner.ros.mcp_door import RosDoor
+    from flash_planner.server.mcp_server import build_server
+
+    h = harness()
+    h.bring_up()
+    door = RosDoor(NODE, context=ros_context)
+    try:
+        planned = door.plan({"task": TASK})
+        assert planned["success"], planned
+        validate_plan({"plan": planned["plan"]}, SkillCatalog.from_yaml(default_skills_path()))
+        assert planned["telemetry"]["new_tokens"] > 0
+        assert {t["function"]["name"] for t in door.skills([])} == set(
+            SkillCatalog.from_yaml(default_skills_path()).names)
+
+        async def names(app) -> set[str]:
+            return {t.name for t in await app.list_tools()}
+
+        assert asyncio.run(names(build_server(door))) == {"plan", "skills"}
+        assert asyncio.run(names(build_server(door, door))) == {"plan", "skills", "execute"}
+        # the default catalog binds no skill to a server: the node's gate refuses the run
+        ran = door.execute(TASK, [], dry_run=True)
+        assert not ran["success"] and ran["error"], ran
+        with pytest.raises(ValueError, match="a task or a plan"):
+            door.execute("  ", [], False)
+    finally:
+        door.close()

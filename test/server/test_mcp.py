@@ -1,0 +1,131 @@
+"""`flash-planner mcp` (server/mcp_server.py) with the MCP SDK's own client, over stdio and over
+streamable HTTP, on the demo planner served in this process: the tools are listed, `plan`
+returns a valid plan for a task the demo plans, `skills` the catalog as OpenAI tools, the
+health resource reads; a bad request is the tool's error naming it, and the session goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import closing
+
+import pytest
+from served import InProcess
+
+from flash_planner.planning.parse import validate_plan
+from flash_planner.planning.presets import default_skills_path
+from flash_planner.planning.skills import SkillCatalog
+
+TASK = "bring the red cup from the kitchen table to the sink"
+TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def planner():
+    served = InProcess("flash_planner/assets/demo/target", "flash_planner/assets/demo/drafter",
+                       "demo")
+    yield served
+    served.stop()
+
+
+async def _exchange(session) -> dict:
+    """What a host sees: the tools, a plan, the skills, the health, a bad call, a good one."""
+    await session.initialize()
+    tools = {t.name for t in (await session.list_tools()).tools}
+    planned = await session.call_tool("plan", {"task": TASK})
+    skills = await session.call_tool("skills", {})
+    health = await session.read_resource("flash-planner://health")
+    bad = await session.call_tool("plan", {"task": "   "})
+    again = await session.call_tool("plan", {"task": TASK})
+    return {"tools": tools, "plan": planned, "skills": skills, "health": health, "bad": bad,
+            "again": again}
+
+
+def _json(result) -> dict:
+    assert not result.is_error, result
+    return json.loads(result.content[0].text)
+
+
+def _check(seen: dict) -> None:
+    assert seen["tools"] == {"plan", "skills"}          # no execute without --execute-node
+    plan = _json(seen["plan"])
+    assert plan["success"], plan
+    catalog = SkillCatalog.from_yaml(default_skills_path())
+    validate_plan({"plan": plan["plan"]}, catalog)
+    assert plan["telemetry"]["new_tokens"] > 0
+    tools = _json(seen["skills"])["tools"]
+    assert {t["function"]["name"] for t in tools} == set(catalog.names)
+    assert json.loads(seen["health"].contents[0].text)["status"] == "ok"
+    assert seen["bad"].is_error and "task" in seen["bad"].content[0].text, seen["bad"]
+    assert _json(seen["again"])["plan"] == plan["plan"]
+
+
+def test_a_host_over_stdio_lists_the_tools_and_gets_a_valid_plan(planner):
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    params = StdioServerParameters(command=sys.executable,
+                                   args=["-m", "flash_planner.cli", "mcp", "--url", planner.url],
+                                   env=dict(os.environ))
+
+    async def run() -> dict:
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as session:
+                return await _exchange(session)
+
+    _check(asyncio.run(asyncio.wait_for(run(), TIMEOUT)))
+
+
+def _free_port() -> int:
+    with closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_host_over_streamable_http_gets_the_same(planner):
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "flash_planner.cli", "mcp", "--url",
+                             planner.url, "--transport", "http", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                with closing(socket.create_connection(("127.0.0.1", port), 0.2)):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+
+        async def run() -> dict:
+            async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as streams:
+                async with ClientSession(streams[0], streams[1]) as session:
+                    return await _exchange(session)
+
+        _check(asyncio.run(asyncio.wait_for(run(), TIMEOUT)))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_a_planner_that_is_not_running_is_a_clear_tool_error():
+    from flash_planner.server.mcp_server import HttpDoor, build_server
+
+    app = build_server(HttpDoor(f"http://127.0.0.1:{_free_port()}", timeout=5))
+
+    async def run():
+        return await app.call_tool("plan", {"task": TASK})
+
+    with pytest.raises(Exception) as caught:
+        asyncio.run(run())
+    assert "cannot be reached" in str(caught.value)
