@@ -153,3 +153,47 @@ def test_bad_tool_input_is_a_400_naming_it_and_the_server_keeps_serving(tiny, ex
     error = caught.value.body
     assert error["param"] == param and why in error["message"], error
     assert _create(tiny, "required").choices[0].finish_reason == "tool_calls"
+
+
+def _http(served, path: str, body=None) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(served.url + path, data=data,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_skills_as_tools_and_their_calls_checked_as_plans_are(demo):
+    """GET /v1/skills hands the catalog to an agent as OpenAI tools (grounded arguments held
+    to the scene's names); the calls it makes come back through /v1/skills/check with the
+    checks a plan gets: a name the scene never lists is refused naming it."""
+    from flash_planner.planning.presets import default_skills_path
+    from flash_planner.planning.skills import SkillCatalog
+
+    catalog = SkillCatalog.from_yaml(default_skills_path())
+    got, tools = _http(demo, "/v1/skills?scene=red%20cup&scene=sink")
+    assert got == 200 and [t["function"]["name"] for t in tools["data"]] == list(catalog.names)
+    pick = next(t for t in tools["data"] if t["function"]["name"] == "pick")
+    target = pick["function"]["parameters"]["properties"]["object"]
+    jsonschema.validate({"object": "red cup"}, pick["function"]["parameters"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"object": "blue box"}, {"type": "object", "properties": {
+            "object": target}})
+    calls = [{"type": "function", "function": {"name": "pick",
+                                               "arguments": '{"object": "red cup"}'}},
+             {"name": "place", "arguments": {"object": "red cup", "location": "sink"}}]
+    got, checked = _http(demo, "/v1/skills/check", {"calls": calls,
+                                                    "scene": ["red cup", "sink"]})
+    assert got == 200 and [s["skill"] for s in checked["steps"]] == ["pick", "place"], checked
+    for bad, why in (({"name": "pick", "arguments": {"object": "blue box"}}, "blue box"),
+                     ({"name": "fly", "arguments": {}}, "unknown skill 'fly'"),
+                     ({"name": "wait", "arguments": {"seconds": -1}}, "seconds")):
+        got, error = _http(demo, "/v1/skills/check", {"calls": [bad],
+                                                      "scene": ["red cup", "sink"]})
+        assert got == 400 and why in error["error"]["message"], error
