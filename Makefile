@@ -81,6 +81,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/plan.py --constrained
 	$(VENV)/bin/python bench/grounding.py --grammar off,request
 	$(VENV)/bin/python bench/grammar.py
+	$(VENV)/bin/python bench/tool_calls.py
 	$(VENV)/bin/python bench/latency.py --png-dir docs/img
 	$(VENV)/bin/python bench/weight_bytes.py --png-dir docs/img
 	$(VENV)/bin/python bench/moe_lengths.py

@@ -57,6 +57,7 @@ setup(
         "console_scripts": [
             "flash-planner = flash_planner.cli:main",
             "planner_node = flash_planner.ros.node:main",
+            "planner_mcp = flash_planner.ros.mcp_door:main",
         ],
     },
 )

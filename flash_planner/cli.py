@@ -305,32 +305,18 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _mcp(args: argparse.Namespace) -> int:
-    """`flash-planner mcp`: the MCP server over a running `serve` or planner node."""
+    """`flash-planner mcp`: the MCP server over a running `serve` (over a running node:
+    `planner_mcp`, ros/mcp_door.py)."""
     import importlib.util
     import os
 
     if importlib.util.find_spec("mcp") is None:
         raise UsageError("mcp needs the MCP SDK, which is not installed: pip install "
                          "'flash_planner[mcp]' (from a checkout: pip install -e '.[mcp]')")
-    if not 0 < args.port < 65536:
-        raise UsageError(f"--port must be 1 to 65535, got {args.port}")
-    if (args.execute or args.skills) and not args.ros_node:
-        raise UsageError("--execute and --skills go with --ros-node (execution runs through "
-                         "the node's ~/execute)")
     from .server.mcp_server import HttpDoor, serve
 
-    if args.ros_node:
-        from .ros.mcp_door import RosDoor
-
-        door = RosDoor(args.ros_node, args.skills)
-    else:
-        door = HttpDoor(args.url, args.api_key or os.environ.get("FLASH_PLANNER_API_KEY"))
-    try:
-        serve(door, args.transport, args.host, args.port,
-              door if args.ros_node and args.execute else None)
-    finally:
-        if args.ros_node:
-            door.close()
+    serve(HttpDoor(args.url, args.api_key or os.environ.get("FLASH_PLANNER_API_KEY")),
+          args.transport, args.host, args.port)
     return EXIT_OK
 
 

@@ -243,20 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--url", default="http://127.0.0.1:8000", help="the `flash-planner "
                      "serve` the tools call (default: %(default)s)")
     mcp.add_argument("--api-key", help="its key (default: $FLASH_PLANNER_API_KEY)")
-    mcp.add_argument("--transport", choices=["stdio", "http"], default="stdio",
-                     help="stdio (an MCP host starts this process) or streamable HTTP "
-                     "(default: %(default)s)")
-    mcp.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default "
-                     "loopback)")
-    mcp.add_argument("--port", type=int, default=8765, help="HTTP port (default: "
-                     "%(default)s); the endpoint is /mcp")
-    mcp.add_argument("--ros-node", metavar="NODE", help="call a running planner node (e.g. "
-                     "/flash_planner) instead of --url: its ~/plan action; skills from "
-                     "--skills")
-    mcp.add_argument("--skills", metavar="YAML", help="with --ros-node: the catalog the node "
-                     "plans with (default: the package's)")
-    mcp.add_argument("--execute", action="store_true", help="with --ros-node: an `execute` "
-                     "tool that runs plans through the node's ~/execute (its safety gate)")
+    from .server.mcp_server import add_transport_args
+
+    add_transport_args(mcp)
+    # over a running ROS node instead: `planner_mcp` (ros/mcp_door.py; the cli never
+    # imports the ROS layer)
 
     build = sub.add_parser("build-engines", help="export (and build) every dense segment")
     build.add_argument("--model", required=True, metavar="PRESET|DIR|REPO",

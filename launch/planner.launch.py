@@ -38,7 +38,7 @@ def _planner_node(context):
     node_name = "/" + "/".join(p for p in (arg("namespace").strip("/"), "flash_planner") if p)
     mcp = []
     if flag("mcp"):
-        command = [sys.executable, "-m", "flash_planner.cli", "mcp", "--ros-node", node_name,
+        command = [sys.executable, "-m", "flash_planner.ros.mcp_door", "--node", node_name,
                    "--transport", "http", "--port", arg("mcp_port")]
         if arg("skills_file"):
             command += ["--skills", arg("skills_file")]

@@ -1,14 +1,19 @@
-"""The MCP server's door to a running planner node (server/mcp_server.py): `plan` as a goal of
-the node's `~/plan` action, `execute` as one of its `~/execute` action, each waited for and
-its result as a dict; `skills` from the catalog file the node was given. The node's queue,
-gate, limits and approvals decide what runs; this client only asks (the MCP server never
-reaches a skill's server itself)."""
+"""`planner_mcp` (`ros2 run flash_planner planner_mcp --node /flash_planner [--execute]`):
+the MCP server (server/mcp_server.py) over a running planner node, through this door: `plan`
+as a goal of the node's `~/plan` action, `execute` as one of its `~/execute` action, each
+waited for and its result as a dict; `skills` from the catalog file the node was given. The
+node's queue, gate, limits and approvals decide what runs; this client only asks (the MCP
+server never reaches a skill's server itself)."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 import threading
 from typing import Any
+
+from .messages import to_fields
 
 # how long the node's ~/execute may take to appear, and one execution at most
 SERVER_WAIT_S = 10.0
@@ -80,8 +85,7 @@ class RosDoor:
             raise ValueError("images reach the node as sensor_msgs/Image on ~/plan: send "
                              "them through `flash-planner serve` (--url) instead")
         r = self._result(self._planner, self.node_name + "/plan", goal)
-        telemetry = {name: getattr(r.telemetry, name)
-                     for name in r.telemetry.get_fields_and_field_types()}
+        telemetry = to_fields(r.telemetry)
         plan = json.loads(r.plan_json)["plan"] if r.plan_json else []
         return {"success": r.success, "plan": plan,
                 "error": r.error, "telemetry": telemetry}
@@ -119,3 +123,35 @@ class RosDoor:
         self._node.destroy_node()
         if self._owns_context:
             self._context.try_shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..server.mcp_server import add_transport_args, serve
+
+    parser = argparse.ArgumentParser(prog="planner_mcp", description="An MCP server over a "
+                                     "running flash_planner node: plan, skills (and execute)")
+    parser.add_argument("--node", default="/flash_planner", help="the planner node "
+                        "(default: %(default)s)")
+    parser.add_argument("--skills", metavar="YAML", help="the catalog the node plans with "
+                        "(default: the package's), for the skills tool")
+    parser.add_argument("--execute", action="store_true", help="an execute tool that runs "
+                        "plans through the node's ~/execute (its safety gate)")
+    add_transport_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        door = RosDoor(args.node, args.skills)
+    except (ValueError, OSError) as exc:       # a catalog that does not load
+        print(f"planner_mcp: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        serve(door, args.transport, args.host, args.port, door if args.execute else None)
+    except ValueError as exc:
+        print(f"planner_mcp: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        door.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

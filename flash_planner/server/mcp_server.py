@@ -2,12 +2,12 @@
 streamable HTTP, for agents on and off the robot.
 
 It adds no model of its own: every tool calls a planner that is already running, the same
-service every other door reaches: `--url` a `flash-planner serve` (its /v1/plans, /v1/skills,
-/health and /metrics: `HttpDoor`), or `--ros-node` a running planner node (its ~/plan action:
-ros/mcp_door.py), whose `~/execute` action runs plans with `--execute` (its safety gate,
-approvals and limits included: this server never sends a goal to a skill's server itself).
-Tools: `plan` (task, optional scene, context and images -> the validated plan and its
-telemetry), `skills` (the catalog as OpenAI tools) and, with `--execute`, `execute`.
+service every other door reaches: `flash-planner mcp --url` a `flash-planner serve` (its /v1/plans,
+/v1/skills, /health and /metrics: `HttpDoor`), or `planner_mcp --node` a running planner node
+(its ~/plan action: ros/mcp_door.py), whose `~/execute` action runs plans with `--execute`
+(its safety gate, approvals and limits included: this server never sends a goal to a skill's
+server itself). Tools: `plan` (task, optional scene, context and images -> the validated plan
+and its telemetry), `skills` (the catalog as OpenAI tools) and, with `--execute`, `execute`.
 Resources: the planner's health and metrics.
 
 A door's refusal (a 4xx with its message, a busy queue, a refused execution) comes back as
@@ -16,6 +16,7 @@ the tool's error with that message; the MCP session goes on.
 
 from __future__ import annotations
 
+import argparse
 import json
 import urllib.error
 import urllib.request
@@ -140,7 +141,20 @@ def _door(call, *args):
             str(exc)) from None
 
 
+def add_transport_args(parser: argparse.ArgumentParser) -> None:
+    """The transport options (`flash-planner mcp` and ros/mcp_door.py's `planner_mcp`)."""
+    parser.add_argument("--transport", choices=["stdio", "http"], default="stdio",
+                        help="stdio (an MCP host starts this process) or streamable HTTP "
+                        "(default: %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default "
+                        "loopback)")
+    parser.add_argument("--port", type=int, default=8765, help="HTTP port (default: "
+                        "%(default)s); the endpoint is /mcp")
+
+
 def serve(door, transport: str, host: str, port: int, executor=None) -> None:
+    if not 0 < port < 65536:
+        raise ValueError(f"--port must be 1 to 65535, got {port}")
     app = build_server(door, executor)
     if transport == "stdio":
         app.run("stdio")

@@ -45,3 +45,34 @@ def test_plan_and_execute_go_through_the_nodes_own_actions(harness, ros_context)
             door.execute("  ", [], False)
     finally:
         door.close()
+
+
+def test_planner_mcp_over_stdio_plans_through_the_node(harness):
+    """What the launch file's `mcp` argument starts (over stdio here): the SDK's client lists
+    plan, skills and execute, and `plan` returns the node's valid plan."""
+    import json
+    import os
+    import sys
+
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    h = harness()
+    h.bring_up()
+    params = StdioServerParameters(
+        command=sys.executable, env=dict(os.environ),
+        args=["-m", "flash_planner.ros.mcp_door", "--node", f"/{NODE}", "--execute"])
+
+    async def run():
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                tools = {t.name for t in (await session.list_tools()).tools}
+                return tools, await session.call_tool("plan", {"task": TASK})
+
+    tools, planned = asyncio.run(asyncio.wait_for(run(), 300))
+    assert tools == {"plan", "skills", "execute"}
+    assert not planned.is_error, planned
+    plan = json.loads(planned.content[0].text)
+    assert plan["success"], plan
+    validate_plan({"plan": plan["plan"]}, SkillCatalog.from_yaml(default_skills_path()))
