@@ -4,6 +4,7 @@ grammar (`tool_choice: required`, parallel calls), beside the same tasks planned
 under the plan grammar, from one run.
 
 Printed per route and method: the share of tasks answered with at least one call, the share
+that ended inside a call (cut by the token limit: that call is not returned), the share
 whose every call validates against its tool's schema (the grammar's promise: 100%), the
 share whose calls pass the plan validator with grounding (`check_calls`), the share equal
 to the reference plan, decode tokens/s and mean accepted tokens per verify. The demo was
@@ -48,7 +49,7 @@ def _steps(steps) -> list[tuple[str, str]]:
 
 def tool_route(engine, compiler, catalog, tasks, method: str) -> dict:
     fmt = tool_call_format(engine.tokenizer)
-    counts = {"called": 0, "schema_valid": 0, "plan_valid": 0, "exact": 0}
+    counts = {"called": 0, "cut": 0, "schema_valid": 0, "plan_valid": 0, "exact": 0}
     tokens = seconds = accepted = 0.0
     for ex in tasks:
         tools = skill_tools(catalog, task=ex.task)
@@ -61,7 +62,8 @@ def tool_route(engine, compiler, catalog, tasks, method: str) -> dict:
         tokens += stats["new_tokens"]
         seconds += stats["new_tokens"] / max(stats["decode_tokens_per_s"], 1e-9)
         accepted += stats["mean_accepted"]
-        _, calls, _ = split_calls(fmt, out.text, tools)
+        _, calls, cut = split_calls(fmt, out.text, tools)
+        counts["cut"] += cut
         schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
         counts["called"] += bool(calls)
         try:
@@ -93,9 +95,9 @@ def plan_route(service, tasks, method: str) -> dict:
         valid += result.success
         exact += result.success and _steps(result.plan) == _steps(ex.plan)
     n = len(tasks)
-    return {"called": None, "schema_valid": None, "plan_valid": round(100 * valid / n, 1),
-            "exact": round(100 * exact / n, 1), "tokens_per_s": round(tokens / max(seconds,
-                                                                                   1e-9), 1),
+    return {"called": None, "cut": None, "schema_valid": None,
+            "plan_valid": round(100 * valid / n, 1), "exact": round(100 * exact / n, 1),
+            "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
             "mean_accepted": round(accepted / n, 2)}
 
 
@@ -119,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows, indent=1))
         return 0
     print(f"{len(tasks)} held-out tasks (world set), demo planner, thinking off, CPU")
-    keys = ["called", "schema_valid", "plan_valid", "exact", "tokens_per_s", "mean_accepted"]
+    keys = ["called", "cut", "schema_valid", "plan_valid", "exact", "tokens_per_s",
+            "mean_accepted"]
     print(f"{'route':<22}" + "".join(f"{k:>14}" for k in keys))
     for name, row in rows.items():
         print(f"{name:<22}" + "".join(f"{'-' if row[k] is None else row[k]!s:>14}"

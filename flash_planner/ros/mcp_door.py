@@ -26,6 +26,7 @@ class RosDoor:
 
     def __init__(self, node_name: str, skills_file: str | None = None, context=None):
         import rclpy
+        from diagnostic_msgs.msg import DiagnosticArray
         from rclpy.action import ActionClient
         from rclpy.executors import SingleThreadedExecutor
 
@@ -43,6 +44,10 @@ class RosDoor:
         base = "/" + node_name.strip("/")
         self.node_name, self.target = base, base + "/execute"
         self._planner = ActionClient(self._node, Plan, base + "/plan")
+        # the node's latest /diagnostics entries (its status name starts with its name)
+        self._diagnostics: dict[str, dict] = {}
+        self._node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics,
+                                       10)
         self._client = ActionClient(self._node, ExecutePlan, self.target)
         self._executor = SingleThreadedExecutor(context=self._context)
         self._executor.add_node(self._node)
@@ -95,13 +100,24 @@ class RosDoor:
 
         return skill_tools(self.catalog, scene)
 
+    def _on_diagnostics(self, array) -> None:
+        own = self.node_name.strip("/").split("/")[-1]
+        for status in array.status:
+            if status.name.startswith(own):
+                self._diagnostics[status.name] = {
+                    "level": int.from_bytes(bytes(status.level), "little"),
+                    "message": status.message,
+                    "values": {kv.key: kv.value for kv in status.values}}
+
     def health(self) -> str:
+        """Whether the node's ~/plan is served, and its latest /diagnostics entries."""
         ready = self._planner.server_is_ready()
         return json.dumps({"status": "ok" if ready else "unavailable", "node": self.node_name,
-                           "diagnostics": "/diagnostics"})
+                           "diagnostics": dict(self._diagnostics)})
 
     def metrics(self) -> str:
-        return "the node reports its latency on /diagnostics\n"
+        """The node's latency and load as its /diagnostics report them (JSON)."""
+        return json.dumps(dict(self._diagnostics))
 
     def execute(self, task: str, plan: list[dict[str, Any]], dry_run: bool) -> dict[str, Any]:
         """Run `plan` (or plan `task` and run it); the node's result as a dict, or a

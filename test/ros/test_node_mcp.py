@@ -6,9 +6,10 @@ goes through ~/execute, whose gate refuses what the catalog does not bind."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
-from live import NODE, requires_ros
+from live import NODE, requires_ros, wait_for
 
 from flash_planner.planning.parse import validate_plan
 from flash_planner.planning.presets import default_skills_path
@@ -43,6 +44,11 @@ def test_plan_and_execute_go_through_the_nodes_own_actions(harness, ros_context)
         assert not ran["success"] and ran["error"], ran
         with pytest.raises(ValueError, match="a task or a plan"):
             door.execute("  ", [], False)
+        assert wait_for(lambda: json.loads(door.health())["diagnostics"])
+        health = json.loads(door.health())
+        assert health["status"] == "ok"
+        assert any("latency" in k or "p50" in k or "state" in k
+                   for entry in health["diagnostics"].values() for k in entry["values"]), health
     finally:
         door.close()
 
@@ -50,7 +56,6 @@ def test_plan_and_execute_go_through_the_nodes_own_actions(harness, ros_context)
 def test_planner_mcp_over_stdio_plans_through_the_node(harness):
     """What the launch file's `mcp` argument starts (over stdio here): the SDK's client lists
     plan, skills and execute, and `plan` returns the node's valid plan."""
-    import json
     import os
     import sys
 
