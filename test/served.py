@@ -17,7 +17,7 @@ from flash_planner.server.app import ServerState, create_app
 TIMEOUT = 300
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with closing(socket.socket()) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -35,7 +35,7 @@ class InProcess:
                                       PlannerConfig(queue_depth=4))
         self.service.start()
         state = ServerState(model_name=name)
-        self.port = _free_port()
+        self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(
             create_app(state, lambda: self.service), host="127.0.0.1", port=self.port,
             log_level="warning"))

@@ -15,7 +15,7 @@ from typing import Any
 
 from .messages import to_fields
 
-# how long the node's ~/execute may take to appear, and one execution at most
+# how long the node's actions may take to appear, and one goal's result at most
 SERVER_WAIT_S = 10.0
 RESULT_WAIT_S = 3600.0
 
@@ -52,7 +52,7 @@ class RosDoor:
         self._executor = SingleThreadedExecutor(context=self._context)
         self._executor.add_node(self._node)
         self._spin = threading.Thread(target=self._executor.spin, daemon=True,
-                                      name="mcp-execute-spin")
+                                      name="mcp-door-spin")
         self._spin.start()
         self._owns_context = context is None
 

@@ -60,6 +60,7 @@ from .openai_api import (
 from .tool_api import (
     ToolRequest,
     ToolRequestError,
+    call_arguments,
     calls_body,
     check_control_text,
     control_texts,
@@ -133,16 +134,7 @@ def _call_of(call: Any, i: int) -> tuple[str, dict]:
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise ToolRequestError(f"calls[{i}] must be {{'name', 'arguments'}} or an OpenAI tool "
                                "call", "calls")
-    arguments = fn.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError as exc:
-            raise ToolRequestError(f"calls[{i}].arguments is not valid JSON: {exc}",
-                                   "calls") from None
-    if not isinstance(arguments, dict):
-        raise ToolRequestError(f"calls[{i}].arguments must be an object", "calls")
-    return fn["name"], arguments
+    return fn["name"], call_arguments(fn.get("arguments", {}), f"calls[{i}].arguments", "calls")
 
 
 def _first_line(exc: Exception) -> str:

@@ -124,21 +124,21 @@ def build_server(door, executor=None):
     @app.resource("flash-planner://metrics", mime_type="text/plain")
     def metrics() -> str:
         """The planner's Prometheus metrics (latency, tokens per second, acceptance)."""
-        return _door(door.metrics)
+        return _door(door.metrics, resource=True)
 
     return app
 
 
-def _door(call, *args):
-    """The door's answer; its refusal (or the executor's ValueError) as the SDK's ToolError,
-    whose message reaches the host (any other exception is a crash: a generic message)."""
+def _door(call, *args, resource: bool = False):
+    """The door's answer; its refusal (or the executor's ValueError) as the SDK's ToolError
+    (ResourceError for a resource), whose message reaches the host (any other exception is
+    a crash: a generic message)."""
     from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 
     try:
         return call(*args)
     except (DoorError, ValueError) as exc:
-        raise (ResourceError if call.__name__ in ("health", "metrics") else ToolError)(
-            str(exc)) from None
+        raise (ResourceError if resource else ToolError)(str(exc)) from None
 
 
 def add_transport_args(parser: argparse.ArgumentParser) -> None:

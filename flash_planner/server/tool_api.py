@@ -142,18 +142,23 @@ def assistant_calls(calls: Any, at: str) -> list[dict]:
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise ToolRequestError(f"{where} must be {{'id', 'type': 'function', 'function': "
                                    "{'name', 'arguments'}}", "messages")
-        arguments = fn.get("arguments", "{}")
-        try:
-            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except ValueError as exc:
-            raise ToolRequestError(f"{where}.function.arguments is not valid JSON: {exc}",
-                                   "messages") from None
-        if not isinstance(parsed, dict):
-            raise ToolRequestError(f"{where}.function.arguments must be a JSON object",
-                                   "messages")
+        parsed = call_arguments(fn.get("arguments", "{}"), f"{where}.function.arguments",
+                                "messages")
         out.append({"id": str(call.get("id", "")), "type": "function",
                     "function": {"name": fn["name"], "arguments": parsed}})
     return out
+
+
+def call_arguments(arguments: Any, where: str, param: str) -> dict:
+    """A call's arguments as an object: OpenAI sends them as a JSON string, an object is
+    taken as it is; ToolRequestError naming `where` otherwise."""
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError as exc:
+        raise ToolRequestError(f"{where} is not valid JSON: {exc}", param) from None
+    if not isinstance(parsed, dict):
+        raise ToolRequestError(f"{where} must be a JSON object", param)
+    return parsed
 
 
 def check_control_text(value: Any, where: str, control: Sequence[str], param: str) -> None:

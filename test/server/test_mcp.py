@@ -16,7 +16,7 @@ import time
 from contextlib import closing
 
 import pytest
-from served import InProcess
+from served import InProcess, free_port
 
 from flash_planner.planning.parse import validate_plan
 from flash_planner.planning.presets import default_skills_path
@@ -82,17 +82,11 @@ def test_a_host_over_stdio_lists_the_tools_and_gets_a_valid_plan(planner):
     _check(asyncio.run(asyncio.wait_for(run(), TIMEOUT)))
 
 
-def _free_port() -> int:
-    with closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_host_over_streamable_http_gets_the_same(planner):
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
 
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "flash_planner.cli", "mcp", "--url",
                              planner.url, "--transport", "http", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -121,7 +115,7 @@ def test_a_host_over_streamable_http_gets_the_same(planner):
 def test_a_planner_that_is_not_running_is_a_clear_tool_error():
     from flash_planner.server.mcp_server import HttpDoor, build_server
 
-    app = build_server(HttpDoor(f"http://127.0.0.1:{_free_port()}", timeout=5))
+    app = build_server(HttpDoor(f"http://127.0.0.1:{free_port()}", timeout=5))
 
     async def run():
         return await app.call_tool("plan", {"task": TASK})
