@@ -17,10 +17,10 @@ import triton.language as tl
 # it every dot runs in fp32 (read at import; tests set the variable before importing kernels).
 _INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 INTERPRETED = tl.constexpr(_INTERPRETING)
-# nvfp4's E2M1 codes are moved into a 16-bit float's fields (e2m1_bits): bf16's on the GPU,
+# nvfp4's E2M1 codes are moved into a 16-bit float's fields: bf16's on the GPU (e2m1_pairs),
 # each weight decoded times 2^-63, the 2^63 put back on the sums after the K loop
-# (NVFP4_UNSCALE); fp16's under the interpreter, whose bf16 conversion flushes subnormals
-E2M1_MAG = tl.constexpr(9 if _INTERPRETING else 6)
+# (NVFP4_UNSCALE); fp16's under the interpreter (e2m1_bits), whose bf16 conversion flushes
+# subnormals
 NVFP4_SCALE = tl.constexpr(2.0 ** 14 if _INTERPRETING else 2.0 ** 63)
 NVFP4_UNSCALE = tl.constexpr(1.0 if _INTERPRETING else 2.0 ** 63)
 
@@ -90,12 +90,24 @@ def dot_step(x, w, FLOAT: tl.constexpr, USE_DOT: tl.constexpr):
 
 
 @triton.jit
+def block_index(k0, size, BLOCK_K: tl.constexpr):
+    """k0 // size for k0 and size multiples of BLOCK_K (a step lies in one scale block or
+    group), without an integer division by a runtime value (about 15 instructions a K step):
+    with a = k0 / BLOCK_K and b = size / BLOCK_K, (a + 0.5) / b lies at least 0.5 / b from
+    any integer, far more than float32's rounding of it below 2^22 K steps, so truncating
+    it is exact. The reciprocal does not change across the K loop: computed before it."""
+    b = tl.cast(size // BLOCK_K, tl.float32)
+    a = tl.cast(k0 // BLOCK_K, tl.float32) + 0.5
+    return tl.cast(a * (1.0 / b), tl.int32)
+
+
+@triton.jit
 def fp8_tile(weight, w_off, s_rows, mn, mk, k0, block_k, BLOCK_K: tl.constexpr):
     """e4m3 decoded [BN, BK] (unscaled; exact: see `exact`) and the block scale [BN] of each
     row."""
     rk = tl.arange(0, BLOCK_K)
     wq = tl.load(weight + k0 + w_off + rk[None, :], mask=mn[:, None] & mk[None, :], other=0)
-    s = tl.load(s_rows + k0 // block_k, mask=mn, other=0.0)          # [BN], one K block
+    s = tl.load(s_rows + block_index(k0, block_k, BLOCK_K), mask=mn, other=0.0)   # [BN]
     # the hardware's conversion (sm_89+: e4m3x2 -> f16x2, then to bf16; sm_100+ direct):
     # exact, every e4m3 value is a bf16 one; the skinny K loop 375 -> ~200 instructions on
     # sm_90, ~150 on sm_110 (the kernels report), the integer field moves gone
@@ -124,56 +136,64 @@ def nvfp4_tile(packed, p_off, scale, s_off, mn, k0, K, BLOCK_N: tl.constexpr,
     s = exact(sb.to(tl.float8e4nv, bitcast=True)) * NVFP4_SCALE          # [BN, GROUPS]
     # one scale per 8 bytes (16 values): [BN, GROUPS] -> [BN, GROUPS, 8] -> [BN, HALF]
     s = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, GROUPS, 8)), (BLOCK_N, HALF))
-    if EVEN:
-        # four bytes a word, two of them at a time in the 16-bit lanes of an int32: each
-        # operation decodes two values (the skinny K loop 551 -> ~420 instructions)
-        rw = tl.arange(0, HALF // 4)
-        words = tl.load((packed + k0 // 2 + p_off).to(tl.pointer_type(tl.int32)) + rw[None, :],
-                        mask=byte_mask, other=0)                     # [BN, HALF / 4]
-        t01 = (words & 0xFF) | ((words & 0xFF00) << 8)                # bytes 0, 1 in lanes
-        t23 = ((words >> 16) & 0xFF) | ((words >> 8) & 0xFF0000)      # bytes 2, 3
-        low = lanes_in_order(e2m1_bits(t01, 0), e2m1_bits(t23, 0), BLOCK_N, HALF)
-        high = lanes_in_order(e2m1_bits(t01, 4), e2m1_bits(t23, 4), BLOCK_N, HALF)
-    else:
-        byte = tl.load(packed + k0 // 2 + p_off + rj[None, :], mask=byte_mask, other=0)
+    byte = tl.load(packed + k0 // 2 + p_off + rj[None, :], mask=byte_mask, other=0)
+    if INTERPRETED:
         b = byte.to(tl.int32)
-        low = half16(e2m1_bits(b, 0))
-        high = half16(e2m1_bits(b, 4))
+        low = e2m1_bits(b, 0).to(tl.uint16).to(tl.float16, bitcast=True)
+        high = e2m1_bits(b, 4).to(tl.uint16).to(tl.float16, bitcast=True)
+    else:
+        low, high = e2m1_pairs(byte)
     return exact(low) * s, exact(high) * s
+
+
+# e2m1_pairs' PTX: $4 four bytes, $0 $1 the low nibbles' four values, $2 $3 the high
+# ones (test/kernels/test_decode_ptx.py runs it on every byte in every position)
+E2M1_PAIRS_PTX = tl.constexpr("""{
+.reg .b32 t0, t1, a, b;
+prmt.b32 t0, $4, 0, 0x1404;
+prmt.b32 t1, $4, 0, 0x3424;
+shl.b32 a, t0, 4;
+shr.b32 b, t0, 2;
+lop3.b32 $0, a, b, 0x81C081C0, 0xA8;
+shl.b32 a, t1, 4;
+shr.b32 b, t1, 2;
+lop3.b32 $1, a, b, 0x81C081C0, 0xA8;
+shr.b32 a, t0, 6;
+and.b32 a, a, 0x01C001C0;
+lop3.b32 $2, t0, a, 0x80008000, 0xEC;
+shr.b32 b, t1, 6;
+and.b32 b, b, 0x01C001C0;
+lop3.b32 $3, t1, b, 0x80008000, 0xEC;
+}""")
+
+
+@triton.jit
+def e2m1_pairs(byte):
+    """uint8 bytes -> the E2M1 codes of their low and high nibbles moved into bf16's fields
+    (bias 127), on the GPU: the sign to bit 15, exponent and mantissa to bits 6-8, so that
+    each reads as the value times 2^-126 and the subnormal 0.5 is a bf16 subnormal (no code
+    needs a case of its own). Times the group scale times 2^63 (one mul.bf16x2 a pair, which
+    keeps subnormals) that is the weight times 2^-63, exactly (<= 6 significant bits,
+    >= 2^-73; 2^126 at once would overflow with the scale). Four bytes a register: two
+    PRMTs put each byte in the high half of a 16-bit lane, then a pair of values takes two
+    shifts and one LOP3 (low nibbles: the sign and the magnitude shifted apart, kept by one
+    mask, 0x81C0 a lane) or a shift, an AND and a LOP3 (high nibbles: the byte's low bit
+    would fall inside the magnitude's mask): 1.75 instructions a value, against ~3.5
+    through Triton's integer operations (the skinny K loop at the 27B's shapes 418-437 ->
+    317-332 on sm_90, 405-432 -> 303-317 on sm_110)."""
+    return tl.inline_asm_elementwise(
+        asm=E2M1_PAIRS_PTX,
+        constraints="=r,=r,=r,=r,r", args=[byte], dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True, pack=4)
 
 
 @triton.jit
 def e2m1_bits(t, SHIFT: tl.constexpr):
-    """The E2M1 codes at bit SHIFT of each byte in t's 16-bit lanes, moved into a 16-bit
-    float's fields: the sign to bit 15, exponent and mantissa above bit E2M1_MAG. On the
-    GPU (bf16's, bias 127) they read as the value times 2^-126, the subnormal 0.5 a bf16
-    subnormal, so no code needs a case of its own; times the group scale times 2^63 (one
-    mul.bf16x2 a pair, which keeps subnormals) that is the weight times 2^-63, exactly (<= 6
-    significant bits, >= 2^-73). (2^126 at once would overflow with the scale.) Under the
-    interpreter, fp16's (bias 15): the value times 2^-14, the scale times 2^14."""
-    sign = (t & (0x00080008 << SHIFT)) << (12 - SHIFT)
-    return sign | ((t & (0x00070007 << SHIFT)) << (E2M1_MAG - SHIFT))
-
-
-@triton.jit
-def half16(bits):
-    """The low 16 bits of int32 `bits` as the 16-bit float e2m1_bits filled."""
-    if INTERPRETED:
-        out = bits.to(tl.uint16).to(tl.float16, bitcast=True)
-    else:
-        out = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    return out
-
-
-@triton.jit
-def lanes_in_order(p01, p23, BLOCK_N: tl.constexpr, HALF: tl.constexpr):
-    """int32 [BN, HALF / 4] holding 16-bit float pairs (each word's bytes 0, 1 and 2, 3) ->
-    [BN, HALF] in byte order."""
-    l01 = half16(p01 & 0xFFFF)
-    h01 = half16(p01 >> 16)
-    l23 = half16(p23 & 0xFFFF)
-    h23 = half16(p23 >> 16)
-    return tl.reshape(tl.join(tl.join(l01, l23), tl.join(h01, h23)), (BLOCK_N, HALF))
+    """Under the interpreter, the E2M1 codes at bit SHIFT of int32 bytes t moved into fp16's
+    fields (bias 15) as e2m1_pairs moves them into bf16's: the value times 2^-14, the scale
+    times 2^14 (NVFP4_SCALE)."""
+    sign = (t & (0x8 << SHIFT)) << (12 - SHIFT)
+    return sign | ((t & (0x7 << SHIFT)) << (9 - SHIFT))
 
 
 @triton.jit
@@ -181,7 +201,7 @@ def int4_tile(packed, p_off, scale, zero, g_rows, mn, even, k0, group, BLOCK_K: 
     """q - zero of the even-k and odd-k columns, [BN, BK / 2] each (exact: see `exact`), and
     the group scale [BN] of each row."""
     HALF: tl.constexpr = BLOCK_K // 2
-    g = k0 // group
+    g = block_index(k0, group, BLOCK_K)
     s = tl.load(scale + g_rows + g, mask=mn, other=0.0)               # [BN]
     z = tl.load(zero + g_rows + g, mask=mn, other=0)
     # no int-to-float conversion (67 I2F a K step on sm_90): q and the zero into bf16's
@@ -190,8 +210,41 @@ def int4_tile(packed, p_off, scale, zero, g_rows, mn, even, k0, group, BLOCK_K: 
     rj = tl.arange(0, HALF)
     byte = tl.load(packed + k0 // 2 + p_off + rj[None, :],
                    mask=mn[:, None] & even[None, :], other=0)        # [BN, HALF]
-    b = byte.to(tl.int32)
-    return exact(magic_bf16(b & 0xF)) - zb, exact(magic_bf16(b >> 4)) - zb, s
+    if INTERPRETED:
+        b = byte.to(tl.int32)
+        low, high = exact(magic_bf16(b & 0xF)) - zb, exact(magic_bf16(b >> 4)) - zb
+    else:
+        low, high = int4_magic_pairs(byte)
+        low, high = low - zb, high - zb
+    return low, high, s
+
+
+# int4_magic_pairs' PTX, laid out as E2M1_PAIRS_PTX
+INT4_PAIRS_PTX = tl.constexpr("""{
+.reg .b32 t0, t1, a, b;
+prmt.b32 t0, $4, 0, 0x4140;
+prmt.b32 t1, $4, 0, 0x4342;
+lop3.b32 $0, t0, 0x000F000F, 0x43004300, 0xEA;
+lop3.b32 $1, t1, 0x000F000F, 0x43004300, 0xEA;
+shr.b32 a, t0, 4;
+lop3.b32 $2, a, 0x000F000F, 0x43004300, 0xEA;
+shr.b32 b, t1, 4;
+lop3.b32 $3, b, 0x000F000F, 0x43004300, 0xEA;
+}""")
+
+
+@triton.jit
+def int4_magic_pairs(byte):
+    """uint8 bytes -> 128 + each nibble as bfloat16, on the GPU: four bytes a register, two
+    PRMTs spreading them into 16-bit lanes, then one LOP3 a pair of values (the nibble
+    masked and ORed into the mantissa of 128; the high nibbles shifted down first, one
+    shift a pair). With block_index, the skinny K loop at the 27B's shapes 372-379 ->
+    253-259 instructions on sm_90 and sm_110 (Triton's own integer operations spent three
+    PRMTs a pair of bytes)."""
+    return tl.inline_asm_elementwise(
+        asm=INT4_PAIRS_PTX,
+        constraints="=r,=r,=r,=r,r", args=[byte], dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True, pack=4)
 
 
 @triton.jit
@@ -260,20 +313,16 @@ def k_masks(k0, k_hi, FORMAT: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.cons
 
 @triton.jit
 def load_x(x, x_off, rows, mk, odd, k0, k_hi, FORMAT: tl.constexpr, BLOCK_K: tl.constexpr,
-           JOINED: tl.constexpr, USE_DOT: tl.constexpr):
-    """x's K step for the rows masked in `rows` [BM]: 8- and 16-bit formats, and nvfp4 JOINED
-    (k_step), the [BM, BK] tile twice; 4-bit ones else the columns k0 + 2j and k0 + 2j + 1,
-    [BM, BK / 2] each (k_hi bounds the whole tile's loads; the masks the others')."""
-    if FORMAT == "nvfp4" and JOINED:
-        rk = tl.arange(0, BLOCK_K)
-        xa = tl.load(x + x_off + k0 + rk[None, :],
-                     mask=rows[:, None] & (rk < k_hi - k0)[None, :], other=0.0)
-        xb = xa
-    elif FORMAT == "int4" and USE_DOT:
-        # one contiguous load split in registers: the strided halves were scalar loads with
-        # an address each (int4's skinny K loop 431 -> 376 instructions on sm_90; nvfp4's,
-        # split so, spilled 8 bytes in three specializations: it joins its weight instead;
-        # the FMA path's fp32 MoE spilled 8 too)
+           WHOLE: tl.constexpr):
+    """x's K step for the rows masked in `rows` [BM]: 8- and 16-bit formats the [BM, BK] tile
+    twice; 4-bit ones the columns k0 + 2j and k0 + 2j + 1, [BM, BK / 2] each, split in
+    registers from one contiguous load where WHOLE (k_hi bounds the whole tile's loads; the
+    masks the others')."""
+    if WHOLE:
+        # the strided halves are scalar loads with an address each (int4's skinny K loop
+        # 431 -> 376 instructions on sm_90); joining the weight's halves into one tile
+        # instead cost more (nvfp4's skinny K loop 365 against 316 split so); the FMA path
+        # and nvfp4's tiled kernel keep the strided halves (split, they spilled 8 bytes)
         rk = tl.arange(0, BLOCK_K)
         whole = tl.load(x + x_off + k0 + rk[None, :],
                         mask=rows[:, None] & (rk < k_hi - k0)[None, :], other=0.0)
@@ -316,13 +365,12 @@ def product(acc, xa, xb, wa, wb, sc, FORMAT: tl.constexpr, USE_DOT: tl.constexpr
             STEPWISE: tl.constexpr):
     """acc plus the K step's products, exact, times the step's scale. nvfp4's pair is added
     to acc one after the other where STEPWISE (the tiled kernel: summing the two first kept
-    one more [BM, BN] fp32 tile live, 25 registers in the fp32 demo's 64-row tiles); the
-    skinny kernel joins them into one tile first (k_step)."""
+    one more [BM, BN] fp32 tile live, 25 registers in the fp32 demo's 64-row tiles)."""
     if STEPWISE and FORMAT == "nvfp4":
         acc += dot_step(xa, wa, False, USE_DOT)
         acc += dot_step(xb, wb, False, USE_DOT)
-    elif FORMAT == "nvfp4":                        # joined (k_step): one [BN, BK] tile
-        acc += dot_step(xa, wa, False, USE_DOT)
+    elif FORMAT == "nvfp4":
+        acc += dot_step(xa, wa, False, USE_DOT) + dot_step(xb, wb, False, USE_DOT)
     elif FORMAT == "int4":
         part = dot_step(xa, wa, False, USE_DOT) + dot_step(xb, wb, False, USE_DOT)
         acc += part * sc[None, :]
@@ -340,29 +388,21 @@ def k_step(acc, up, x, x_off, rows, w, s, z, w_off, s_off, u_off, t_off, mn, k0,
            WEIGHT_FIRST: tl.constexpr, GATED: tl.constexpr):
     """One K step of both kernels: (acc, up) plus x's products with the weight rows at
     w_off / s_off (and, GATED, the up rows at u_off / t_off), x loaded once. WEIGHT_FIRST:
-    the weight tile decoded before x is loaded (the order each kernel compiled leanest in).
-    The skinny kernel (not STEPWISE) joins nvfp4's even and odd columns back into one
-    [BN, BK] tile against x's contiguous one (its K loop ~470 -> ~420 instructions, and
-    20 fewer registers, where splitting x instead spilled)."""
+    the weight tile decoded before x is loaded (the order each kernel compiled leanest in)."""
+    WHOLE: tl.constexpr = USE_DOT and (FORMAT == "int4" or (FORMAT == "nvfp4" and not STEPWISE))
     mk, odd = k_masks(k0, k_hi, FORMAT, BLOCK_K, EVEN)
     if WEIGHT_FIRST:
         wa, wb, sc = decode(w, s, z, w_off, s_off, mn, mk, k0, k_hi, i1, FORMAT, BLOCK_N,
                             BLOCK_K, EVEN)
-        xa, xb = load_x(x, x_off, rows, mk, odd, k0, k_hi, FORMAT, BLOCK_K, not STEPWISE,
-                        USE_DOT)
+        xa, xb = load_x(x, x_off, rows, mk, odd, k0, k_hi, FORMAT, BLOCK_K, WHOLE)
     else:
-        xa, xb = load_x(x, x_off, rows, mk, odd, k0, k_hi, FORMAT, BLOCK_K, not STEPWISE,
-                        USE_DOT)
+        xa, xb = load_x(x, x_off, rows, mk, odd, k0, k_hi, FORMAT, BLOCK_K, WHOLE)
         wa, wb, sc = decode(w, s, z, w_off, s_off, mn, mk, k0, k_hi, i1, FORMAT, BLOCK_N,
                             BLOCK_K, EVEN)
-    if FORMAT == "nvfp4" and not STEPWISE:
-        wa = tl.reshape(tl.join(wa, wb), (BLOCK_N, BLOCK_K))
     acc = product(acc, xa, xb, wa, wb, sc, FORMAT, USE_DOT, STEPWISE)
     if GATED:
         ua, ub, su = decode(w, s, z, u_off, t_off, mn, mk, k0, k_hi, i1, FORMAT, BLOCK_N,
                             BLOCK_K, EVEN)
-        if FORMAT == "nvfp4" and not STEPWISE:
-            ua = tl.reshape(tl.join(ua, ub), (BLOCK_N, BLOCK_K))
         up = product(up, xa, xb, ua, ub, su, FORMAT, USE_DOT, STEPWISE)
     return acc, up
 
