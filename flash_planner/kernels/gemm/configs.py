@@ -18,7 +18,11 @@ table a GemmContext holds), else `heuristic`, which counts instead of measuring:
     int4 held inside one scale block or group): 64 rows x 64 B = 4 KiB a step, 32 bytes (two
     16-byte vectors) per thread of a 4-warp program, at about 100 registers (kernels/report),
     so 4-5 programs fit an SM: 16-20 KiB in flight per SM, above the ~14 KiB an H100 SM needs
-    to cover its share of 3 TB/s over ~600 ns of latency (Thor's needs ~8 KiB);
+    to cover its share of 3 TB/s over ~600 ns of latency (Thor's needs ~8 KiB). The 4-bit
+    formats' tensor-core tiles run 2 warps, 64 bytes a thread at 140-210 registers: 5-7
+    programs, 20-28 KiB in flight per SM, and a K step issues 0.78-0.83 of the 4-warp
+    program's instructions (kernels/report: a 4-warp program's warps each repeat x's loads,
+    its even/odd split and the address arithmetic);
   - BLOCK_N keeps the FMA path's [BM, BN, BK] products at 64 fp32 per thread, and is halved
     for a fused gate and up projection, whose programs decode two tiles a step (the fp32
     demo's 16-row gated tiles spilled at 64);
@@ -126,8 +130,9 @@ def heuristic(fmt: str, n: int, k: int, rows: int, sms: int, k_align: int,
            and k >= 2 * block_k * split * 2):
         split *= 2
     # fp32 rows take three bf16 dots each (tiles.dot_xwt): 8 warps share the registers of a
-    # half-width tile
-    warps = 4
+    # half-width tile. The 4-bit formats' 16-row tiles take 2: every warp repeats the step's
+    # x loads and splits, and its address arithmetic, whatever its share of the weight tile
+    warps = 2 if FORMATS[fmt].bits == 4 and block_m >= 16 else 4
     if fp32 and block_m >= 16:
         warps, block_n = 8, max(32, block_n // 2)
         if gated:                       # two tiles' three dots each: half the K step
