@@ -143,8 +143,13 @@ class ToolCallStream:
         self.text, self.sent, self.calls = "", "", 0
 
     def feed(self, delta: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        start = max(0, len(self.text) - len(CLOSE) + 1)
         self.text += delta
-        content, calls, _ = split_calls(self.fmt, self.text, self.tools)
+        calls: list[ToolCall] = []
+        # the whole text is parsed only where a call may have closed (a `</tool_call>` ends
+        # inside this delta) or at the end, not once per delta
+        if final or CLOSE in self.text[start:]:
+            content, calls, _ = split_calls(self.fmt, self.text, self.tools)
         if final:
             target = content
         else:
@@ -154,7 +159,8 @@ class ToolCallStream:
             target = head.strip("\n")
         out = target[len(self.sent):] if target.startswith(self.sent) else ""
         self.sent += out
-        new, self.calls = calls[self.calls:], len(calls)
+        new = calls[self.calls:]
+        self.calls += len(new)
         return out, new
 
 
