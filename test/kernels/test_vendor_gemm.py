@@ -12,6 +12,7 @@ from test_weight_gemm import fp8_args, int4_args
 
 from flash_planner.engine.engine import Engine
 from flash_planner.engine.generate import GenerationSettings, generate
+from flash_planner.engine.inputs.chat import encode_chat
 from flash_planner.engine.weights.linear import QuantLinear
 from flash_planner.engine.weights.tuning import linears, route_vendors
 from flash_planner.kernels.gemm import reference
@@ -127,8 +128,10 @@ def test_engine_linears_call_the_recorded_winner_and_stay_lossless(table):
                                             weights="int4"))
     plain = Engine.load(preset.engine_config(device="cpu", dtype="fp32", method="none",
                                              weights="int4"))
-    prompt = spec.tokenizer.encode("pick up the red cup and put it on the table",
-                                   add_special_tokens=False)
+    # the planner's chat prompt, which the drafter learned (on raw text the retrained demo
+    # repeats "table" and drafts nothing that lands)
+    task = "pick up the red cup and put it on the table"
+    prompt = encode_chat(spec.tokenizer, [{"role": "user", "content": task}])
     settings = GenerationSettings(max_new_tokens=32)
     routed_linears = _route_everything(spec, "tinygemm int4")
     _route_everything(plain, "tinygemm int4")
