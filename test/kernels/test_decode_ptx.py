@@ -76,12 +76,6 @@ def run_ptx(text: str, inputs: dict[str, int]) -> dict[str, int]:
     return regs
 
 
-def lanes(regs: dict[str, int], first: int) -> list[int]:
-    """The four 16-bit values of output registers $first and $first+1, element order."""
-    lo, hi = regs[f"${first}"], regs[f"${first + 1}"]
-    return [lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16]
-
-
 def bf16(bits: int) -> float:
     return torch.tensor([bits], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).item()
 
@@ -93,33 +87,29 @@ def words() -> list[int]:
     return out + [0xFFFFFFFF] + [int(w) for w in rng.integers(0, 2 ** 32, 2000, np.uint64)]
 
 
-def test_int4_pairs_give_128_plus_q() -> None:
+def decoded(ptx: str):
+    """(byte, its nibble, which, the 16-bit result) for both nibbles of every byte of every
+    word, from the PTX's outputs: $0 $1 the low nibbles' four lanes, $2 $3 the high ones."""
     for word in words():
-        check_int4(word)
+        regs = run_ptx(ptx, {"$4": word})
+        for first, which, shift in ((0, "low", 0), (2, "high", 4)):
+            lanes = [regs[f"${first + i // 2}"] >> (16 * (i % 2)) & 0xFFFF for i in range(4)]
+            for i, bits in enumerate(lanes):
+                byte = (word >> (8 * i)) & 0xFF
+                yield byte, (byte >> shift) & 0xF, which, bits
 
 
-def check_int4(word: int) -> None:
-    regs = run_ptx(tiles.INT4_PAIRS_PTX.value, {"$4": word})
-    for i, (low, high) in enumerate(zip(lanes(regs, 0), lanes(regs, 2))):
-        byte = (word >> (8 * i)) & 0xFF
-        assert bf16(low) == 128 + (byte & 0xF), f"byte {i} = {byte:#x}: low nibble"
-        assert bf16(high) == 128 + (byte >> 4), f"byte {i} = {byte:#x}: high nibble"
+def test_int4_pairs_give_128_plus_q() -> None:
+    for byte, q, which, bits in decoded(tiles.INT4_PAIRS_PTX.value):
+        assert bf16(bits) == 128 + q, f"byte {byte:#x}: {which} nibble"
 
 
 def test_e2m1_pairs_give_the_value_times_2_to_the_minus_126() -> None:
-    for word in words():
-        check_e2m1(word)
-
-
-def check_e2m1(word: int) -> None:
-    regs = run_ptx(tiles.E2M1_PAIRS_PTX.value, {"$4": word})
-    for i, (low, high) in enumerate(zip(lanes(regs, 0), lanes(regs, 2))):
-        byte = (word >> (8 * i)) & 0xFF
-        for code, got, which in ((byte & 0xF, low, "low"), (byte >> 4, high, "high")):
-            want = (-1.0 if code & 8 else 1.0) * E2M1[code & 7] * 2.0 ** -126
-            value = bf16(got)
-            assert value == want and (got >> 15) == (code >> 3), \
-                f"byte {i} = {byte:#x}, {which} nibble {code:#x}: {value!r}, want {want!r}"
+    for byte, code, which, bits in decoded(tiles.E2M1_PAIRS_PTX.value):
+        want = (-1.0 if code & 8 else 1.0) * E2M1[code & 7] * 2.0 ** -126
+        value = bf16(bits)
+        assert value == want and (bits >> 15) == (code >> 3), \
+            f"byte {byte:#x}, {which} nibble {code:#x}: {value!r}, want {want!r}"
 
 
 def test_the_executor_reads_prmt_and_lop3_as_the_isa_defines_them() -> None:

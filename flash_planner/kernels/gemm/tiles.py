@@ -17,10 +17,10 @@ import triton.language as tl
 # it every dot runs in fp32 (read at import; tests set the variable before importing kernels).
 _INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 INTERPRETED = tl.constexpr(_INTERPRETING)
-# nvfp4's E2M1 codes are moved into a 16-bit float's fields: bf16's on the GPU (e2m1_pairs),
-# each weight decoded times 2^-63, the 2^63 put back on the sums after the K loop
-# (NVFP4_UNSCALE); fp16's under the interpreter (e2m1_bits), whose bf16 conversion flushes
-# subnormals
+# nvfp4's E2M1 codes are moved into a 16-bit float's fields: bf16's on the GPU
+# (E2M1_PAIRS_PTX), each weight decoded times 2^-63, the 2^63 put back on the sums after the
+# K loop (NVFP4_UNSCALE); fp16's under the interpreter (e2m1_bits), whose bf16 conversion
+# flushes subnormals
 NVFP4_SCALE = tl.constexpr(2.0 ** 14 if _INTERPRETING else 2.0 ** 63)
 NVFP4_UNSCALE = tl.constexpr(1.0 if _INTERPRETING else 2.0 ** 63)
 
@@ -143,12 +143,21 @@ def nvfp4_tile(packed, p_off, scale, s_off, mn, k0, K, BLOCK_N: tl.constexpr,
         low = e2m1_bits(b, 0).to(tl.uint16).to(tl.float16, bitcast=True)
         high = e2m1_bits(b, 4).to(tl.uint16).to(tl.float16, bitcast=True)
     else:
-        low, high = e2m1_pairs(byte)
+        low, high = nibble_pairs(byte, E2M1_PAIRS_PTX)
     return exact(low) * s, exact(high) * s
 
 
-# e2m1_pairs' PTX: $4 four bytes, $0 $1 the low nibbles' four values, $2 $3 the high
-# ones (test/kernels/test_decode_ptx.py runs it on every byte in every position)
+# nibble_pairs' PTX for E2M1: the codes of the low and high nibbles moved into bf16's fields
+# (bias 127): the sign to bit 15, exponent and mantissa to bits 6-8, so that each reads as
+# the value times 2^-126 and the subnormal 0.5 is a bf16 subnormal (no code needs a case of
+# its own). Times the group scale times 2^63 (one mul.bf16x2 a pair, which keeps subnormals)
+# that is the weight times 2^-63, exactly (<= 6 significant bits, >= 2^-73; 2^126 at once
+# would overflow with the scale). Two PRMTs put each byte in the high half of a 16-bit lane,
+# then a pair of values takes two shifts and one LOP3 (low nibbles: the sign and the
+# magnitude shifted apart, kept by one mask, 0x81C0 a lane) or a shift, an AND and a LOP3
+# (high nibbles: the byte's low bit would fall inside the magnitude's mask): 1.75
+# instructions a value, against ~3.5 through Triton's integer operations (the skinny K loop
+# at the 27B's shapes, 4 warps, 418-437 -> 317-332 on sm_90, 405-432 -> 303-317 on sm_110)
 E2M1_PAIRS_PTX = tl.constexpr("""{
 .reg .b32 t0, t1, a, b;
 prmt.b32 t0, $4, 0, 0x1404;
@@ -169,29 +178,9 @@ lop3.b32 $3, t1, b, 0x80008000, 0xEC;
 
 
 @triton.jit
-def e2m1_pairs(byte):
-    """uint8 bytes -> the E2M1 codes of their low and high nibbles moved into bf16's fields
-    (bias 127), on the GPU: the sign to bit 15, exponent and mantissa to bits 6-8, so that
-    each reads as the value times 2^-126 and the subnormal 0.5 is a bf16 subnormal (no code
-    needs a case of its own). Times the group scale times 2^63 (one mul.bf16x2 a pair, which
-    keeps subnormals) that is the weight times 2^-63, exactly (<= 6 significant bits,
-    >= 2^-73; 2^126 at once would overflow with the scale). Four bytes a register: two
-    PRMTs put each byte in the high half of a 16-bit lane, then a pair of values takes two
-    shifts and one LOP3 (low nibbles: the sign and the magnitude shifted apart, kept by one
-    mask, 0x81C0 a lane) or a shift, an AND and a LOP3 (high nibbles: the byte's low bit
-    would fall inside the magnitude's mask): 1.75 instructions a value, against ~3.5
-    through Triton's integer operations (the skinny K loop at the 27B's shapes, 4 warps,
-    418-437 -> 317-332 on sm_90, 405-432 -> 303-317 on sm_110)."""
-    return tl.inline_asm_elementwise(
-        asm=E2M1_PAIRS_PTX,
-        constraints="=r,=r,=r,=r,r", args=[byte], dtype=(tl.bfloat16, tl.bfloat16),
-        is_pure=True, pack=4)
-
-
-@triton.jit
 def e2m1_bits(t, SHIFT: tl.constexpr):
     """Under the interpreter, the E2M1 codes at bit SHIFT of int32 bytes t moved into fp16's
-    fields (bias 15) as e2m1_pairs moves them into bf16's: the value times 2^-14, the scale
+    fields (bias 15) as E2M1_PAIRS_PTX moves them into bf16's: the value times 2^-14, the scale
     times 2^14 (NVFP4_SCALE)."""
     sign = (t & (0x8 << SHIFT)) << (12 - SHIFT)
     return sign | ((t & (0x7 << SHIFT)) << (9 - SHIFT))
@@ -215,12 +204,17 @@ def int4_tile(packed, p_off, scale, zero, g_rows, mn, even, k0, group, BLOCK_K: 
         b = byte.to(tl.int32)
         low, high = exact(magic_bf16(b & 0xF)) - zb, exact(magic_bf16(b >> 4)) - zb
     else:
-        low, high = int4_magic_pairs(byte)
+        low, high = nibble_pairs(byte, INT4_PAIRS_PTX)
         low, high = low - zb, high - zb
     return low, high, s
 
 
-# int4_magic_pairs' PTX, laid out as E2M1_PAIRS_PTX
+# nibble_pairs' PTX for int4: 128 + each nibble as bfloat16. Two PRMTs spread the bytes
+# into 16-bit lanes, then one LOP3 a pair of values masks the nibble and ORs it into the
+# mantissa of 128 (the high nibbles shifted down first, one shift a pair). With
+# block_index, the skinny K loop at the 27B's shapes, 4 warps, 372-379 -> 253-259
+# instructions on sm_90 and sm_110 (Triton's own integer operations spent three PRMTs a pair
+# of bytes)
 INT4_PAIRS_PTX = tl.constexpr("""{
 .reg .b32 t0, t1, a, b;
 prmt.b32 t0, $4, 0, 0x4140;
@@ -235,16 +229,13 @@ lop3.b32 $3, b, 0x000F000F, 0x43004300, 0xEA;
 
 
 @triton.jit
-def int4_magic_pairs(byte):
-    """uint8 bytes -> 128 + each nibble as bfloat16, on the GPU: four bytes a register, two
-    PRMTs spreading them into 16-bit lanes, then one LOP3 a pair of values (the nibble
-    masked and ORed into the mantissa of 128; the high nibbles shifted down first, one
-    shift a pair). With block_index, the skinny K loop at the 27B's shapes, 4 warps,
-    372-379 -> 253-259 instructions on sm_90 and sm_110 (Triton's own integer operations
-    spent three PRMTs a pair of bytes)."""
+def nibble_pairs(byte, PTX: tl.constexpr):
+    """uint8 bytes -> (their low nibbles, their high nibbles) as bfloat16, decoded by `PTX`
+    (INT4_PAIRS_PTX, E2M1_PAIRS_PTX) on the GPU, four bytes a register: $4 the bytes, $0 $1
+    the low nibbles' four values, $2 $3 the high ones (test/kernels/test_decode_ptx.py runs
+    each on every byte in every position)."""
     return tl.inline_asm_elementwise(
-        asm=INT4_PAIRS_PTX,
-        constraints="=r,=r,=r,=r,r", args=[byte], dtype=(tl.bfloat16, tl.bfloat16),
+        asm=PTX, constraints="=r,=r,=r,=r,r", args=[byte], dtype=(tl.bfloat16, tl.bfloat16),
         is_pure=True, pack=4)
 
 
