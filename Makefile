@@ -122,8 +122,10 @@ bench-ros: ros-env
 # Batched requests through the planner service against one at a time: 1, 2, 4 and 8
 # closed-loop clients on the same held-out tasks, per method (several minutes on 2 cores);
 # then through `flash-planner serve`: one client alone, 8 closed-loop clients, bursts of 8.
+# BATCH_ARGS=--compile: compiled forwards, with an eager batched service beside them.
+BATCH_ARGS ?=
 bench-batch: $(STAMP)
-	$(VENV)/bin/python bench/batch.py
+	$(VENV)/bin/python bench/batch.py $(BATCH_ARGS)
 	$(VENV)/bin/python bench/serve_load.py --scaling
 
 bench-vision: $(STAMP)

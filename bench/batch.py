@@ -33,6 +33,11 @@ service pays and the single one does not: the tokens/s ratios understate a stead
     python bench/batch.py --small --json   (a quick run: 1 and 2 clients, auto, 4 tasks)
     python bench/batch.py --draft-caps 0,2,4,none [--clients 2,4,8] [--methods auto]
 
+`--compile`: both engines compile their forwards, and a third service batches on eager
+forwards (max_batch as the batched one), measured in the same slices: printed after the
+table, compiled batched over eager batched aggregate tokens/s per cell, with the eager
+service's mismatches.
+
 `--draft-caps`: how many drafts per cycle an `auto` request should make in a batch. For each
 client count n, 3n tasks go to a batch of n at once (engine/batch.py `Batch.run`, the
 requests' own grammars; no service), once per cap (`none`: each request's own routing);
@@ -60,6 +65,7 @@ from flash_planner.planning.skills import SkillCatalog
 from flash_planner.train.corpus import heldout_sets
 
 SERVICES = ("batched", "single")
+EAGER = "eager"         # with --compile: a third service, batched on eager forwards
 RESULT_TIMEOUT_S = 600.0
 # where a request ended without running (queue full, an engine error, stopped)
 NOT_RUN = ("", "error", "cancelled", "deadline")
@@ -213,11 +219,12 @@ def measure(services: dict[str, PlannerService], tasks: list[tuple[int, object]]
     """The cell's tasks in `rounds` slices, each on both services in turn (ABBA...)."""
     size = -(-len(tasks) // rounds)
     out = {name: Cell([]) for name in services}
+    names = tuple(services)
     for r in range(rounds):
         part = tasks[r * size:(r + 1) * size]
         if not part:
             break
-        order = SERVICES if (r % 2 == 0) != flip else SERVICES[::-1]
+        order = names if (r % 2 == 0) != flip else names[::-1]
         for name in order:
             before = verify_counts(services[name])
             samples, wall = closed_loop(services[name], part, clients, method)
@@ -245,7 +252,7 @@ def run(services: dict[str, PlannerService], tasks: list[tuple[int, object]],
     for method in methods:
         alone = 0.0                    # single's tokens/s at one client, once measured
         warm = tasks[:max(clients)]
-        for name in SERVICES:
+        for name in services:
             progress(f"{method}: warming {name}")
             closed_loop(services[name], warm, max(clients), method)
         reference: dict[int, str] = {}
@@ -261,9 +268,12 @@ def run(services: dict[str, PlannerService], tasks: list[tuple[int, object]],
             if n == 1:
                 reference = {s.index: s.text for s in cell["single"].samples}
             row = {"method": method, "clients": n, "tasks": len(tasks),
-                   **{name: summarise(cell[name], reference) for name in SERVICES}}
+                   **{name: summarise(cell[name], reference) for name in services}}
             single = row["single"]["tok_s"]
             row["tok_s_ratio"] = row["batched"]["tok_s"] / single if single else 0.0
+            if EAGER in services:      # compiled batched over eager batched, same slices
+                eager = row[EAGER]["tok_s"]
+                row["compiled_vs_eager"] = row["batched"]["tok_s"] / eager if eager else 0.0
             if n == 1:
                 alone = single
             row["tok_s_vs_alone"] = (row["batched"]["tok_s"] / alone
@@ -312,11 +322,19 @@ def print_table(report: dict) -> None:
               f"  {b['tokens_per_cycle']:>5.2f}{s['tokens_per_cycle']:>7.2f}"
               f"{per_verify:>7}{b['most_at_once']:>5}  {b['mismatches']:>5}{s['mismatches']:>7}"
               f"{b['state_mb_per_cycle']:>7.3f}")
+    eager = [r for r in report["rows"] if "compiled_vs_eager" in r]
+    if eager:
+        print("compiled batched against eager batched (a third service, max_batch "
+              f"{report['max_batch']}, the same slices): aggregate tok/s")
+        for r in eager:
+            print(f"{r['method']:<7}{r['clients']:>8}{r['batched']['tok_s']:>9.0f}"
+                  f"{r[EAGER]['tok_s']:>8.0f}{r['compiled_vs_eager']:>7.2f}x  "
+                  f"mismatches {r[EAGER]['mismatches']}")
     for method, g in report["latency_growth"].items():
         print(f"{method}: p50 latency at {g['clients']} clients / p50 latency alone: batched "
               f"{g['batched']:.2f}x, single {g['single']:.2f}x")
     failed = [(r["method"], r["clients"], name, r[name]["failed"]) for r in report["rows"]
-              for name in SERVICES if r[name]["failed"]]
+              for name in (*SERVICES, EAGER) if name in r and r[name]["failed"]]
     for method, n, name, count in failed:
         print(f"{method}, {n} client(s), {name}: {count} request(s) did not run")
     peak = max((r["batched"]["most_at_once"] for r in report["rows"]), default=0)
@@ -391,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                         "0,2,4,none")
     parser.add_argument("--compile", action="store_true",
                         help="both engines' forwards compiled (engine.compile on; the "
-                        "batched one's per batch bucket too): compiled at load, minutes "
+                        "batched one's per batch bucket too), and a third service batched "
+                        "on eager forwards to compare with: compiled at load, minutes "
                         "on a CPU the first time, then read from the on-disk cache")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -419,10 +438,13 @@ def main(argv: list[str] | None = None) -> int:
                             refusal_hint=preset.refusal_hint,
                             reasoning_effort=preset.reasoning_effort)
     services: dict[str, PlannerService] = {}
-    for name, max_batch in (("batched", args.max_batch), ("single", 1)):
+    kinds = [("batched", args.max_batch, args.compile), ("single", 1, args.compile)]
+    if args.compile:
+        kinds.append((EAGER, args.max_batch, False))
+    for name, max_batch, compiled in kinds:
         engine = Engine.load(preset.engine_config(
             device="cpu", dtype="fp32", threads=args.threads, max_batch=max_batch,
-            compile="on" if args.compile else None), progress=progress)
+            compile="on" if compiled else None), progress=progress)
         services[name] = PlannerService(engine, catalog, planner)
     sets = heldout_sets(0, -(-max(tasks_n, 3 * max(clients)) // 3))
     examples = [ex for trio in zip(*sets.values()) for ex in trio]
@@ -458,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report))
     else:
         print_table(report)
-    failed = sum(r[name]["failed"] for r in rows for name in SERVICES)
+    failed = sum(r[name]["failed"] for r in rows for name in services)
     return 1 if failed else 0
 
 

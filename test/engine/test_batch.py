@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from poisoned_cache import poison
 
 from flash_planner.engine.batch import Batch, BatchRequest
 from flash_planner.engine.generate import CancelToken, GenerationSettings, generate
@@ -373,6 +374,12 @@ def test_compiled_batches_equal_each_request_alone(checkpoints, make_engine, tmp
     head_calls, draft_calls = head.calls, drafts.calls
     batch = Batch(compiled)
     assert batch.slots is compiled.batch_slots(4) and batch.slots.static is static
+    # the attention of a batch's graphs reads the rows up to its longest block, not the
+    # capacity: rows past what any of these requests reaches are NaN and never read
+    reach = max(len(r.prompt) + r.settings.max_new_tokens for r in requests()) + 2
+    assert reach < static.state.capacity // 2
+    for state in (static.state, head.state):
+        poison(state.kv, static.state.capacity // 2)
     got = _join_midway(batch, requests(), 3, 2)
     assert [g.token_ids for g in got] == [a.token_ids for a in alone]
     assert static.calls - calls == batch.stats.cycles > 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from poisoned_cache import poison
 from torch._dynamo.utils import counters
 
 from flash_planner.engine.config import ConfigError, EngineConfig, cache_home
@@ -186,6 +187,28 @@ def test_compiled_tokens_equal_eager_under_the_grammar(pairs, method):
     ref = _generate(eager, method, 128, constraint=grammar.constraint())
     got = _generate(compiled, method, 128, constraint=grammar.constraint())
     assert got.token_ids == ref.token_ids and got.finish_reason == ref.finish_reason == "eos"
+
+
+def test_compiled_forwards_read_only_the_rows_in_use(pairs):
+    """A static forward's attention reads the cache up to its block's last position
+    (`cache_attention`), not to its capacity: with every row NaN before the request (FP8: its
+    NaN code), the target's and the MTP head's compiled forwards give eager's tokens. Reading
+    the capacity under a mask, as the graphs once did, gives NaN (a weight of 0 times NaN)."""
+    eager, compiled = pairs("hybrid", "fp8")
+    ref = _generate(eager, "mtp")
+    head = compiled.proposers["mtp"].head.static
+    states = (compiled.model.static.state, head.state)
+    calls, head_calls = compiled.model.static.calls, head.calls
+    for state in states:
+        poison(state.kv)
+    try:
+        got = _generate(compiled, "mtp")
+    finally:
+        for state in states:
+            state.kv.clear()
+    assert got.token_ids == ref.token_ids
+    assert compiled.model.static.calls - calls == got.stats.cycles
+    assert head.calls > head_calls
 
 
 def test_varied_requests_never_recompile_nor_break_the_graph(pairs):

@@ -326,6 +326,33 @@ def test_greedy_tokens_after_images_equal_transformers_and_every_method_is_lossl
     assert [g.token_ids for g in got] == plain
 
 
+def test_the_text_after_images_runs_compiled_with_the_eager_tokens(wide_towers,
+                                                                   make_engine):
+    """After an image the rows turn by their cache position plus the request's rotary shift
+    (InferenceState.rope_shift, a graph input): its decode steps and verifies run through
+    the compiled graphs, target and MTP head, with eager's tokens."""
+    from flash_planner.engine.config import cache_home
+    from flash_planner.engine.generate import GenerationSettings, generate
+
+    path, _ = wide_towers("hybrid_vl")
+    common = dict(mtp_steps=3, max_block=4,
+                  compile_cache=str(cache_home() / "test_torch_compile"))
+    eager = make_engine(path, compile="off", **common)
+    compiled = make_engine(path, compile="on", **common)
+    static = compiled.model.static
+    shifts = []
+    for ids, images in _vision_requests(path, compiled.vision.tower)[:3]:
+        for method in ("none", "mtp"):
+            settings = GenerationSettings(16, ignore_eos=True, method=method)
+            want = generate(eager, ids, settings, images=images)
+            calls = static.calls
+            got = generate(compiled, ids, settings, images=images)
+            assert got.token_ids == want.token_ids, method
+            assert static.calls - calls == got.stats.cycles > 0
+            shifts.append(compiled.state.rope_shift)
+    assert all(shift < 0 for shift in shifts)      # every request turned back by its images
+
+
 def test_an_image_for_a_text_only_model_or_without_its_tokens_is_refused(
         wide_towers, checkpoints, make_engine):
     from flash_planner.engine.generate import GenerationSettings, generate

@@ -11,7 +11,10 @@ Static shapes, so that nothing recompiles after warm-up:
   (`row_buckets`: 1, 2, 4, 8 and max_block). Padding rows leave the GDN state as it was
   (`GatedDeltaNet.mix_static`), route to experts the block already reads (MoE), and write
   KV rows past the real ones, which no real row attends to and the next forward overwrites;
-- the KV cache is read at its full capacity under a position mask, never sliced by length;
+- the KV cache is masked by position at its full capacity, and attention reads only its
+  rows up to the block's last position through an op the compiler does not see into
+  (qwen/cache_attention.py): on a CPU the exact count, on CUDA one graph captured per key
+  bucket (static_graphs.key_buckets), so the number of compiled graphs does not grow;
 - positions, the padding mask and the conv window's rows are tensors, never Python ints;
 - state is updated in place (KV rows, conv window; a verify's kept GDN rows, the GDN state on
   a plain step).
@@ -79,9 +82,12 @@ def span_bounds(kinds: Sequence[object], min_layers: int) -> list[tuple[int, int
 # for every new value).
 
 def _entry(embed: nn.Embedding, ids: torch.Tensor, positions: torch.Tensor,
-           key_positions: torch.Tensor, rotary_dim: int, theta: float):
+           shifts: torch.Tensor, key_positions: torch.Tensor, rotary_dim: int, theta: float):
+    """Embeddings, rotary tables and the key mask; each batch row turns by its cache
+    position plus its rotary shift (shifts [B, 1]: after an image, InferenceState.rope_shift;
+    else 0)."""
     x = embed(ids)
-    cos, sin = rope_cos_sin(positions, rotary_dim, theta, x.dtype)
+    cos, sin = rope_cos_sin(positions + shifts, rotary_dim, theta, x.dtype)
     return x, cos, sin, key_mask(key_positions, positions)
 
 
@@ -93,14 +99,15 @@ def key_mask(key_positions: torch.Tensor, positions: torch.Tensor) -> torch.Tens
 
 def layer_step(layer: nn.Module, cache: tuple[torch.Tensor, ...], x: torch.Tensor,
                cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-               mask: torch.Tensor, valid: torch.Tensor, window_rows: torch.Tensor):
+               mask: torch.Tensor, key_rows: torch.Tensor, valid: torch.Tensor,
+               window_rows: torch.Tensor):
     """One decoder layer of a static-shape forward -> (its output, the MoE's expert ids or
     None)."""
     mix, post = layer.pre_mixer(x)
     if layer.is_linear:
         core = layer.linear_attn.mix_static(mix, valid, window_rows, cache)
     else:
-        core = layer.self_attn.mix_static(mix, cos, sin, positions, mask, cache)
+        core = layer.self_attn.mix_static(mix, cos, sin, positions, mask, key_rows, cache)
     x = x + layer.mixer.post(core, post)
     h = layer.post_attention_layernorm(x)
     if isinstance(layer.mlp, SparseMoeBlock):
@@ -112,12 +119,14 @@ def layer_step(layer: nn.Module, cache: tuple[torch.Tensor, ...], x: torch.Tenso
 def span_forward(layers: tuple[nn.Module, ...],
                  caches: tuple[tuple[torch.Tensor, ...], ...], x: torch.Tensor,
                  cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                 mask: torch.Tensor, valid: torch.Tensor, window_rows: torch.Tensor):
+                 mask: torch.Tensor, key_rows: torch.Tensor, valid: torch.Tensor,
+                 window_rows: torch.Tensor):
     """Consecutive decoder layers, their tensors read from the modules; returns each layer's
     output and each MoE layer's ids."""
     outs, routes = [], []
     for layer, cache in zip(layers, caches):
-        x, ids = layer_step(layer, cache, x, cos, sin, positions, mask, valid, window_rows)
+        x, ids = layer_step(layer, cache, x, cos, sin, positions, mask, key_rows, valid,
+                            window_rows)
         outs.append(x)
         if ids is not None:
             routes.append(ids)
@@ -141,7 +150,8 @@ class LayerStep(nn.Module):
 def packed_span_forward(steps: tuple[LayerStep, ...], flats: tuple[torch.Tensor, ...],
                         caches: tuple[tuple[torch.Tensor, ...], ...], x: torch.Tensor,
                         cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                        mask: torch.Tensor, valid: torch.Tensor, window_rows: torch.Tensor):
+                        mask: torch.Tensor, key_rows: torch.Tensor, valid: torch.Tensor,
+                        window_rows: torch.Tensor):
     """`span_forward` of a span whose tensors were packed into `flats` (`pack_layers`), run
     through the template `steps` of the first span packed the same way."""
     outs, routes = [], []
@@ -149,7 +159,8 @@ def packed_span_forward(steps: tuple[LayerStep, ...], flats: tuple[torch.Tensor,
         tensors = {name: flats[group][offset:offset + numel].view(shape)
                    for name, group, offset, numel, shape in step.slots}
         x, ids = torch.func.functional_call(
-            step, tensors, (cache, x, cos, sin, positions, mask, valid, window_rows))
+            step, tensors, (cache, x, cos, sin, positions, mask, key_rows, valid,
+                            window_rows))
         outs.append(x)
         if ids is not None:
             routes.append(ids)
@@ -203,15 +214,18 @@ def _head(norm: nn.Module, weight: torch.Tensor, x: torch.Tensor):
 
 
 def whole_forward(embed: nn.Embedding, ids: torch.Tensor, positions: torch.Tensor,
-                  key_positions: torch.Tensor, rotary_dim: int, theta: float,
+                  shifts: torch.Tensor, key_positions: torch.Tensor, rotary_dim: int,
+                  theta: float,
                   steps: tuple[LayerStep, ...], flats: tuple[torch.Tensor, ...],
-                  caches: tuple[tuple[torch.Tensor, ...], ...], valid: torch.Tensor,
-                  window_rows: torch.Tensor, norm: nn.Module, weight: torch.Tensor):
+                  caches: tuple[tuple[torch.Tensor, ...], ...], key_rows: torch.Tensor,
+                  valid: torch.Tensor, window_rows: torch.Tensor, norm: nn.Module,
+                  weight: torch.Tensor):
     """Entry, the one span and head as one graph: a model whose layers form a single span
     pays one graph call per forward instead of three."""
-    x, cos, sin, mask = _entry(embed, ids, positions, key_positions, rotary_dim, theta)
+    x, cos, sin, mask = _entry(embed, ids, positions, shifts, key_positions, rotary_dim,
+                               theta)
     outs, routes = packed_span_forward(steps, flats, caches, x, cos, sin, positions, mask,
-                                       valid, window_rows)
+                                       key_rows, valid, window_rows)
     normed, logits, finite = _head(norm, weight, outs[-1])
     return logits, outs[:-1] + [normed], routes, finite
 
@@ -269,16 +283,18 @@ class StaticForward(StaticGraphs):
             self.head = self._compile(_head)
         self.ids = {key: torch.zeros(key, dtype=torch.long, device=self.device)
                     for key in self.keys}
+        # per batch bucket, each row's rotary shift (after an image; 0 without)
+        self.shifts = {bb: torch.zeros(bb, 1, dtype=torch.long, device=self.device)
+                       for bb in self.batches}
+        self._shifted: dict[int, bool] = {}      # whether a bucket's shifts are not all 0
 
     def accepts(self, ids: torch.Tensor, state: InferenceState, record_steps: bool) -> bool:
         """Whether this forward can run compiled (`fits`); a block of more than one row
-        only when it records its steps: prefill chunks stay eager. A request after an image
-        (rotary positions shifted from its rows) runs eager: the graphs turn each row by its
-        cache position."""
+        only when it records its steps: prefill chunks stay eager (those holding image
+        tokens among them). The text after an image runs compiled, its rotary shift an
+        input."""
         b, t = ids.shape
-        shift = state.rope_shift
-        return (self.fits(state, b, t) and (t == 1 or record_steps)
-                and not (any(shift) if isinstance(shift, list) else shift))
+        return self.fits(state, b, t) and (t == 1 or record_steps)
 
     def run(self, ids: torch.Tensor, state: object, record_steps: bool,
             taps: tuple[int, ...], all_logits: bool, routing: RoutingRecord | None):
@@ -286,6 +302,7 @@ class StaticForward(StaticGraphs):
         per returned row, 1 when its logits are finite)."""
         m, t = ids.shape
         key, valid, window_rows = self._begin(state, t, record_steps)
+        self._shift(key[0], state.rope_shift)
         padded = key != (m, t)
         # (slicing only where a block is padded: each slice is a few us of a 1-row step)
         (self.ids[key][:m, :t] if padded else self.ids[key]).copy_(ids)
@@ -302,6 +319,16 @@ class StaticForward(StaticGraphs):
             routing.ids.extend(kept[2 + len(taps):])
         return kept[0], kept[2:2 + len(taps)], kept[1]
 
+    def _shift(self, bb: int, shift: int | list[int]) -> None:
+        """Stage each row's rotary shift (padding rows: 0); a tensor write only where one
+        changes, which a request without images never does."""
+        shifts = self.shifts[bb]
+        rows = shift if isinstance(shift, list) else [shift]
+        if any(rows) or self._shifted.get(bb, False):
+            shifts.zero_()
+            shifts[:len(rows), 0].copy_(torch.tensor(rows))
+            self._shifted[bb] = any(rows)
+
     def _forward(self, key: tuple[int, int], valid: torch.Tensor,
                  window_rows: torch.Tensor):
         """The graphs of one forward: entry, the spans, head. -> (logits [bb, tb, V],
@@ -314,17 +341,20 @@ class StaticForward(StaticGraphs):
         if self.spans == 1:
             span = self.spans_of[0]
             return self.whole.call(key, model.embed_tokens, self.ids[key], positions,
-                                   self.key_positions, rope.rotary_dim, rope.theta,
-                                   span.steps, span.flats, span.caches[caches], valid,
-                                   window_rows, model.norm, model.output_weight)
+                                   self.shifts[bb], self.key_positions, rope.rotary_dim,
+                                   rope.theta,
+                                   span.steps, span.flats, span.caches[caches],
+                                   self.key_rows, valid, window_rows, model.norm,
+                                   model.output_weight)
         x, cos, sin, mask = self.entry.call(key, model.embed_tokens, self.ids[key], positions,
-                                            self.key_positions, rope.rotary_dim, rope.theta)
+                                            self.shifts[bb], self.key_positions,
+                                            rope.rotary_dim, rope.theta)
         outs: list[torch.Tensor] = []
         routes: list[torch.Tensor] = []
         for i, span in enumerate(self.spans_of):
             layer_outs, ids = self.span.call((*key, i), span.steps, span.flats,
                                              span.caches[caches], x, cos, sin, positions,
-                                             mask, valid, window_rows)
+                                             mask, self.key_rows, valid, window_rows)
             outs += layer_outs
             routes += ids
             x = layer_outs[-1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -68,18 +69,18 @@ class StaticHead(StaticGraphs):
     def _forward(self, key: tuple[int, int], valid: torch.Tensor, window_rows: torch.Tensor):
         rope = self.head.cfg.rope
         return self.graph.call(key, self.head, self.caches[key[0]], *self.inputs[key],
-                               self.positions[key], self.key_positions, rope.rotary_dim,
-                               rope.theta, valid, window_rows)
+                               self.positions[key], self.key_positions, self.key_rows,
+                               rope.rotary_dim, rope.theta, valid, window_rows)
 
 
 def _mtp_head(head: nn.Module, caches: tuple[tuple[torch.Tensor, ...], ...],
               embedded: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-              key_positions: torch.Tensor, rotary_dim: int, theta: float,
-              valid: torch.Tensor, window_rows: torch.Tensor) -> torch.Tensor:
+              key_positions: torch.Tensor, key_rows: torch.Tensor, rotary_dim: int,
+              theta: float, valid: torch.Tensor, window_rows: torch.Tensor) -> torch.Tensor:
     x = head.fuse(embedded, hidden)
     cos, sin = rope_cos_sin(positions, rotary_dim, theta, x.dtype)
     outs, _ = span_forward(tuple(head.layers), caches, x, cos, sin, positions,
-                           key_mask(key_positions, positions), valid, window_rows)
+                           key_mask(key_positions, positions), key_rows, valid, window_rows)
     return head.norm(outs[-1])
 
 
@@ -192,8 +193,9 @@ class StaticDrafter:
                     progress(f"compiled the {self.part}'s {rows}{self.block_size}-row block "
                              f"({time.perf_counter() - t0:.1f} s)")
 
-        self.report = warm_up_report(every_key, self.part, self.cuda_graphs, (self.block_size,),
-                                     1, self.cache_dir, tuple(b or 1 for b in self.keys))
+        report = warm_up_report(every_key, self.part, self.cuda_graphs, (self.block_size,),
+                                1, self.cache_dir, tuple(b or 1 for b in self.keys))
+        self.report = replace(report, captured=len(self.captured))
         return self.report
 
 

@@ -38,6 +38,20 @@ def row_buckets(max_block: int) -> tuple[int, ...]:
     return tuple(out + ([max_block] if max_block > 1 else []))
 
 
+SMALLEST_KEY_BUCKET = 256
+
+
+def key_buckets(capacity: int) -> tuple[int, ...]:
+    """How many cache rows a CUDA graph's attention reads (`cache_attention`, read when the
+    graph is captured): powers of two from SMALLEST_KEY_BUCKET, and the capacity. A forward
+    replays the smallest that holds its rows; on a CPU the op reads the exact number."""
+    out, size = [], SMALLEST_KEY_BUCKET
+    while size < capacity:
+        out.append(size)
+        size *= 2
+    return tuple(out + [capacity])
+
+
 
 # A cache directory the user chose for torch before we ran (inductor sets the variable itself
 # to a temporary directory the first time it compiles, so it is read at import).
@@ -119,23 +133,27 @@ class CompileReport:
     seconds: float
     cache_dir: str
     batches: tuple[int, ...] = (1,)   # batch buckets (a batch of slots' forwards)
+    captured: int = 0         # CUDA graphs captured (per bucket, and per key bucket)
 
     def plus(self, other: CompileReport) -> CompileReport:
         return replace(self, parts=self.parts + other.parts, graphs=self.graphs + other.graphs,
                        seconds=self.seconds + other.seconds,
+                       captured=self.captured + other.captured,
                        batches=max(self.batches, other.batches, key=len))
 
     def as_dict(self) -> dict[str, object]:
         return {"backend": self.backend, "buckets": list(self.buckets),
                 "batches": list(self.batches),
                 "parts": list(self.parts), "spans": self.spans, "graphs": self.graphs,
-                "seconds": round(self.seconds, 3), "cache_dir": self.cache_dir}
+                "captured": self.captured, "seconds": round(self.seconds, 3),
+                "cache_dir": self.cache_dir}
 
     def __str__(self) -> str:
         batches = f" x batches {list(self.batches)}" if self.batches != (1,) else ""
+        captured = f", {self.captured} CUDA graphs captured" if self.captured else ""
         return (f"compiled {' + '.join(self.parts)} ({self.backend}): buckets "
                 f"{list(self.buckets)}{batches}, {self.spans} layer graph calls per target "
-                f"forward, {self.graphs} graphs in {self.seconds:.1f} s (cache "
+                f"forward, {self.graphs} graphs{captured} in {self.seconds:.1f} s (cache "
                 f"{self.cache_dir})")
 
 
@@ -182,12 +200,18 @@ class StaticGraphs:
         self.device = device
         self.cuda_graphs = device.type == "cuda"
         self.key_positions = torch.arange(state.capacity, device=device)
+        # how many cache rows the next forward's attention reads: the block's last position
+        # + 1 (on CUDA, the key bucket its graph was captured with); a host tensor, read by
+        # `cache_attention` when it runs
+        self.key_rows = torch.zeros(1, dtype=torch.long)
+        self.key_buckets = key_buckets(state.capacity) if self.cuda_graphs else ()
+        self._key_bucket_of: dict[int, int] = {}
         self.positions = {key: torch.zeros(key, dtype=torch.long, device=device)
                           for key in self.keys}
         self._starts = {bb: torch.zeros(bb, 1, dtype=torch.long, device=device)
                         for bb in self.batches}
         self._padding: dict[tuple[int, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        self.graphs: dict[tuple[int, int], CapturedGraph] = {}
+        self.graphs: dict[tuple[int, int, int], CapturedGraph] = {}   # + key bucket
         self.report: CompileReport | None = None
         self.calls = 0                      # forwards run compiled since warm-up
         self.compiled: list[DirectGraph] = []
@@ -246,6 +270,7 @@ class StaticGraphs:
                 self.positions[1, 1].fill_(start)
             else:
                 self.positions[1, tb][0].copy_(self.key_positions[start:start + tb])
+            self.key_rows[0] = start + tb
         else:                          # slots 0..m-1 of a batch, each at its own length
             m = len(start)
             bb = self._batch_of[m]
@@ -253,13 +278,22 @@ class StaticGraphs:
             starts.zero_()
             starts[:m, 0].copy_(torch.tensor(start))
             torch.add(starts, self.key_positions[:tb], out=self.positions[bb, tb])
+            self.key_rows[0] = max(start) + tb
         return (bb, tb), *self.padding(bb, tb, m, rows)
+
+    def key_bucket(self, rows: int) -> int:
+        """The smallest key bucket of at least `rows` cache rows (CUDA graphs)."""
+        if rows not in self._key_bucket_of:
+            self._key_bucket_of[rows] = next(b for b in self.key_buckets if b >= rows)
+        return self._key_bucket_of[rows]
 
     def _run(self, key: tuple[int, int], valid: torch.Tensor, window_rows: torch.Tensor):
         if self.direct:
             return self._forward(key, valid, window_rows)
-        return run_graph(self.graphs.get(key), partial(self._forward, key), valid,
-                         window_rows)
+        captured = None
+        if self.graphs:
+            captured = self.graphs[(*key, self.key_bucket(int(self.key_rows[0])))]
+        return run_graph(captured, partial(self._forward, key), valid, window_rows)
 
     def _forward(self, key: tuple[int, int], valid: torch.Tensor, window_rows: torch.Tensor):
         raise NotImplementedError
@@ -273,6 +307,7 @@ class StaticGraphs:
         kv.calibrated = [True] * len(kv.calibrated)
         self.state.begin(tb, self.records and tb > 1)
         self.positions[key].copy_(self.key_positions[:tb].expand(bb, tb))
+        self.key_rows[0] = tb
         return self.padding(bb, tb, bb, tb)
 
     def warm_up(self, progress: Callable[[str], None] | None = None) -> CompileReport:
@@ -283,9 +318,12 @@ class StaticGraphs:
             for i, key in enumerate(self.keys):
                 t1 = time.perf_counter()
                 valid, window_rows = self._warm_state(key)
-                if self.cuda_graphs:
-                    self.graphs[key] = CapturedGraph(partial(self._forward, key), valid,
-                                                     window_rows)
+                if self.cuda_graphs:     # one graph per key bucket, all of one compiled code
+                    for kb in self.key_buckets:
+                        valid, window_rows = self._warm_state(key)
+                        self.key_rows[0] = kb
+                        self.graphs[(*key, kb)] = CapturedGraph(partial(self._forward, key),
+                                                                valid, window_rows)
                 elif self.compiled[0].direct:
                     self._check_direct(key, self._forward(key, valid, window_rows))
                 else:
@@ -297,8 +335,9 @@ class StaticGraphs:
                              f"{len(self.keys)}, {time.perf_counter() - t1:.1f} s)")
             self.state.reset()
 
-        self.report = warm_up_report(every_bucket, self.part, self.cuda_graphs, self.buckets,
-                                     self.spans, self.cache_dir, self.batches)
+        self.report = replace(warm_up_report(every_bucket, self.part, self.cuda_graphs,
+                                             self.buckets, self.spans, self.cache_dir,
+                                             self.batches), captured=len(self.graphs))
         self.direct = all(graph.direct for graph in self.compiled)
         return self.report
 

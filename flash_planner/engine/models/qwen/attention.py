@@ -11,6 +11,7 @@ from torch import nn
 
 from ....kernels import dispatch
 from ...config import ModelConfig
+from .cache_attention import cache_attention
 from .context import ForwardContext
 from .layers import RMSNorm, apply_rope, attention
 
@@ -57,22 +58,22 @@ class Attention(nn.Module):
 
     def mix_static(self, inputs: tuple[torch.Tensor, ...], cos: torch.Tensor,
                    sin: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                   cache: tuple[torch.Tensor, ...]) -> torch.Tensor:
+                   key_rows: torch.Tensor, cache: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """`mix` with static shapes (compiled.py): the rows are written at `positions`
         [B, T] of this layer's cache (k, v [B, C, Hkv, D], then their FP8 scales [Hkv], or
-        [B, Hkv] for a batch of slots, when the cache is FP8) and attend over all C rows
-        under `mask` [B, T, C] (each row of a batch at its own length)."""
+        [B, Hkv] for a batch of slots, when the cache is FP8) and attend over its first
+        `key_rows` rows (a host int64 [1]: `cache_attention`) under `mask` [B, T, C] (each
+        row of a batch at its own length)."""
         q, k, v = inputs
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_cache, v_cache, *scales = cache
         k_scale, v_scale = scales or (None, None)
         dispatch.kv_append(k_cache, k, positions, k_scale)
         dispatch.kv_append(v_cache, v, positions, v_scale)
-        keys = dispatch.kv_read(k_cache, k_cache.shape[1], k_scale, q.dtype)
-        values = dispatch.kv_read(v_cache, v_cache.shape[1], v_scale, q.dtype)
-        if q.is_cuda or q.shape[1] > 1:
-            return self.attend(q, keys, values, mask[:, None])
-        return self.attend_fused(q, keys, values, mask)
+        b, t = q.shape[:2]
+        out = cache_attention(q, k_cache, v_cache, mask, key_rows, k_scale, v_scale,
+                              self.head_dim ** -0.5)
+        return out.reshape(b, t, self.num_heads * self.head_dim)
 
     def attend_fused(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                      mask: torch.Tensor) -> torch.Tensor:
