@@ -26,6 +26,7 @@ from flash_planner.engine.loop.sampling import QWEN3_THINKING, Sampling
 from flash_planner.engine.models.graphs import compiled as compiled_mod
 from flash_planner.engine.models.graphs import direct as direct_mod
 from flash_planner.engine.models.graphs.compiled import row_buckets, span_bounds
+from flash_planner.engine.models.graphs.static_graphs import key_buckets
 from flash_planner.train.tiny import write_tiny_drafter
 
 PROMPT = "open the top drawer, take the blue screwdriver"
@@ -43,6 +44,11 @@ def test_buckets_cover_every_block_size():
     assert row_buckets(16) == (1, 2, 4, 8, 16)
     assert row_buckets(5) == (1, 2, 4, 5)
     assert row_buckets(1) == (1,)
+    # CUDA graphs' key buckets (cache_attention reads as many rows as a graph was captured
+    # with): every length up to the capacity has one, the capacity the last
+    assert key_buckets(4096) == (256, 512, 1024, 2048, 4096)
+    assert key_buckets(3000) == (256, 512, 1024, 2048, 3000)
+    assert key_buckets(100) == (100,)
 
 
 def test_spans_are_whole_periods_of_the_layer_kinds():
