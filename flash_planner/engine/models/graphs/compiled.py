@@ -11,8 +11,8 @@ Static shapes, so that nothing recompiles after warm-up:
   (`row_buckets`: 1, 2, 4, 8 and max_block). Padding rows leave the GDN state as it was
   (`GatedDeltaNet.mix_static`), route to experts the block already reads (MoE), and write
   KV rows past the real ones, which no real row attends to and the next forward overwrites;
-- the KV cache is masked by position at its full capacity, and attention reads only its
-  rows up to the block's last position through an op the compiler does not see into
+- attention reads, and masks by position, only the cache's rows up to the block's last
+  position, through an op the compiler does not see into
   (qwen/cache_attention.py): on a CPU the exact count, on CUDA one graph captured per key
   bucket (static_graphs.key_buckets), so the number of compiled graphs does not grow;
 - positions, the padding mask and the conv window's rows are tensors, never Python ints;
@@ -82,24 +82,17 @@ def span_bounds(kinds: Sequence[object], min_layers: int) -> list[tuple[int, int
 # for every new value).
 
 def _entry(embed: nn.Embedding, ids: torch.Tensor, positions: torch.Tensor,
-           shifts: torch.Tensor, key_positions: torch.Tensor, rotary_dim: int, theta: float):
-    """Embeddings, rotary tables and the key mask; each batch row turns by its cache
-    position plus its rotary shift (shifts [B, 1]: after an image, InferenceState.rope_shift;
-    else 0)."""
+           shifts: torch.Tensor, rotary_dim: int, theta: float):
+    """Embeddings and rotary tables; each batch row turns by its cache position plus its
+    rotary shift (shifts [B, 1]: after an image, InferenceState.rope_shift; else 0)."""
     x = embed(ids)
     cos, sin = rope_cos_sin(positions + shifts, rotary_dim, theta, x.dtype)
-    return x, cos, sin, key_mask(key_positions, positions)
-
-
-def key_mask(key_positions: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Which cache rows each row of the block attends to: [B, T, C], each batch row at its
-    own positions."""
-    return key_positions[None, None, :] <= positions[:, :, None]
+    return x, cos, sin
 
 
 def layer_step(layer: nn.Module, cache: tuple[torch.Tensor, ...], x: torch.Tensor,
                cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-               mask: torch.Tensor, key_rows: torch.Tensor, valid: torch.Tensor,
+               key_rows: torch.Tensor, valid: torch.Tensor,
                window_rows: torch.Tensor):
     """One decoder layer of a static-shape forward -> (its output, the MoE's expert ids or
     None)."""
@@ -107,7 +100,7 @@ def layer_step(layer: nn.Module, cache: tuple[torch.Tensor, ...], x: torch.Tenso
     if layer.is_linear:
         core = layer.linear_attn.mix_static(mix, valid, window_rows, cache)
     else:
-        core = layer.self_attn.mix_static(mix, cos, sin, positions, mask, key_rows, cache)
+        core = layer.self_attn.mix_static(mix, cos, sin, positions, key_rows, cache)
     x = x + layer.mixer.post(core, post)
     h = layer.post_attention_layernorm(x)
     if isinstance(layer.mlp, SparseMoeBlock):
@@ -119,13 +112,13 @@ def layer_step(layer: nn.Module, cache: tuple[torch.Tensor, ...], x: torch.Tenso
 def span_forward(layers: tuple[nn.Module, ...],
                  caches: tuple[tuple[torch.Tensor, ...], ...], x: torch.Tensor,
                  cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                 mask: torch.Tensor, key_rows: torch.Tensor, valid: torch.Tensor,
+                 key_rows: torch.Tensor, valid: torch.Tensor,
                  window_rows: torch.Tensor):
     """Consecutive decoder layers, their tensors read from the modules; returns each layer's
     output and each MoE layer's ids."""
     outs, routes = [], []
     for layer, cache in zip(layers, caches):
-        x, ids = layer_step(layer, cache, x, cos, sin, positions, mask, key_rows, valid,
+        x, ids = layer_step(layer, cache, x, cos, sin, positions, key_rows, valid,
                             window_rows)
         outs.append(x)
         if ids is not None:
@@ -150,7 +143,7 @@ class LayerStep(nn.Module):
 def packed_span_forward(steps: tuple[LayerStep, ...], flats: tuple[torch.Tensor, ...],
                         caches: tuple[tuple[torch.Tensor, ...], ...], x: torch.Tensor,
                         cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                        mask: torch.Tensor, key_rows: torch.Tensor, valid: torch.Tensor,
+                        key_rows: torch.Tensor, valid: torch.Tensor,
                         window_rows: torch.Tensor):
     """`span_forward` of a span whose tensors were packed into `flats` (`pack_layers`), run
     through the template `steps` of the first span packed the same way."""
@@ -159,8 +152,7 @@ def packed_span_forward(steps: tuple[LayerStep, ...], flats: tuple[torch.Tensor,
         tensors = {name: flats[group][offset:offset + numel].view(shape)
                    for name, group, offset, numel, shape in step.slots}
         x, ids = torch.func.functional_call(
-            step, tensors, (cache, x, cos, sin, positions, mask, key_rows, valid,
-                            window_rows))
+            step, tensors, (cache, x, cos, sin, positions, key_rows, valid, window_rows))
         outs.append(x)
         if ids is not None:
             routes.append(ids)
@@ -214,18 +206,16 @@ def _head(norm: nn.Module, weight: torch.Tensor, x: torch.Tensor):
 
 
 def whole_forward(embed: nn.Embedding, ids: torch.Tensor, positions: torch.Tensor,
-                  shifts: torch.Tensor, key_positions: torch.Tensor, rotary_dim: int,
-                  theta: float,
+                  shifts: torch.Tensor, rotary_dim: int, theta: float,
                   steps: tuple[LayerStep, ...], flats: tuple[torch.Tensor, ...],
                   caches: tuple[tuple[torch.Tensor, ...], ...], key_rows: torch.Tensor,
                   valid: torch.Tensor, window_rows: torch.Tensor, norm: nn.Module,
                   weight: torch.Tensor):
     """Entry, the one span and head as one graph: a model whose layers form a single span
     pays one graph call per forward instead of three."""
-    x, cos, sin, mask = _entry(embed, ids, positions, shifts, key_positions, rotary_dim,
-                               theta)
-    outs, routes = packed_span_forward(steps, flats, caches, x, cos, sin, positions, mask,
-                                       key_rows, valid, window_rows)
+    x, cos, sin = _entry(embed, ids, positions, shifts, rotary_dim, theta)
+    outs, routes = packed_span_forward(steps, flats, caches, x, cos, sin, positions, key_rows,
+                                       valid, window_rows)
     normed, logits, finite = _head(norm, weight, outs[-1])
     return logits, outs[:-1] + [normed], routes, finite
 
@@ -341,20 +331,17 @@ class StaticForward(StaticGraphs):
         if self.spans == 1:
             span = self.spans_of[0]
             return self.whole.call(key, model.embed_tokens, self.ids[key], positions,
-                                   self.shifts[bb], self.key_positions, rope.rotary_dim,
-                                   rope.theta,
-                                   span.steps, span.flats, span.caches[caches],
-                                   self.key_rows, valid, window_rows, model.norm,
-                                   model.output_weight)
-        x, cos, sin, mask = self.entry.call(key, model.embed_tokens, self.ids[key], positions,
-                                            self.shifts[bb], self.key_positions,
-                                            rope.rotary_dim, rope.theta)
+                                   self.shifts[bb], rope.rotary_dim, rope.theta, span.steps,
+                                   span.flats, span.caches[caches], self.key_rows, valid,
+                                   window_rows, model.norm, model.output_weight)
+        x, cos, sin = self.entry.call(key, model.embed_tokens, self.ids[key], positions,
+                                      self.shifts[bb], rope.rotary_dim, rope.theta)
         outs: list[torch.Tensor] = []
         routes: list[torch.Tensor] = []
         for i, span in enumerate(self.spans_of):
             layer_outs, ids = self.span.call((*key, i), span.steps, span.flats,
                                              span.caches[caches], x, cos, sin, positions,
-                                             mask, self.key_rows, valid, window_rows)
+                                             self.key_rows, valid, window_rows)
             outs += layer_outs
             routes += ids
             x = layer_outs[-1]

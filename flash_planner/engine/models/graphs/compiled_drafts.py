@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_map
 
 from ...state.cache import InferenceState
 from ..qwen.layers import rope_cos_sin
-from .compiled import key_mask, span_forward
+from .compiled import span_forward
 from .direct import check_direct
 from .static_graphs import (
     CapturedGraph,
@@ -69,18 +69,18 @@ class StaticHead(StaticGraphs):
     def _forward(self, key: tuple[int, int], valid: torch.Tensor, window_rows: torch.Tensor):
         rope = self.head.cfg.rope
         return self.graph.call(key, self.head, self.caches[key[0]], *self.inputs[key],
-                               self.positions[key], self.key_positions, self.key_rows,
-                               rope.rotary_dim, rope.theta, valid, window_rows)
+                               self.positions[key], self.key_rows, rope.rotary_dim,
+                               rope.theta, valid, window_rows)
 
 
 def _mtp_head(head: nn.Module, caches: tuple[tuple[torch.Tensor, ...], ...],
               embedded: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-              key_positions: torch.Tensor, key_rows: torch.Tensor, rotary_dim: int,
-              theta: float, valid: torch.Tensor, window_rows: torch.Tensor) -> torch.Tensor:
+              key_rows: torch.Tensor, rotary_dim: int, theta: float, valid: torch.Tensor,
+              window_rows: torch.Tensor) -> torch.Tensor:
     x = head.fuse(embedded, hidden)
     cos, sin = rope_cos_sin(positions, rotary_dim, theta, x.dtype)
-    outs, _ = span_forward(tuple(head.layers), caches, x, cos, sin, positions,
-                           key_mask(key_positions, positions), key_rows, valid, window_rows)
+    outs, _ = span_forward(tuple(head.layers), caches, x, cos, sin, positions, key_rows,
+                           valid, window_rows)
     return head.norm(outs[-1])
 
 

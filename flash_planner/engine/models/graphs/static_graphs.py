@@ -205,7 +205,6 @@ class StaticGraphs:
         # `cache_attention` when it runs
         self.key_rows = torch.zeros(1, dtype=torch.long)
         self.key_buckets = key_buckets(state.capacity) if self.cuda_graphs else ()
-        self._key_bucket_of: dict[int, int] = {}
         self.positions = {key: torch.zeros(key, dtype=torch.long, device=device)
                           for key in self.keys}
         self._starts = {bb: torch.zeros(bb, 1, dtype=torch.long, device=device)
@@ -283,9 +282,7 @@ class StaticGraphs:
 
     def key_bucket(self, rows: int) -> int:
         """The smallest key bucket of at least `rows` cache rows (CUDA graphs)."""
-        if rows not in self._key_bucket_of:
-            self._key_bucket_of[rows] = next(b for b in self.key_buckets if b >= rows)
-        return self._key_bucket_of[rows]
+        return next(b for b in self.key_buckets if b >= rows)
 
     def _run(self, key: tuple[int, int], valid: torch.Tensor, window_rows: torch.Tensor):
         if self.direct:
@@ -317,7 +314,6 @@ class StaticGraphs:
         def every_bucket() -> None:
             for i, key in enumerate(self.keys):
                 t1 = time.perf_counter()
-                valid, window_rows = self._warm_state(key)
                 if self.cuda_graphs:     # one graph per key bucket, all of one compiled code
                     for kb in self.key_buckets:
                         valid, window_rows = self._warm_state(key)
@@ -325,9 +321,9 @@ class StaticGraphs:
                         self.graphs[(*key, kb)] = CapturedGraph(partial(self._forward, key),
                                                                 valid, window_rows)
                 elif self.compiled[0].direct:
-                    self._check_direct(key, self._forward(key, valid, window_rows))
+                    self._check_direct(key, self._forward(key, *self._warm_state(key)))
                 else:
-                    self._forward(key, valid, window_rows)
+                    self._forward(key, *self._warm_state(key))
                 if progress is not None:
                     bb, tb = key
                     rows = f"{tb}-row" if bb == 1 else f"{bb} x {tb}-row"

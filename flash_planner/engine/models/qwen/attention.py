@@ -57,13 +57,13 @@ class Attention(nn.Module):
         return self.attend(q, keys, values, ctx.causal_mask)
 
     def mix_static(self, inputs: tuple[torch.Tensor, ...], cos: torch.Tensor,
-                   sin: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                   key_rows: torch.Tensor, cache: tuple[torch.Tensor, ...]) -> torch.Tensor:
+                   sin: torch.Tensor, positions: torch.Tensor, key_rows: torch.Tensor,
+                   cache: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """`mix` with static shapes (compiled.py): the rows are written at `positions`
         [B, T] of this layer's cache (k, v [B, C, Hkv, D], then their FP8 scales [Hkv], or
         [B, Hkv] for a batch of slots, when the cache is FP8) and attend over its first
-        `key_rows` rows (a host int64 [1]: `cache_attention`) under `mask` [B, T, C] (each
-        row of a batch at its own length)."""
+        `key_rows` rows (a host int64 [1]: `cache_attention`), each row to the cache rows at
+        or before its position (each row of a batch at its own length)."""
         q, k, v = inputs
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_cache, v_cache, *scales = cache
@@ -71,25 +71,9 @@ class Attention(nn.Module):
         dispatch.kv_append(k_cache, k, positions, k_scale)
         dispatch.kv_append(v_cache, v, positions, v_scale)
         b, t = q.shape[:2]
-        out = cache_attention(q, k_cache, v_cache, mask, key_rows, k_scale, v_scale,
+        out = cache_attention(q, k_cache, v_cache, positions, key_rows, k_scale, v_scale,
                               self.head_dim ** -0.5)
         return out.reshape(b, t, self.num_heads * self.head_dim)
-
-    def attend_fused(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                     mask: torch.Tensor) -> torch.Tensor:
-        """`attend` as products and sums that inductor fuses with the layer's other loops:
-        for one decoded row on a CPU, the SDPA call a compiled graph makes instead costs more
-        than all the layer's other work (a block of rows is cheaper through SDPA's tiled
-        products). Float32 scores and softmax."""
-        b, t, h, d = q.shape
-        hkv = keys.shape[2]
-        group = h // hkv
-        qg = q.float().view(b, t, hkv, group, d) * self.head_dim ** -0.5
-        scores = (qg[:, :, None] * keys.float()[:, None, :, :, None]).sum(-1)  # [B,T,C,Hkv,G]
-        scores = scores.masked_fill(~mask[:, :, :, None, None], float("-inf"))
-        weights = torch.softmax(scores, dim=2)
-        out = (weights[..., None] * values.float()[:, None, :, :, None]).sum(2)  # [B,T,Hkv,G,D]
-        return out.to(q.dtype).reshape(b, t, h * d)
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                mask: torch.Tensor) -> torch.Tensor:

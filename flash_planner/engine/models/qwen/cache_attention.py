@@ -20,17 +20,19 @@ from .layers import attention
 
 @torch.library.custom_op("flash_planner::cache_attention", mutates_args=())
 def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    mask: torch.Tensor, rows: torch.Tensor, k_scale: torch.Tensor | None,
+                    positions: torch.Tensor, rows: torch.Tensor, k_scale: torch.Tensor | None,
                     v_scale: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """q [B, T, H, D] over the first `rows` (a host int64 [1]) rows of k_cache, v_cache
-    [B, C, Hkv, D] (FP8 with their scales, or in q's dtype) where mask [B, T, C] -> [B, T, H, D]
-    (contiguous). Rows past `rows` are never read: they may hold anything."""
+    """q [B, T, H, D] at positions [B, T] over the first `rows` (a host int64 [1]) rows of
+    k_cache, v_cache [B, C, Hkv, D] (FP8 with their scales, or in q's dtype), each row over
+    the cache rows at or before its position -> [B, T, H, D] (contiguous). Rows past `rows`
+    are never read: they may hold anything."""
     n = int(rows[0])
     keys = dispatch.kv_read(k_cache, n, k_scale, q.dtype)
     values = dispatch.kv_read(v_cache, n, v_scale, q.dtype)
-    return attention(q, keys, values, mask[:, None, :, :n], scale).contiguous()
+    mask = torch.arange(n, device=q.device) <= positions[:, None, :, None]   # [B, 1, T, n]
+    return attention(q, keys, values, mask, scale).contiguous()
 
 
 @cache_attention.register_fake
-def _(q, k_cache, v_cache, mask, rows, k_scale, v_scale, scale):
+def _(q, k_cache, v_cache, positions, rows, k_scale, v_scale, scale):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
