@@ -168,13 +168,16 @@ def test_counted_configurations_are_launchable(family, k_align, sms):
                     assert steps >= 2                        # every split keeps two K steps
 
 
-def test_down_projection_splits_on_an_h100_and_not_on_thor():
-    """The 27B's MLP down projection has 80 tiles of 64 rows: under 4 per SM on an H100's 132
-    SMs, so K is split; on Thor's 20 SMs the tiles alone fill them."""
-    h100 = configs.heuristic("nvfp4", 5120, 17408, 1, 132, 16)
-    thor = configs.heuristic("nvfp4", 5120, 17408, 1, 20, 16)
-    assert h100.split > 1 and h100.grid(5120, 17408)[0] * h100.split >= 4 * 132
-    assert thor.split == 1
+def test_down_projection_splits_until_four_programs_an_sm():
+    """The 27B's MLP down projection in FP8 has 80 tiles of 64 rows: under 4 per SM on an
+    H100's 132 SMs, so K is split; on Thor's 20 SMs the tiles alone fill them. NVFP4's 16-row
+    tiles hold 128 rows (configs.heuristic): 40 tiles, so Thor splits K in two."""
+    for fmt, align, tiles, thor_split in (("fp8", 128, 80, 1), ("nvfp4", 16, 40, 2)):
+        h100 = configs.heuristic(fmt, 5120, 17408, 1, 132, align)
+        thor = configs.heuristic(fmt, 5120, 17408, 1, 20, align)
+        assert h100.grid(5120, 17408)[0] == tiles == thor.grid(5120, 17408)[0]
+        assert h100.split > 1 and tiles * h100.split >= 4 * 132
+        assert thor.split == thor_split and tiles * thor.split >= 4 * 20
 
 
 def test_the_measured_table_is_read_back(tmp_path, monkeypatch):

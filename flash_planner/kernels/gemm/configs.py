@@ -19,10 +19,12 @@ table a GemmContext holds), else `heuristic`, which counts instead of measuring:
     16-byte vectors) per thread of a 4-warp program, at about 100 registers (kernels/report),
     so 4-5 programs fit an SM: 16-20 KiB in flight per SM, above the ~14 KiB an H100 SM needs
     to cover its share of 3 TB/s over ~600 ns of latency (Thor's needs ~8 KiB). The 4-bit
-    formats' tensor-core tiles run 2 warps, 64 bytes a thread at 140-210 registers: 5-7
-    programs, 20-28 KiB in flight per SM, and a K step issues 0.78-0.83 of the 4-warp
-    program's instructions (kernels/report: a 4-warp program's warps each repeat x's loads,
-    its even/odd split and the address arithmetic);
+    formats' tensor-core tiles with bf16 rows run 2 warps of 128 rows (64 fused), 128 bytes
+    a thread at 145-254 registers, no stack: 4-7 programs, 36-64 KiB in flight per SM. Every
+    warp repeats x's loads, its even/odd split and the address arithmetic whatever its share
+    of the tile, so a weight byte issues fewer instructions the more of them a warp holds
+    (kernels/report, 27B and 35B-A3B shapes on sm_90: 4 warps of 32 bytes issue 1.2-1.3x
+    the slots of 2 warps of 64, 2 warps of 128 0.87-0.91x those);
   - BLOCK_N keeps the FMA path's [BM, BN, BK] products at 64 fp32 per thread, and is halved
     for a fused gate and up projection, whose programs decode two tiles a step (the fp32
     demo's 16-row gated tiles spilled at 64);
@@ -48,6 +50,7 @@ STEP_BYTES = 64               # bytes of one weight row per K step
 PROGRAMS_PER_SM = 4
 MAX_SPLIT = 16
 PRODUCT_ELEMENTS = 64 * 128   # FMA path: fp32 products per program per step (64 a thread)
+SKINNY_N = 64                 # skinny tensor-core tiles' weight rows (4-bit with bf16 rows: 2x)
 TILED_N = 64
 TILED_WARPS = 8
 
@@ -121,7 +124,12 @@ def heuristic(fmt: str, n: int, k: int, rows: int, sms: int, k_align: int,
     block_m = m if fma else 16
     # the FMA product tile spans BK / 2 per even/odd half for the 4-bit formats
     width = block_k if FORMATS[fmt].bits == 8 else block_k // 2
-    block_n = 64 if block_m >= 16 else max(16, min(64, PRODUCT_ELEMENTS // (block_m * width)))
+    if block_m < 16:
+        block_n = max(16, min(64, PRODUCT_ELEMENTS // (block_m * width)))
+    elif FORMATS[fmt].bits == 4 and not fp32:
+        block_n = 2 * SKINNY_N          # two warps, 128 bytes a thread (the docstring)
+    else:
+        block_n = SKINNY_N
     if gated:
         block_n //= 2
     tiles = -(-n // block_n)

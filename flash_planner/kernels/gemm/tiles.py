@@ -305,19 +305,23 @@ def k_masks(k0, k_hi, FORMAT: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.cons
 
 @triton.jit
 def load_x(x, x_off, rows, mk, odd, k0, k_hi, FORMAT: tl.constexpr, BLOCK_K: tl.constexpr,
-           WHOLE: tl.constexpr):
+           WHOLE: tl.constexpr, EVEN: tl.constexpr):
     """x's K step for the rows masked in `rows` [BM]: 8- and 16-bit formats the [BM, BK] tile
     twice; 4-bit ones the columns k0 + 2j and k0 + 2j + 1, [BM, BK / 2] each, split in
-    registers from one contiguous load where WHOLE (k_hi bounds the whole tile's loads; the
-    masks the others')."""
+    registers from one contiguous load where WHOLE (k_hi bounds the whole tile's loads unless
+    EVEN: the step lies inside K, so only the rows are masked, a mask the K loop does not
+    recompute; the masks bound the others')."""
     if WHOLE:
         # the strided halves are scalar loads with an address each (int4's skinny K loop
         # 431 -> 376 instructions on sm_90); joining the weight's halves into one tile
         # instead cost more (nvfp4's skinny K loop 365 against 316 split so); the FMA path
         # and nvfp4's tiled kernel keep the strided halves (split, they spilled 8 bytes)
         rk = tl.arange(0, BLOCK_K)
-        whole = tl.load(x + x_off + k0 + rk[None, :],
-                        mask=rows[:, None] & (rk < k_hi - k0)[None, :], other=0.0)
+        if EVEN:
+            k_mask = rows[:, None]
+        else:
+            k_mask = rows[:, None] & (rk < k_hi - k0)[None, :]
+        whole = tl.load(x + x_off + k0 + rk[None, :], mask=k_mask, other=0.0)
         xa, xb = tl.split(tl.reshape(whole, (whole.shape[0], BLOCK_K // 2, 2)))
     elif FORMAT == "nvfp4" or FORMAT == "int4":
         xk = x + x_off + k0 + 2 * tl.arange(0, BLOCK_K // 2)[None, :]
@@ -353,16 +357,14 @@ def decode(w, s, z, w_off, s_off, mn, mk, k0, k_hi, i1, FORMAT: tl.constexpr,
 
 
 @triton.jit
-def product(acc, xa, xb, wa, wb, sc, FORMAT: tl.constexpr, USE_DOT: tl.constexpr,
-            STEPWISE: tl.constexpr):
+def product(acc, xa, xb, wa, wb, sc, FORMAT: tl.constexpr, USE_DOT: tl.constexpr):
     """acc plus the K step's products, exact, times the step's scale. nvfp4's pair is added
-    to acc one after the other where STEPWISE (the tiled kernel: summing the two first kept
-    one more [BM, BN] fp32 tile live, 25 registers in the fp32 demo's 64-row tiles)."""
-    if STEPWISE and FORMAT == "nvfp4":
+    to acc one dot after the other, each accumulating into acc on the tensor cores (their sum
+    first cost one fp32 add per accumulator, 16 a K step in the skinny kernel's 16 x 32
+    gated tiles, and kept one more [BM, BN] fp32 tile live in the tiled kernel's)."""
+    if FORMAT == "nvfp4":
         acc += dot_step(xa, wa, False, USE_DOT)
         acc += dot_step(xb, wb, False, USE_DOT)
-    elif FORMAT == "nvfp4":
-        acc += dot_step(xa, wa, False, USE_DOT) + dot_step(xb, wb, False, USE_DOT)
     elif FORMAT == "int4":
         part = dot_step(xa, wa, False, USE_DOT) + dot_step(xb, wb, False, USE_DOT)
         acc += part * sc[None, :]
@@ -376,26 +378,28 @@ def product(acc, xa, xb, wa, wb, sc, FORMAT: tl.constexpr, USE_DOT: tl.constexpr
 @triton.jit
 def k_step(acc, up, x, x_off, rows, w, s, z, w_off, s_off, u_off, t_off, mn, k0, k_hi, i1,
            FORMAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-           EVEN: tl.constexpr, USE_DOT: tl.constexpr, STEPWISE: tl.constexpr,
+           EVEN: tl.constexpr, USE_DOT: tl.constexpr, STRIDED: tl.constexpr,
            WEIGHT_FIRST: tl.constexpr, GATED: tl.constexpr):
     """One K step of both kernels: (acc, up) plus x's products with the weight rows at
     w_off / s_off (and, GATED, the up rows at u_off / t_off), x loaded once. WEIGHT_FIRST:
-    the weight tile decoded before x is loaded (the order each kernel compiled leanest in)."""
-    WHOLE: tl.constexpr = USE_DOT and (FORMAT == "int4" or (FORMAT == "nvfp4" and not STEPWISE))
+    the weight tile decoded before x is loaded (the order each kernel compiled leanest in).
+    STRIDED: nvfp4's x halves loaded strided, not split from one load (load_x: the tiled
+    kernel's)."""
+    WHOLE: tl.constexpr = USE_DOT and (FORMAT == "int4" or (FORMAT == "nvfp4" and not STRIDED))
     mk, odd = k_masks(k0, k_hi, FORMAT, BLOCK_K, EVEN)
     if WEIGHT_FIRST:
         wa, wb, sc = decode(w, s, z, w_off, s_off, mn, mk, k0, k_hi, i1, FORMAT, BLOCK_N,
                             BLOCK_K, EVEN)
-        xa, xb = load_x(x, x_off, rows, mk, odd, k0, k_hi, FORMAT, BLOCK_K, WHOLE)
+        xa, xb = load_x(x, x_off, rows, mk, odd, k0, k_hi, FORMAT, BLOCK_K, WHOLE, EVEN)
     else:
-        xa, xb = load_x(x, x_off, rows, mk, odd, k0, k_hi, FORMAT, BLOCK_K, WHOLE)
+        xa, xb = load_x(x, x_off, rows, mk, odd, k0, k_hi, FORMAT, BLOCK_K, WHOLE, EVEN)
         wa, wb, sc = decode(w, s, z, w_off, s_off, mn, mk, k0, k_hi, i1, FORMAT, BLOCK_N,
                             BLOCK_K, EVEN)
-    acc = product(acc, xa, xb, wa, wb, sc, FORMAT, USE_DOT, STEPWISE)
+    acc = product(acc, xa, xb, wa, wb, sc, FORMAT, USE_DOT)
     if GATED:
         ua, ub, su = decode(w, s, z, u_off, t_off, mn, mk, k0, k_hi, i1, FORMAT, BLOCK_N,
                             BLOCK_K, EVEN)
-        up = product(up, xa, xb, ua, ub, su, FORMAT, USE_DOT, STEPWISE)
+        up = product(up, xa, xb, ua, ub, su, FORMAT, USE_DOT)
     return acc, up
 
 
