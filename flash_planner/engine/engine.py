@@ -25,6 +25,7 @@ from .loop.sampling import GREEDY, SamplingParams
 from .methods import METHODS
 from .models.graphs.compiled import CompileReport, StaticForward
 from .models.graphs.compiled_drafts import StaticDrafter, StaticHead
+from .models.graphs.compiled_flash_next import StaticFlashNext
 from .models.graphs.static_graphs import row_buckets
 from .state.cache import ContextOverflowError, InferenceState
 from .state.kv_scales import kv_scales_label
@@ -238,6 +239,8 @@ class Engine:
         bucket, the MTP head's over every head slot (its forks draft together), the DFlash
         drafter's per group of 2 or more requests."""
         config = self.config
+        if self.model_config.flash_next is not None:
+            return                   # a Flash-Next batch's forwards run eager
         slots.static = StaticForward(self.model, slots.whole, config.max_block,
                                      config.compile_cache, row_buckets(max_batch))
         report = slots.static.warm_up(progress)
@@ -293,15 +296,12 @@ class Engine:
 
 
 def flash_next_config(config: EngineConfig) -> EngineConfig:
-    """A Flash-Next target runs eager forwards, its dense parts in torch: auto settings
-    become that; asking for more is refused naming the setting."""
-    asked = {"compile": config.compile == "on",
-             "dense_backend": config.dense_backend not in ("torch", "auto")}
-    wrong = [name for name, bad in asked.items() if bad]
-    if wrong:
+    """A Flash-Next target runs its dense parts in torch (auto becomes that; another backend
+    is refused naming the setting); its forwards compile as `compile` says."""
+    if config.dense_backend not in ("torch", "auto"):
         raise ValueError(f"{config.model_path} is a Flash-Next (qwen4_exp) target, which runs "
-                         f"eager forwards in torch for now: {', '.join(wrong)} cannot be set")
-    return replace(config, compile="off", dense_backend="torch")
+                         "its dense parts in torch for now: dense_backend cannot be set")
+    return replace(config, dense_backend="torch")
 
 
 def compile_forwards(engine: Engine, progress: Callable[[str], None] | None = None
@@ -309,11 +309,13 @@ def compile_forwards(engine: Engine, progress: Callable[[str], None] | None = No
     """Compile the target's decode and verify forwards, the MTP head's and the DFlash
     drafter's (where loaded), warming every shape up now so that no request pays for it."""
     config = engine.config
-    static = StaticForward(engine.model, engine.state, config.max_block, config.compile_cache)
+    flash_next = engine.model_config.flash_next is not None
+    kind = StaticFlashNext if flash_next else StaticForward
+    static = kind(engine.model, engine.state, config.max_block, config.compile_cache)
     report = static.warm_up(progress)
     engine.model.set_static(static)
     mtp = engine.proposers.get("mtp")
-    if mtp is not None:
+    if mtp is not None and not flash_next:       # Flash-Next's MTP module runs eager
         head = StaticHead(mtp.head, mtp.state, config.max_block, config.compile_cache)
         report = report.plus(head.warm_up(progress))
         mtp.head.static = head

@@ -13,7 +13,7 @@ import torch
 import transformers
 from packaging.version import Version
 
-from flash_planner.engine.config import ConfigError, ModelConfig
+from flash_planner.engine.config import ConfigError, ModelConfig, cache_home
 from flash_planner.engine.generate import GenerationSettings, generate
 from flash_planner.engine.loop.proposer import ReplayProposer
 from flash_planner.engine.state.cache import InferenceState
@@ -301,11 +301,41 @@ def test_a_config_it_cannot_run_names_the_field(flash_dirs, edit, match):
 
 def test_settings_a_flash_next_target_cannot_run_are_refused(flash_dirs, make_engine):
     path, _ = flash_dirs["sigmoid"]
-    with pytest.raises(ValueError, match="Flash-Next .* compile cannot be set"):
-        make_engine(path, compile="on")
     with pytest.raises(ValueError, match="Flash-Next .* dense_backend cannot be set"):
         make_engine(path, dense_backend="onnxruntime")
-    assert make_engine(path, compile="auto").config.compile == "off"
+    engine = make_engine(path, compile="auto")
+    assert engine.config.dense_backend == "torch" and engine.compile_report is None   # a CPU
+
+
+def test_compiled_forwards_equal_eager(flash_mtp_dir, make_engine, monkeypatch):
+    """`compile on`: decode and verify blocks run through the compiled graph (PLE rows read
+    before it, the indexer's choice inside it, the PLE window and n-gram history rolled back
+    after it), and greedy tokens equal the eager engine's: plain, with a replay proposer
+    wrong once a cycle at every offset, and with the MTP module (eager) drafting."""
+    path = flash_mtp_dir
+    common = dict(max_block=4, mtp_steps=3, compile_cache=str(cache_home() / "test_torch_compile"))
+    eager, compiled = (make_engine(path, compile=c, **common) for c in ("off", "on"))
+    static = compiled.model.static
+    assert type(static).__name__ == "StaticFlashNext"
+    assert compiled.compile_report.parts == ("target",)      # the MTP module runs eager
+    commits = _commits_of(compiled.state, monkeypatch)
+    vocab, n_new = eager.model_config.vocab_size, 30
+    for ids in _prompts(vocab, _eos(path))[::4]:
+        plain = generate(eager, ids, GenerationSettings(n_new, ignore_eos=True,
+                                                        speculative=False)).token_ids
+        calls = static.calls
+        assert generate(compiled, ids, GenerationSettings(
+            n_new, ignore_eos=True, speculative=False)).token_ids == plain
+        assert static.calls - calls == n_new - 1          # every decode step compiled
+        replay = ReplayProposer(plain, vocab, block_size=4, error_at=range(4), seed=4)
+        assert generate(compiled, ids, GenerationSettings(n_new, ignore_eos=True),
+                        proposer=replay).token_ids == plain
+        out = generate(compiled, ids, GenerationSettings(n_new, ignore_eos=True, method="mtp"))
+        assert out.token_ids == plain and out.stats.method_cycles.get("mtp", 0) > 0
+    rolled = [(at, n, rows) for at, n, rows in commits if n < rows]
+    assert any((at + rows - 1) // 4 > (at + n - 1) // 4 for at, n, rows in rolled)
+    # compiled steps ran past the indexer's budget (2 blocks of 4): its choice was sparse
+    assert max(at + rows for at, _, rows in commits) > 3 * 4
 
 
 @pytest.mark.parametrize("kv", ["fp32", "fp8"])

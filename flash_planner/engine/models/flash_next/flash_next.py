@@ -7,12 +7,14 @@ mixer's input (GDN, or gated attention over the keys the indexer keeps), whose o
 back into each stream by its gate; a second hyper-mixer does the same around the MoE. The
 last mixer of the streams feeds lm_head (no final norm).
 
-`forward` has the target's signature (models/qwen/target.py), a batch's slots included, eager:
-no dense segment backends, compiled graphs or images yet. Taps (what a drafter or MTP head
-reads of layer L): the mean of layer L's output streams, the one H-wide summary of the
-residual that needs no learned weights (it is what every stream's share of the residual
-holds before a mixer weighs it); of the last layer, the last mixer's output, which is what
-lm_head reads, as a plain target's taps of its last layer are after the final norm. Tap ids
+`forward` has the target's signature (models/qwen/target.py), a batch's slots included; one
+sequence's decode and verify blocks run compiled where the engine compiles
+(graphs/compiled_flash_next.py), the rest eager; no dense segment backends or images yet.
+Taps (what a drafter or MTP head reads of layer L): the mean of layer L's output streams,
+the one H-wide summary of the residual that needs no learned weights (it is what every
+stream's share of the residual holds before a mixer weighs it); of the last layer, the last
+mixer's output, which is what lm_head reads, as a plain target's taps of its last layer are
+after the final norm. Tap ids
 `num_layers` .. `num_layers + hc - 1` (`mtp_taps`) are the streams of the state after the
 last layer, which the MTP module (flash_next_mtp.py) continues.
 """
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ....kernels import dispatch
 from ...config import LINEAR_ATTENTION, ModelConfig
 from ...state.cache import InferenceState
 from ..qwen.attention import Attention
@@ -37,6 +40,7 @@ from .hyper import HyperMixer, inject
 from .indexer import QSAIndexer
 from .ngram import NGramTable
 from .ple import PLE
+from .qsa_attention import qsa_cache_attention
 
 
 class FlashNextLayer(nn.Module):
@@ -70,6 +74,54 @@ class FlashNextLayer(nn.Module):
         streams = inject(streams, out, gates)
         h, gates = self.mlp_hyper_connection(streams)
         return inject(streams, self.mlp(h), gates)
+
+    def step_static(self, streams: torch.Tensor, emb: torch.Tensor | None,
+                    cache: tuple[torch.Tensor, ...], ple: tuple[torch.Tensor, ...] | None,
+                    index_keys: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                    positions: torch.Tensor, key_rows: torch.Tensor, valid: torch.Tensor,
+                    window_rows: torch.Tensor):
+        """`forward` with static shapes (graphs/compiled_flash_next.py) -> (the streams, the
+        MoE's expert ids). emb: the PLE layer's n-gram rows, ple: its (window, kept rows,
+        rows kept); cache as static_graphs.layer_cache; index_keys: the indexer's raw keys."""
+        if self.ple is not None:
+            streams = streams + self.ple.forward_static(streams, emb, *ple)
+        h, gates = self.attn_hyper_connection(streams)
+        if self.is_linear:
+            mix, post = self.linear_attn.pre(h)
+            core = self.linear_attn.mix_static(mix, valid, window_rows, cache)
+            out = self.linear_attn.post(core, post)
+        else:
+            out = self.attend_static(h, cache, index_keys, cos, sin, positions, key_rows)
+        streams = inject(streams, out, gates)
+        h, gates = self.mlp_hyper_connection(streams)
+        out, ids = self.mlp.routed(h, valid)
+        return inject(streams, out, gates), ids
+
+    def attend_static(self, h: torch.Tensor, cache: tuple[torch.Tensor, ...],
+                      index_keys: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                      positions: torch.Tensor, key_rows: torch.Tensor) -> torch.Tensor:
+        """`attend` on static shapes: the rows written at `positions` of the cache (and of
+        the indexer's keys), attention over its first `key_rows` rows, in one op."""
+        attn = self.self_attn
+        if not hasattr(attn, "indexer"):
+            mix, post = attn.pre(h)
+            return attn.post(attn.mix_static(mix, cos, sin, positions, key_rows, cache), post)
+        ix = attn.indexer
+        (q, k, v), post = attn.pre(h)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_cache, v_cache, *scales = cache
+        k_scale, v_scale = scales or (None, None)
+        dispatch.kv_append(k_cache, k, positions, k_scale)
+        dispatch.kv_append(v_cache, v, positions, v_scale)
+        index_q, index_k = ix.project(h, cos, sin)
+        b, t = q.shape[:2]
+        index_keys[torch.arange(b, device=h.device)[:, None], positions] = (
+            index_k.to(index_keys.dtype))
+        out = qsa_cache_attention(q, k_cache, v_cache, index_q, index_keys, positions,
+                                  key_rows, k_scale, v_scale, attn.head_dim ** -0.5,
+                                  ix.k_layernorm.weight, ix.k_layernorm.eps, ix.ratio,
+                                  ix.topk, ix.rope.rotary_dim, ix.rope.theta)
+        return attn.post(out.reshape(b, t, attn.num_heads * attn.head_dim), post)
 
     def attend(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """Gated attention over the cache, reading only the keys the indexer keeps."""
@@ -110,8 +162,8 @@ class FlashNextModel(nn.Module):
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def set_static(self, runner) -> None:
-        if runner is not None:
-            raise ValueError("a Flash-Next target runs eager forwards only (compile off)")
+        """The compiled forwards of one sequence (graphs/compiled_flash_next.py), or None."""
+        self.static = runner
 
     def set_dense(self, runner) -> None:
         raise ValueError("a Flash-Next target runs its dense parts in torch only "
@@ -134,6 +186,14 @@ class FlashNextModel(nn.Module):
         b, t = ids.shape
         if image_rows is not None or rope_positions is not None:
             raise ValueError("a Flash-Next target takes text only here")
+        if self.static is not None and self.static.accepts(ids, state, record_steps):
+            try:
+                logits, tapped, finite = self.static.run(ids, state, record_steps, taps,
+                                                         all_logits, routing)
+            except BaseException:
+                state.reset()
+                raise
+            return ForwardOutput(logits, tapped, finite)
         ctx = ForwardContext.open(state, b, t, self.cfg.rope, self.embed_tokens.weight.dtype,
                                   ids.device, record_steps)
         for block in self.moe_blocks:

@@ -24,9 +24,15 @@ class GroupedRMSNorm(nn.Module):
         self.group, self.eps = group, eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float().unflatten(-1, (-1, self.group))
-        xf = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
-        return (xf * (1.0 + self.weight.float())).type_as(x)
+        return grouped_rms_norm(x, self.weight, self.group, self.eps)
+
+
+def grouped_rms_norm(x: torch.Tensor, weight: torch.Tensor, group: int, eps: float
+                     ) -> torch.Tensor:
+    """GroupedRMSNorm's arithmetic on its tensors (the QSA attention op norms with it)."""
+    xf = x.float().unflatten(-1, (-1, group))
+    xf = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2)
+    return (xf * (1.0 + weight.float())).type_as(x)
 
 
 class HyperMixer(nn.Module):

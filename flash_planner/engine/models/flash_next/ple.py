@@ -52,23 +52,42 @@ class PLE(nn.Module):
                 ctx: ForwardContext) -> torch.Tensor:
         """What the layer adds to the streams [B, T, hc * H] for the block's ids [B, T], the
         ids before them being `history` [B, n-1]."""
-        emb = self.embed(history, ids, streams.dtype)
+        gated = self.gated(streams, self.embed(history, ids, streams.dtype))
+        return gated + self.conv(self.norm_conv(gated), ctx.state.flash)
+
+    def gated(self, streams: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """The n-gram rows emb [B, T, ple_embed_dim]'s value gated into each stream."""
         key = self.norm_key(self.key_proj(emb)).unflatten(-1, (self.hc, self.hidden))
         value = self.value_proj(emb)
         query = self.norm_query(streams).unflatten(-1, (self.hc, self.hidden))
         gate = (key * query).sum(dim=-1, keepdim=True) / math.sqrt(self.hidden)
         gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()
-        gated = (torch.sigmoid(gate) * value.unsqueeze(-2)).flatten(-2)
-        return gated + self.conv(self.norm_conv(gated), ctx.state.flash)
+        return (torch.sigmoid(gate) * value.unsqueeze(-2)).flatten(-2)
 
     def conv(self, x: torch.Tensor, flash) -> torch.Tensor:
         """SiLU of the dilated causal conv of x [B, T, C] over the layer's window."""
         window = flash.ple_window[self.layer_idx]                 # [B, W, C] float32
         full = torch.cat([window, x.float()], dim=1)              # [B, W + T, C]
         flash.keep_rows(self.layer_idx, full)
-        w = window.shape[1]
+        window.copy_(full[:, -window.shape[1]:])
+        return self.dilated(full, x.dtype)
+
+    def dilated(self, full: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """SiLU of the conv over [window, block] rows [B, W + T, C] -> [B, T, C]."""
         # in the block's dtype, as the checkpoint's reference computes it (bf16 rounding)
-        out = F.conv1d(full.to(x.dtype).transpose(1, 2), self.conv1d.weight.to(x.dtype),
+        out = F.conv1d(full.to(dtype).transpose(1, 2), self.conv1d.weight.to(dtype),
                        dilation=self.dilation, groups=full.shape[2])
-        window.copy_(full[:, -w:])
         return F.silu(out).transpose(1, 2)
+
+    def forward_static(self, streams: torch.Tensor, emb: torch.Tensor, window: torch.Tensor,
+                       kept: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """`forward` with static shapes (graphs/compiled_flash_next.py): emb the block's
+        n-gram rows, gathered before the graph; window [B, W, C] the state's, updated in
+        place; kept [B, W + T, C] receives [window, block] (FlashState.keep_rows: the
+        commit's); keep [B, W] which of those rows the window keeps (past the real ones)."""
+        gated = self.gated(streams, emb)
+        x = self.norm_conv(gated)
+        full = torch.cat([window, x.float()], dim=1)
+        kept.copy_(full)
+        window.copy_(full.gather(1, keep[..., None].expand(-1, -1, full.shape[2])))
+        return gated + self.dilated(full, x.dtype)
