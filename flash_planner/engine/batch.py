@@ -11,7 +11,10 @@ A cycle (`Batch.step`):
 3. one target forward verifies every block, padded to the longest with rows that the
    commit makes harmless: a request commits at most its own rows, its GDN state replayed
    from its accepted rows alone, so the padding never reaches the recurrent state, while
-   the KV rows past its length are overwritten before anything reads them;
+   the KV rows past its length are overwritten before anything reads them. A compiled
+   forward computes the padding rows too, so there the blocks are first cut to the row
+   bucket that verifies the most rows a second (`StaticGraphs.best_rows`, timed at
+   warm-up): a cut block loses drafts or forced tokens, as a rejection would;
 4. each request accepts, applies its stop rules, publishes and commits on its own slot
    (`Decoding.finish`), exactly as it does alone.
 
@@ -87,6 +90,7 @@ class CycleStats:
     verify_rows: int = 0          # rows of the batched forwards, padding included
     block_rows: int = 0           # of those, the requests' own (anchor and drafts)
     tokens: int = 0               # tokens published by running requests
+    shortened: int = 0            # blocks cut to a compiled batch's rows (`best_rows`)
 
 
 class Batch:
@@ -221,6 +225,14 @@ class Batch:
         if not running:
             return
         m = len(running)
+        lengths = [int(blocks[id(r)].rows.shape[0]) for r in running]
+        if m > 1 and self.slots.static is not None and max(lengths) > 1:
+            # a compiled forward pads every block to the longest: verify at the rows that
+            # check the most of them a second, longer blocks cut (StaticGraphs.best_rows)
+            cut = self.slots.static.best_rows(lengths)
+            for r in running:
+                blocks[id(r)] = r.decoding.shorten(cut)
+            self.stats.shortened += sum(n > cut for n in lengths)
         rows = [blocks[id(r)].rows for r in running]
         lengths = [int(x.shape[0]) for x in rows]
         t = max(lengths)

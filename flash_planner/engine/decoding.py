@@ -269,6 +269,20 @@ class Decoding:
                               self.constraint, self._room)
         return self.block
 
+    def shorten(self, rows: int) -> Block:
+        """The drafted block cut to its first `rows` rows (a batch verifying at fewer rows:
+        batch.py); the drafts cut off are as if rejected, so the tokens do not change."""
+        block = self.block
+        if block.rows.shape[0] <= rows:
+            return block
+        n = rows - 1
+        if self.constraint is not None:
+            self.constraint.shorten(n)
+        self.block = Block(block.start, block.anchor, block.rows[:rows], block.drafts[:n],
+                           None if block.listed is None else block.listed[:n],
+                           min(block.proposed, n))
+        return self.block
+
     def finish(self, raw: torch.Tensor, finite: torch.Tensor | None,
                taps: torch.Tensor | None, experts: torch.Tensor | None = None) -> None:
         """Steps 3-4 of the drafted block over its rows of the verify (`decide`); experts:

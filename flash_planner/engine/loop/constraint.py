@@ -122,6 +122,7 @@ class Constraint:
         self.position = 0        # tokens published in this request
         self.stats = ConstraintStats()
         self._forced_from = 0    # index in the last block where forced tokens begin
+        self._drafted = 0        # the last block's drafts, forced tokens included
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
         """Start a request: the phase follows the prompt's last think marker."""
@@ -178,8 +179,15 @@ class Constraint:
                 out.append(tok)
                 fed += 1
         self.stats.forced_drafted += len(out) - self._forced_from
+        self._drafted = len(out)
         self.matcher.rollback(fed)
         return out
+
+    def shorten(self, drafts: int) -> None:
+        """The last block verifies only its first `drafts` (a batch cut it: batch.py)."""
+        self.stats.forced_drafted -= max(0, self._drafted - max(drafts, self._forced_from))
+        self._forced_from = min(self._forced_from, drafts)
+        self._drafted = min(self._drafted, drafts)
 
     def masks(self, block: Sequence[int]) -> torch.Tensor:
         """int32 bitmask [len(block)+1, words] of the tokens allowed at each verify row (row i
