@@ -385,6 +385,17 @@ def test_compiled_batches_equal_each_request_alone(checkpoints, make_engine, tmp
     assert static.calls - calls == batch.stats.cycles > 0
     # the MTP forks' drafts and the DFlash groups' ran compiled too
     assert head.calls > head_calls and drafts.calls > draft_calls
+    # forwards costing their rows: a cycle beside a 1-row block verifies 1 row a request,
+    # the longer blocks cut (StaticGraphs.best_rows), and the tokens stay the same
+    measured = dict(static.seconds)
+    static.seconds.update({key: float(key[0] * key[1]) for key in measured})
+    try:
+        batch = Batch(compiled)
+        got = batch.run(requests())
+    finally:
+        static.seconds.update(measured)
+    assert [g.token_ids for g in got] == [a.token_ids for a in alone]
+    assert batch.stats.shortened > 0 and batch.stats.verify_rows == batch.stats.block_rows
     assert counters["stats"]["unique_graphs"] == graphs
 
 
