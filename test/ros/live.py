@@ -82,6 +82,9 @@ class Harness:
         self.client = ActionClient(self.client_node, Plan, f"/{NODE}/plan",
                                    feedback_sub_qos_profile=feedback_qos())
         self.plans: list[dict] = []
+        # every goal's feedback as the topic carried it (`feedback_of`)
+        self._feedback: dict[bytes, list] = {}
+        self._feedback_lock = threading.Lock()
         self.telemetry: list = []
         self.diagnostics: list = []
         latched = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE,
@@ -90,6 +93,8 @@ class Harness:
         sub(String, f"/{NODE}/plan", lambda m: self.plans.append(json.loads(m.data)), latched)
         sub(PlanTelemetry, f"/{NODE}/telemetry", self.telemetry.append, 10)
         sub(DiagnosticArray, "/diagnostics", self.diagnostics.append, 10)
+        sub(Plan.Impl.FeedbackMessage, f"/{NODE}/plan/_action/feedback", self._feedback_seen,
+            feedback_qos())
         self.task_pub = self.client_node.create_publisher(String, f"/{NODE}/task", 10)
         # sized as planner_node sizes its own (max_batch running goals, a full queue,
         # spares), plus the client node's callbacks: goals run concurrently here too
@@ -101,6 +106,18 @@ class Harness:
         self.thread = threading.Thread(target=self._spin, name="harness-executor", daemon=True)
         self.thread.start()
         assert self.client.wait_for_server(timeout_sec=30)
+
+    def _feedback_seen(self, msg) -> None:
+        with self._feedback_lock:
+            self._feedback.setdefault(bytes(msg.goal_id.uuid), []).append(msg.feedback)
+
+    def feedback_of(self, handle) -> list:
+        """Every feedback message of the goal of `handle` so far, in order, read from the
+        action's feedback topic itself: rclpy's ActionClient stops calling a goal's feedback
+        callback once its result has arrived, and the result (a service response) can
+        arrive before the last feedback (a topic message) that was published before it."""
+        with self._feedback_lock:
+            return list(self._feedback.get(bytes(handle.goal_id.uuid), ()))
 
     def _spin(self) -> None:
         while self._spinning and self.context.ok():

@@ -66,7 +66,7 @@ class Goal:
     """One goal of a test: its handle, the feedback it received, its first feedback."""
 
     def __init__(self, h, task: str, events: list, lock: threading.Lock, index: int):
-        self.task, self.feedback, self.first = task, [], threading.Event()
+        self.h, self.task, self.feedback, self.first = h, task, [], threading.Event()
 
         def on_feedback(msg) -> None:
             with lock:
@@ -89,15 +89,17 @@ class Goal:
         return result_of(self.result_future)
 
     def text(self, result) -> str:
-        """The goal's feedback text, once every message up to its result has arrived."""
-        assert wait_for(lambda: self.feedback and self.feedback[-1].tokens_so_far
-                        == result.telemetry.new_tokens, 30), (
-            self.task, result.error, result.telemetry.new_tokens,
-            [f.tokens_so_far for f in self.feedback])
-        return "".join(f.delta_text for f in self.feedback)
+        """The goal's feedback text, once every message up to its result has arrived (read
+        from the topic: the client's callback may miss the last, `Harness.feedback_of`)."""
+        def counts() -> list[int]:
+            return [f.tokens_so_far for f in self.h.feedback_of(self.handle)]
+
+        assert wait_for(lambda: counts()[-1:] == [result.telemetry.new_tokens], 30), (
+            self.task, result.error, result.telemetry.new_tokens, counts())
+        return "".join(f.delta_text for f in self.h.feedback_of(self.handle))
 
     def streamed_steps(self) -> list:
-        return [(i, json.loads(s)) for f in self.feedback
+        return [(i, json.loads(s)) for f in self.h.feedback_of(self.handle)
                 for i, s in zip(f.step_indices, f.steps_json)]
 
 
