@@ -26,7 +26,6 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ....kernels import dispatch
 from ...config import LINEAR_ATTENTION, ModelConfig
 from ...state.cache import InferenceState
 from ..qwen.attention import Attention
@@ -107,17 +106,12 @@ class FlashNextLayer(nn.Module):
             mix, post = attn.pre(h)
             return attn.post(attn.mix_static(mix, cos, sin, positions, key_rows, cache), post)
         ix = attn.indexer
-        (q, k, v), post = attn.pre(h)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_cache, v_cache, *scales = cache
-        k_scale, v_scale = scales or (None, None)
-        dispatch.kv_append(k_cache, k, positions, k_scale)
-        dispatch.kv_append(v_cache, v, positions, v_scale)
+        mix, post = attn.pre(h)
+        q, k_scale, v_scale = attn.write_static(mix, cos, sin, positions, cache)
         index_q, index_k = ix.project(h, cos, sin)
+        ix.store(index_keys, index_k, positions)
         b, t = q.shape[:2]
-        index_keys[torch.arange(b, device=h.device)[:, None], positions] = (
-            index_k.to(index_keys.dtype))
-        out = qsa_cache_attention(q, k_cache, v_cache, index_q, index_keys, positions,
+        out = qsa_cache_attention(q, cache[0], cache[1], index_q, index_keys, positions,
                                   key_rows, k_scale, v_scale, attn.head_dim ** -0.5,
                                   ix.k_layernorm.weight, ix.k_layernorm.eps, ix.ratio,
                                   ix.topk, ix.rope.rotary_dim, ix.rope.theta)

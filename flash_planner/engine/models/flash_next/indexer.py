@@ -49,13 +49,20 @@ class QSAIndexer(nn.Module):
         q, k = self.index_qk_proj(h).split((self.heads * self.dim, self.dim), dim=-1)
         return apply_rope(self.q_layernorm(q.view(b, t, self.heads, self.dim)), cos, sin), k
 
+    @staticmethod
+    def store(keys: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> None:
+        """The rows' raw index keys k [B, T, D] into the state's keys [B, C, D] at
+        `positions` [B, T]."""
+        rows = torch.arange(k.shape[0], device=k.device)[:, None]
+        keys[rows, positions] = k.to(keys.dtype)
+
     def select(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """h [B, T, H] -> which keys each row reads [B, 1, T, L] (the causal mask and the
         selection), writing the rows' raw keys to the state."""
         b = h.shape[0]
         q, k = self.project(h, ctx.cos, ctx.sin)
         keys = ctx.state.flash.index_keys[self.layer_idx]
-        keys[torch.arange(b, device=h.device)[:, None], ctx.positions] = k.to(keys.dtype)
+        self.store(keys, k, ctx.positions)
         length = ctx.key_length
         causal = ctx.causal_mask if ctx.causal_mask.dim() == 4 else ctx.causal_mask[None, None]
         chosen = selected_keys(q, keys, ctx.positions, length, self.ratio, self.topk,

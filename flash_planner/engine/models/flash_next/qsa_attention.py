@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ....kernels import dispatch
-from ..qwen.layers import attention
+from ..qwen.cache_attention import attend_rows
 from .indexer import selected_keys
 
 
@@ -29,14 +28,9 @@ def qsa_cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     with this block's already written; the k norm's weight and eps, the block ratio and
     count, the rotary dims and theta) -> [B, T, H, D] (contiguous)."""
     n = int(rows[0])
-    keys = dispatch.kv_read(k_cache, n, k_scale, q.dtype)
-    values = dispatch.kv_read(v_cache, n, v_scale, q.dtype)
-    mask = torch.arange(n, device=q.device) <= positions[:, None, :, None]   # [B, 1, T, n]
     chosen = selected_keys(index_q, index_keys, positions, n, ratio, topk, norm_weight, eps,
                            rotary_dim, theta)
-    if chosen is not None:
-        mask = mask & chosen[:, None]
-    return attention(q, keys, values, mask, scale).contiguous()
+    return attend_rows(q, k_cache, v_cache, positions, n, k_scale, v_scale, scale, chosen)
 
 
 @qsa_cache_attention.register_fake

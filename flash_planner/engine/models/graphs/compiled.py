@@ -300,14 +300,8 @@ class StaticForward(StaticGraphs):
         if padded or not all_logits:
             rows = slice(0, t) if all_logits else slice(t - 1, t)
             logits, finite = logits[:m, rows], finite[:m, rows]
-        kept = [logits, finite, *(outs[i][:m, :t] if padded else outs[i] for i in taps)]
-        if routing is not None:
-            kept += [ids.view(*key, -1)[:m, :t].reshape(m * t, -1) for ids in routes]
-        if self.cuda_graphs:   # the graph's outputs: the next replay overwrites them
-            kept = [x.clone() for x in kept]
-        if routing is not None:
-            routing.ids.extend(kept[2 + len(taps):])
-        return kept[0], kept[2:2 + len(taps)], kept[1]
+        tapped = [outs[i][:m, :t] if padded else outs[i] for i in taps]
+        return self._hand_out(key, m, t, logits, finite, tapped, routes, routing)
 
     def _shift(self, bb: int, shift: int | list[int]) -> None:
         """Stage each row's rotary shift (padding rows: 0); a tensor write only where one

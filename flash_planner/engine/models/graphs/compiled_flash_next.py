@@ -80,6 +80,10 @@ class StaticFlashNext(StaticGraphs):
                            for i in self.ple_at} for key in self.keys}
         self.keep = {key: torch.zeros(key[0], window, dtype=torch.long, device=device)
                      for key in self.keys}
+        # per bucket and layer, what its PLE reads and writes (window, kept rows, rows kept)
+        self.ples = {key: tuple((flash.ple_window[i], self.kept[key][i], self.keep[key])
+                                if i in self.ple_at else None for i in range(len(model.layers)))
+                     for key in self.keys}
         self.caches = {rec: tuple(layer_cache(state, i, rec) for i in range(len(model.layers)))
                        for rec in (False, True)}
         self.index_keys = tuple(flash.index_keys.get(i) for i in range(len(model.layers)))
@@ -117,14 +121,8 @@ class StaticFlashNext(StaticGraphs):
             else:
                 s = model.mtp_taps.index(tap)
                 tapped.append(streams[:m, :t, s * h:(s + 1) * h])
-        kept = [logits[:m, rows], finite[:m, rows], *tapped]
-        if routing is not None:
-            kept += [r.view(*key, -1)[:m, :t].reshape(m * t, -1) for r in routes]
-        if self.cuda_graphs:   # the graph's outputs: the next replay overwrites them
-            kept = [x.clone() for x in kept]
-        if routing is not None:
-            routing.ids.extend(kept[2 + len(taps):])
-        return kept[0], kept[2:2 + len(taps)], kept[1]
+        return self._hand_out(key, m, t, logits[:m, rows], finite[:m, rows], tapped, routes,
+                              routing)
 
     def _stage_keep(self, key: tuple[int, int], t: int) -> None:
         """Which rows of [window, block] each PLE window keeps: those after the t real
@@ -138,8 +136,6 @@ class StaticFlashNext(StaticGraphs):
 
     def _forward(self, key: tuple[int, int], valid: torch.Tensor, window_rows: torch.Tensor):
         rec = key[1] > 1          # blocks of several rows record their steps
-        ples = tuple((self.state.flash.ple_window[i], self.kept[key][i], self.keep[key])
-                     if i in self.ple_at else None for i in range(len(self.model.layers)))
         return self.whole.call(key, self.model, self.ids[key], self.positions[key],
-                               self.embeddings[key], self.caches[rec], ples,
+                               self.embeddings[key], self.caches[rec], self.ples[key],
                                self.index_keys, self.key_rows, valid, window_rows)

@@ -23,6 +23,7 @@ import torch
 from ....kernels.toolchain import toolchain_error
 from ...config import cache_home
 from ...state.cache import InferenceState
+from ..qwen.moe import RoutingRecord
 from .direct import DirectGraph, check_direct
 
 log = logging.getLogger(__name__)
@@ -297,6 +298,22 @@ class StaticGraphs:
 
     def _forward(self, key: tuple[int, int], valid: torch.Tensor, window_rows: torch.Tensor):
         raise NotImplementedError
+
+    def _hand_out(self, key: tuple[int, int], m: int, t: int, logits: torch.Tensor,
+                  finite: torch.Tensor, tapped: list[torch.Tensor], routes: list[torch.Tensor],
+                  routing: RoutingRecord | None):
+        """A target forward's results, its real rows already taken: (logits, taps, finite),
+        the real rows' expert ids into `routing`; on CUDA copies (the graph's outputs: the
+        next replay overwrites them)."""
+        kept = [logits, finite, *tapped]
+        if routing is not None:
+            kept += [ids.view(*key, -1)[:m, :t].reshape(m * t, -1) for ids in routes]
+        if self.cuda_graphs:
+            kept = [x.clone() for x in kept]
+        n = 2 + len(tapped)
+        if routing is not None:
+            routing.ids.extend(kept[n:])
+        return kept[0], kept[2:n], kept[1]
 
     def _warm_state(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The state emptied and opened for a full bucket at position 0 of every row (FP8

@@ -64,16 +64,24 @@ class Attention(nn.Module):
         [B, Hkv] for a batch of slots, when the cache is FP8) and attend over its first
         `key_rows` rows (a host int64 [1]: `cache_attention`), each row to the cache rows at
         or before its position (each row of a batch at its own length)."""
+        q, k_scale, v_scale = self.write_static(inputs, cos, sin, positions, cache)
+        b, t = q.shape[:2]
+        out = cache_attention(q, cache[0], cache[1], positions, key_rows, k_scale, v_scale,
+                              self.head_dim ** -0.5)
+        return out.reshape(b, t, self.num_heads * self.head_dim)
+
+    def write_static(self, inputs: tuple[torch.Tensor, ...], cos: torch.Tensor,
+                     sin: torch.Tensor, positions: torch.Tensor,
+                     cache: tuple[torch.Tensor, ...]):
+        """`mix_static`'s first half: q and k turned, k and v written at `positions` of the
+        layer's cache -> (q, the cache's k and v scales or None)."""
         q, k, v = inputs
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_cache, v_cache, *scales = cache
         k_scale, v_scale = scales or (None, None)
         dispatch.kv_append(k_cache, k, positions, k_scale)
         dispatch.kv_append(v_cache, v, positions, v_scale)
-        b, t = q.shape[:2]
-        out = cache_attention(q, k_cache, v_cache, positions, key_rows, k_scale, v_scale,
-                              self.head_dim ** -0.5)
-        return out.reshape(b, t, self.num_heads * self.head_dim)
+        return q, k_scale, v_scale
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                mask: torch.Tensor) -> torch.Tensor:

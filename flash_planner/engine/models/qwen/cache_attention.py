@@ -26,10 +26,21 @@ def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     k_cache, v_cache [B, C, Hkv, D] (FP8 with their scales, or in q's dtype), each row over
     the cache rows at or before its position -> [B, T, H, D] (contiguous). Rows past `rows`
     are never read: they may hold anything."""
-    n = int(rows[0])
+    return attend_rows(q, k_cache, v_cache, positions, int(rows[0]), k_scale, v_scale, scale)
+
+
+def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                positions: torch.Tensor, n: int, k_scale: torch.Tensor | None,
+                v_scale: torch.Tensor | None, scale: float,
+                keep: torch.Tensor | None = None) -> torch.Tensor:
+    """The body of the cache attention ops (this one, flash_next/qsa_attention.py): q over
+    the first n cache rows, causal by position, and where `keep` [B, T, n] says (the rows
+    each query reads besides; None: every row)."""
     keys = dispatch.kv_read(k_cache, n, k_scale, q.dtype)
     values = dispatch.kv_read(v_cache, n, v_scale, q.dtype)
     mask = torch.arange(n, device=q.device) <= positions[:, None, :, None]   # [B, 1, T, n]
+    if keep is not None:
+        mask = mask & keep[:, None]
     return attention(q, keys, values, mask, scale).contiguous()
 
 
