@@ -50,7 +50,7 @@ Parts (each one table, all of them in one JSON file):
             eager and through the batch's compiled graphs (CUDA graphs, batch buckets 1
             and 8): ms of each, and the aggregate (8 x ms of one / ms of eight).
             --small: tiny widths, eager only.
-bench/kernels.py has the hot-path kernels' table.
+bench/kernel_times.py has the hot-path kernels' table.
 
     python bench/gpu.py [--parts ceilings gemm thor] [--json-out FILE]   # a CUDA GPU
     python bench/gpu.py --small     # tiny shapes on a CPU, kernels interpreted: a smoke run

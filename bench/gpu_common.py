@@ -1,21 +1,14 @@
-"""What bench/gpu.py's parts share: the timers of bench/kernels.py, the engine slices of
+"""What bench/gpu.py's parts share: the timers of bench/kernel_times.py, the engine slices of
 bench/slices.py, the shapes, formats and rows measured, and Thor's bandwidth."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-# bench/kernels.py's timers, loaded under another name: a module called `kernels` would
-# shadow Hugging Face's package of that name, which transformers probes for
-_spec = importlib.util.spec_from_file_location("bench_kernels", HERE / "kernels.py")
-_bench_kernels = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_bench_kernels)
-copy_bandwidth, timed_ms = _bench_kernels.copy_bandwidth, _bench_kernels.timed_ms
-graph_ms = _bench_kernels.graph_ms
+from kernel_times import copy_bandwidth, graph_ms, timed_ms  # noqa: E402,F401
 
 PARTS = ("ceilings", "gemm", "thor", "slices", "demo", "profile", "vision", "batch")
 # `batch` compiles 10 more graphs at the 27B's width (minutes cold): asked for by name

@@ -80,6 +80,15 @@ def test_kernels_are_a_folder_of_the_package():
     assert folder.is_dir() and not folder.is_symlink() and not (REPO / "kernels").exists()
 
 
+def test_no_bench_or_test_module_shadows_an_installed_package():
+    """The tests put bench/ and test/ first on sys.path (conftest.py): a module there named
+    as an installed package's (bench/kernels.py beside Hugging Face's `kernels`, which
+    transformers 5.25 requires) is what `import` finds, and transformers fails to load."""
+    installed = set(metadata.packages_distributions())
+    ours = {f.stem for folder in ("bench", "test") for f in (REPO / folder).glob("*.py")}
+    assert not ours & installed, sorted(ours & installed)
+
+
 def test_setup_packages_have_no_top_level_kernels():
     code = (  # run setup.py with setup() replaced by a printer of its packages
         "import json, runpy, setuptools; "

@@ -52,7 +52,7 @@ def skinny_launch(fmt: str, x: torch.Tensor, operands: Sequence, gated: bool,
 
 def time_ms(fn: Callable[[], object], repeats: int) -> float:
     """Median time of `fn` in ms after one warm-up call (the compile): CUDA events on a GPU,
-    the wall clock otherwise (bench/kernels.py times with it too). Interpreted kernels have
+    the wall clock otherwise (bench/kernel_times.py times with it too). Interpreted kernels have
     nothing to compile, and each call takes seconds: no warm-up then."""
     if not INTERPRETED:
         fn()

@@ -6,8 +6,8 @@ of one verify); acceptance over 15 drafts and a 248320-token vocabulary. Times a
 medians after warm-up. For the copy/append kernels, the bytes moved over the time are also
 shown as a fraction of this GPU's device-to-device copy bandwidth, measured in the same run.
 
-    python bench/kernels.py            # needs a CUDA GPU
-    python bench/kernels.py --small    # tiny shapes on CPU (TRITON_INTERPRET=1): a smoke run
+    python bench/kernel_times.py            # needs a CUDA GPU
+    python bench/kernel_times.py --small    # tiny shapes on CPU (TRITON_INTERPRET=1): a smoke run
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     parser.add_argument("--small", action="store_true", help="tiny shapes, CPU smoke run")
     args = parser.parse_args(argv)
     if not args.small and not torch.cuda.is_available():
-        print("bench/kernels.py needs a CUDA GPU (use --small for a CPU smoke run)",
+        print("bench/kernel_times.py needs a CUDA GPU (use --small for a CPU smoke run)",
               file=sys.stderr)
         return 2
     device = "cpu" if args.small else "cuda"
