@@ -13,8 +13,9 @@ A cycle (`Batch.step`):
    from its accepted rows alone, so the padding never reaches the recurrent state, while
    the KV rows past its length are overwritten before anything reads them. A compiled
    forward computes the padding rows too, so there the blocks are first cut to the row
-   bucket that verifies the most rows a second (`StaticGraphs.best_rows`, timed at
-   warm-up): a cut block loses drafts or forced tokens, as a rejection would;
+   bucket that verifies the most rows a second of the cycle (`StaticGraphs.best_rows`:
+   the forwards timed at warm-up, the cycle's other work measured as it runs): a cut
+   block loses drafts or forced tokens, as a rejection would;
 4. each request accepts, applies its stop rules, publishes and commits on its own slot
    (`Decoding.finish`), exactly as it does alone.
 
@@ -58,6 +59,8 @@ from .state.slots import SlotStates
 from .telemetry import SharedPhase
 
 log = logging.getLogger(__name__)
+
+OVERHEAD_SMOOTHING = 0.2     # of the moving average of a cycle's work besides its verify
 
 
 @dataclass
@@ -121,6 +124,7 @@ class Batch:
         self._lock = threading.Lock()             # guards _waiting: submit from any thread
         self.stats = CycleStats()
         self.draft_cap = draft_cap
+        self._overhead = 0.0      # seconds of a batched cycle besides its verify (moving)
 
     # ---- any thread
     def submit(self, request: BatchRequest) -> Future:
@@ -220,6 +224,7 @@ class Batch:
     def _cycle(self) -> None:
         if not self._active:
             return
+        t0 = time.perf_counter()
         blocks = self._draft(self.draft_cap)
         running = list(self._active)
         if not running:
@@ -228,8 +233,9 @@ class Batch:
         lengths = [int(blocks[id(r)].rows.shape[0]) for r in running]
         if m > 1 and self.slots.static is not None and max(lengths) > 1:
             # a compiled forward pads every block to the longest: verify at the rows that
-            # check the most of them a second, longer blocks cut (StaticGraphs.best_rows)
-            cut = self.slots.static.best_rows(lengths)
+            # check the most of them a second of the cycle, longer blocks cut
+            # (StaticGraphs.best_rows)
+            cut = self.slots.static.best_rows(lengths, self._overhead)
             for r in running:
                 blocks[id(r)] = r.decoding.shorten(cut)
             self.stats.shortened += sum(n > cut for n in lengths)
@@ -245,9 +251,11 @@ class Batch:
         model = self.engine.model
         routing = RoutingRecord() if model.moe_blocks else None
         try:
+            t1 = time.perf_counter()
             with SharedPhase([r.decoding.timer for r in running], "verify"):
                 out = model(ids, state, record_steps=t > 1, taps=tap_ids, all_logits=True,
                             routing=routing, real_rows=lengths if m > 1 else None)
+            t2 = time.perf_counter()
         except Exception as exc:
             for r in running:
                 self._end(r, exc)
@@ -295,6 +303,10 @@ class Batch:
                 r.decoding.state.kv.clear()
         for r, exc in ended:      # after every slot has committed: the moves need that
             self._end(r, exc)
+        if m > 1:
+            # the cycle's work besides its verify (`best_rows`), a moving average
+            rest = time.perf_counter() - t2 + t1 - t0
+            self._overhead += OVERHEAD_SMOOTHING * (rest - self._overhead)
 
     def abort(self, error: BaseException) -> None:
         """End every request in the batch with `error` (after a fault of the batch itself:

@@ -246,7 +246,8 @@ class Engine:
         report = slots.static.warm_up(progress)
         if slots.heads is not None:
             slots.heads.static = StaticHead(mtp.head, slots.heads.whole, config.max_block,
-                                            config.compile_cache, (max_batch,))
+                                            config.compile_cache, (max_batch,),
+                                            *mtp.chain_parts())
             report = report.plus(slots.heads.static.warm_up(progress))
         if dflash is not None:
             slots.drafts = StaticDrafter(dflash.drafter, dflash.embed, dflash.lm_head_weight,
@@ -316,7 +317,8 @@ def compile_forwards(engine: Engine, progress: Callable[[str], None] | None = No
     engine.model.set_static(static)
     mtp = engine.proposers.get("mtp")
     if mtp is not None and not flash_next:       # Flash-Next's MTP module runs eager
-        head = StaticHead(mtp.head, mtp.state, config.max_block, config.compile_cache)
+        head = StaticHead(mtp.head, mtp.state, config.max_block, config.compile_cache,
+                          (1,), *mtp.chain_parts())
         report = report.plus(head.warm_up(progress))
         mtp.head.static = head
     dflash = engine.proposers.get("dflash")

@@ -18,6 +18,7 @@ import torch
 from poisoned_cache import poison
 from torch._dynamo.utils import counters
 
+from flash_planner.engine.batch import Batch, BatchRequest
 from flash_planner.engine.config import ConfigError, EngineConfig, cache_home
 from flash_planner.engine.generate import CancelToken, GenerationSettings, generate
 from flash_planner.engine.inputs.grammar import JsonGrammarCompiler
@@ -134,6 +135,7 @@ def test_compiled_tokens_equal_eager(pairs, kind, method, kv, dtype):
     dflash = compiled.proposers.get("dflash")
     drafter = dflash.drafter.static if dflash is not None else None
     head_before = head.calls if head is not None else 0
+    chain_before = head.chain_calls if head is not None else 0
     drafter_before = drafter.calls if drafter is not None else 0
     ref, got = _generate(eager, method), _generate(compiled, method)
     if dtype == "bf16":
@@ -146,10 +148,39 @@ def test_compiled_tokens_equal_eager(pairs, kind, method, kv, dtype):
     assert got.stats.experts_per_verify == ref.stats.experts_per_verify
     if method != "none":
         assert got.stats.drafted > 0
-    if method == "mtp":   # the head's drafting steps ran compiled too
-        assert head.calls - head_before >= got.stats.cycles
+    if method == "mtp":   # the head's drafting steps ran compiled too, each chain in one
+        assert head.calls - head_before >= got.stats.cycles     # graph with eager's drafts
+        assert head.chain_calls > chain_before and got.stats.accepted == ref.stats.accepted
     if method == "dflash":  # and so did every DFlash proposal
         assert drafter.calls - drafter_before == got.stats.method_cycles["dflash"]
+
+
+def test_a_batch_drafts_each_mtp_chain_in_one_graph(pairs):
+    """A compiled batch's MTP forks draft every chain after its first draft in one graph
+    call (`StaticHead.run_chain`): the tokens and the accepted drafts of the eager batch,
+    whose head drafts step by step (blocks never cut: every row bucket costs the same)."""
+    eager, compiled = pairs("hybrid")
+    tok = eager.tokenizer
+    prompts = [tok.encode(text, add_special_tokens=False)
+               for text in (PROMPT, "pick the red cup", PROMPT + " and wait")]
+
+    def requests():
+        return [BatchRequest(p, GenerationSettings(24 + 4 * i, ignore_eos=True, method="mtp"))
+                for i, p in enumerate(prompts)]
+
+    ref = Batch(eager, max_batch=2).run(requests())
+    batch = Batch(compiled, max_batch=2)
+    head, static = batch.slots.heads.static, batch.slots.static
+    assert head.chain == BLOCK - 1
+    before, measured = head.chain_calls, dict(static.seconds)
+    static.seconds.update({key: 1.0 for key in measured})
+    try:
+        got = batch.run(requests())
+    finally:
+        static.seconds.update(measured)
+    assert [g.token_ids for g in got] == [r.token_ids for r in ref]
+    assert [g.stats.accepted for g in got] == [r.stats.accepted for r in ref]
+    assert head.chain_calls - before >= batch.stats.cycles // 2 > 0
 
 
 @pytest.mark.parametrize("method", ["dflash", "mtp"])

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.drafters.mtp import MTPHead
+from ..models.graphs.compiled_drafts import StaticHead
 from ..models.qwen.inference import inference
 from ..models.qwen.target import TargetModel
 from ..state.cache import InferenceState, StateCopy
@@ -82,6 +83,11 @@ class MTPProposer(Proposer):
         clone._prefix, clone.slots, clone.row = None, slots, row
         return clone
 
+    def chain_parts(self) -> tuple[int, torch.nn.Embedding, torch.Tensor]:
+        """What a compiled head needs to run a proposal's drafts after its first as one
+        graph (`StaticHead.run_chain`): the drafts per proposal, embedding, lm_head."""
+        return self.block_size - 1, self.embed, self.lm_head_weight
+
     def head_slots(self, rows: int) -> SlotStates:
         """Caches for `rows` forks that draft together (`fork(slots, row)`)."""
         s = self.state
@@ -129,6 +135,11 @@ class MTPProposer(Proposer):
         _settle(slots, n, {row: t.shape[0] for row, (t, _) in zip(rows, firsts)})
         now = out[:, -1:].clone()                                   # [n, 1, H] every row
         now[rows] = out[rows, last][:, None]
+        chained = None
+        if _head_compiled_over(slots, lead.head):
+            chained = _chained(slots.static, now, slots.rows(n, rows), heads, asks)
+        if chained is not None:
+            return [chained[row, :a.num] for row, a in zip(rows, asks)]
         drafts = [[p._draft(now[row:row + 1], a.start + 1)]
                   for p, a, row in zip(heads, asks, rows)]
         for step in range(1, max(a.num for a in asks)):
@@ -229,6 +240,10 @@ class MTPProposer(Proposer):
         out = self.head(self.embed(tokens)[None], hidden, self.state)
         self.state.commit(out.shape[1])
         out = out[:, -1:]
+        chained = _chained(self.head.static, out, self.state, [self],
+                           [DraftAsk(self, anchor, start, num)])
+        if chained is not None:
+            return chained[0, :num]
         drafts = [self._draft(out, start + 1)]
         for i in range(num - 1):
             out = self.head(self.embed(drafts[-1])[None], out, self.state)
@@ -262,15 +277,36 @@ def _head_compiled_over(slots: SlotStates, head: MTPHead) -> bool:
     return slots.static is not None and head.batch_static is slots.static
 
 
+def _chained(static: StaticHead | None, now: torch.Tensor, state: object,
+             heads: list[MTPProposer], asks: Sequence[DraftAsk]) -> torch.Tensor | None:
+    """Every row's drafts [rows, chain] in one compiled chain (`StaticHead.run_chain`),
+    where the head has one for `state`, the longest ask drafts the whole chain (a shorter
+    one would compute drafts nobody asked for) and every request drafts greedily (a
+    sampled one's picker draws each draft itself); None: step by step. The chain's cache
+    rows are dropped as a step's are."""
+    if (static is None or any(p.picker is not None for p in heads)
+            or max(a.num for a in asks) != static.chain
+            or not static.accepts_chain(state, now.shape[0])):
+        return None
+    drafts = static.run_chain(now, state)
+    for p, a in zip(heads, asks):
+        p.state.truncate(a.start)
+    return drafts
+
+
 def _catch_up_together(slots: SlotStates, n: int, heads: list[MTPProposer],
                        asks: Sequence[DraftAsk]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each fork's catch-up (`_catch_up`), those of forks whose caches are calibrated in
-    head forwards over rows 0..n-1 of `slots` together, a chunk of rows at a time (a cache
-    not yet calibrated is calibrated by its own first rows, alone); -> each fork's last
-    commit's (tokens, hidden), for the first forward of this proposal."""
+    """Each fork's catch-up (`_catch_up`), those of two or more forks whose caches are
+    calibrated in head forwards over rows 0..n-1 of `slots` together, a chunk of rows at a
+    time (a cache not yet calibrated is calibrated by its own first rows, alone; a lone
+    catch-up runs alone, not padded to n rows); -> each fork's last commit's (tokens,
+    hidden), for the first forward of this proposal."""
     taken = [p._take_pending(a.anchor, a.start) for p, a in zip(heads, asks)]
     together = [i for i, (p, (_, _, split)) in enumerate(zip(heads, taken))
                 if split and (not p.state.kv.is_fp8 or all(p.state.kv.calibrated))]
+    if len(together) == 1:
+        # one request catching up (a newcomer's prompt): on its own row, not padded to n
+        together = []
     for i, (p, (tokens, hidden, split)) in enumerate(zip(heads, taken)):
         p.catchup_ms = 0.0
         if split and i not in together:

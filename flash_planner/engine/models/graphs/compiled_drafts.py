@@ -34,12 +34,21 @@ class StaticHead(StaticGraphs):
     """Runs `MTPHead.forward` for up to max_block rows as one compiled graph per bucket on
     the head's own state: the MTP proposer's drafting steps and its per-cycle catch-up. Or
     on a batch's head slots (`MTPProposer.head_slots`), whose drafts go through the head
-    together over every slot (`propose_together`): `batches` (the slots' count,)."""
+    together over every slot (`propose_together`): `batches` (the slots' count,).
+
+    With `chain` (the proposer's drafts per proposal, embed and lm_head given), a greedy
+    proposal's drafts after its first forward are one graph call per batch bucket
+    (`run_chain`): each draft's logits and argmax, and the head's row for the next, inside
+    the graph. Drafted one step at a time instead, a chain of 9 is 8 graph calls with the
+    logits, argmax and embedding between them on the host: on a CPU batch of 8, more than
+    the verify."""
 
     part = "MTP head"
 
     def __init__(self, head: nn.Module, state: InferenceState, max_block: int,
-                 cache_dir: str | None = None, batches: tuple[int, ...] = (1,)):
+                 cache_dir: str | None = None, batches: tuple[int, ...] = (1,),
+                 chain: int = 0, embed: nn.Embedding | None = None,
+                 lm_head_weight: torch.Tensor | None = None):
         weight = head.pre_fc_norm_hidden.weight
         super().__init__(state, max_block, cache_dir, weight.device, batches)
         if batches != (1,):
@@ -52,6 +61,21 @@ class StaticHead(StaticGraphs):
         self.inputs = {key: (torch.zeros(*key, hidden, dtype=dtype, device=self.device),
                              torch.zeros(*key, hidden, dtype=dtype, device=self.device))
                        for key in self.keys}
+        self.chain = chain if chain > 1 and embed is not None else 0
+        self.chain_calls = 0
+        self.embed, self.lm_head_weight = embed, lm_head_weight
+        if self.chain:
+            self.chain_graph = self._compile(_mtp_chain)
+            # per batch bucket: the first draft's head output [bb, 1, H] and each row's
+            # position for the second [bb, 1]; per chain step, the cache rows its attention
+            # reads (a host tensor, as `key_rows`)
+            self.chain_inputs = {bb: (torch.zeros(bb, 1, hidden, dtype=dtype,
+                                                  device=self.device),
+                                      torch.zeros(bb, 1, dtype=torch.long, device=self.device))
+                                 for bb in batches}
+            self.chain_rows = torch.zeros(self.chain - 1, dtype=torch.long)
+            self._chain_steps = torch.arange(1, self.chain)       # step j reads j + 1 more
+            self.chains: dict[tuple[int, int], CapturedGraph] = {}   # (bb, key bucket)
 
     def accepts(self, embedded: torch.Tensor, state: InferenceState) -> bool:
         return self.fits(state, embedded.shape[0], embedded.shape[1])
@@ -72,6 +96,71 @@ class StaticHead(StaticGraphs):
                                self.positions[key], self.key_rows, rope.rotary_dim,
                                rope.theta, valid, window_rows)
 
+    def accepts_chain(self, state: object, batch: int) -> bool:
+        """Whether `run_chain` takes a proposal over these `batch` rows of `state` (the
+        chain's rows, written past each row's length, fit its cache)."""
+        slots = self._slots(state, batch) if self.chain and self.report is not None else None
+        return slots is not None and all(s.length + self.chain <= s.capacity for s in slots)
+
+    def run_chain(self, now: torch.Tensor, state: object) -> torch.Tensor:
+        """A greedy proposal's `chain` drafts [B, chain] from the head's output now [B, 1, H]
+        for each row's first draft (the rows of its last commit just kept): each further
+        draft from the head's row at the next position, the argmax of the one before fed
+        in. The chain's cache rows lie past each row's length (nothing is kept: the
+        proposer forgets drafts' entries before the verify)."""
+        b = now.shape[0]
+        lengths = [s.length for s in self._slots(state, b)]
+        bb = self._batch_of[b]
+        now_in, first = self.chain_inputs[bb]
+        now_in[:b].copy_(now)
+        first.zero_()
+        first[:b, 0].copy_(torch.tensor(lengths))
+        torch.add(self._chain_steps, max(lengths), out=self.chain_rows)
+        self.calls += 1
+        self.chain_calls += 1
+        valid, window_rows = self.padding(bb, 1, b, 1)
+        if self.direct:
+            out = self._chain_forward(bb, valid, window_rows)
+        else:
+            captured = None
+            if self.chains:
+                captured = self.chains[bb, self.key_bucket(int(self.chain_rows[-1]))]
+            out = run_graph(captured, partial(self._chain_forward, bb), valid, window_rows)
+        return out[:b].clone() if self.cuda_graphs else out[:b]
+
+    def _chain_forward(self, bb: int, valid: torch.Tensor, window_rows: torch.Tensor):
+        rope = self.head.cfg.rope
+        return self.chain_graph.call(("chain", bb), self.head, self.embed,
+                                     self.lm_head_weight, self.caches[bb],
+                                     *self.chain_inputs[bb], self.chain_rows,
+                                     rope.rotary_dim, rope.theta, valid, window_rows)
+
+    def _warm_extra(self, progress: Callable[[str], None] | None) -> None:
+        """The chain's graph per batch bucket, from the empty state (on CUDA captured per
+        key bucket; on a CPU run through dynamo, then checked by direct calls)."""
+        kv = self.state.kv
+        for bb in self.batches if self.chain else ():
+            t0 = time.perf_counter()
+            valid, window_rows = self.padding(bb, 1, bb, 1)
+            for kb in self.key_buckets or (self.chain,):
+                self._warm_state((bb, 1))
+                for x in self.chain_inputs[bb]:
+                    x.zero_()
+                self.chain_rows.fill_(kb)
+                forward = partial(self._chain_forward, bb, valid, window_rows)
+                if self.cuda_graphs:
+                    self.chains[bb, kb] = CapturedGraph(partial(self._chain_forward, bb),
+                                                        valid, window_rows)
+                elif self.compiled[0].direct:
+                    check_direct(self.compiled, self.part, (forward(), kv.k, kv.v),
+                                 lambda again=forward: (again(), kv.k, kv.v))
+                else:
+                    forward()
+            if progress is not None:
+                rows = "" if bb == 1 else f"{bb} x "
+                progress(f"compiled the {self.part}'s {rows}{self.chain}-draft chain "
+                         f"({time.perf_counter() - t0:.1f} s)")
+
 
 def _mtp_head(head: nn.Module, caches: tuple[tuple[torch.Tensor, ...], ...],
               embedded: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
@@ -82,6 +171,29 @@ def _mtp_head(head: nn.Module, caches: tuple[tuple[torch.Tensor, ...], ...],
     outs, _ = span_forward(tuple(head.layers), caches, x, cos, sin, positions, key_rows,
                            valid, window_rows)
     return head.norm(outs[-1])
+
+
+def _mtp_chain(head: nn.Module, embed: nn.Embedding, lm_head_weight: torch.Tensor,
+               caches: tuple[tuple[torch.Tensor, ...], ...], now: torch.Tensor,
+               first: torch.Tensor, key_rows: torch.Tensor, rotary_dim: int, theta: float,
+               valid: torch.Tensor, window_rows: torch.Tensor) -> torch.Tensor:
+    """`StaticHead.run_chain`: drafts [bb, 1 + key_rows' length], each the argmax of the
+    target's lm_head over the head's output (as `MTPProposer._draft` picks greedily), the
+    head run at positions first + j for draft j + 2."""
+    drafts = []
+    steps = key_rows.shape[0]
+    for j in range(steps + 1):
+        token = (head.logit_input(now) @ lm_head_weight.T).argmax(dim=-1)      # [bb, 1]
+        drafts.append(token)
+        if j == steps:
+            break
+        positions = first + j
+        x = head.fuse(embed(token), now)
+        cos, sin = rope_cos_sin(positions, rotary_dim, theta, x.dtype)
+        outs, _ = span_forward(tuple(head.layers), caches, x, cos, sin, positions,
+                               key_rows[j:j + 1], valid, window_rows)
+        now = head.norm(outs[-1])
+    return torch.cat(drafts, dim=1)
 
 
 class StaticDrafter:

@@ -350,6 +350,7 @@ class StaticGraphs:
                     rows = f"{tb}-row" if bb == 1 else f"{bb} x {tb}-row"
                     progress(f"compiled the {self.part}'s {rows} forward ({i + 1}/"
                              f"{len(self.keys)}, {time.perf_counter() - t1:.1f} s)")
+            self._warm_extra(progress)
             self.state.reset()
 
         self.report = replace(warm_up_report(every_bucket, self.part, self.cuda_graphs,
@@ -357,6 +358,9 @@ class StaticGraphs:
                                              self.batches), captured=len(self.graphs))
         self.direct = all(graph.direct for graph in self.compiled)
         return self.report
+
+    def _warm_extra(self, progress: Callable[[str], None] | None) -> None:
+        """Graphs a subclass compiles besides one forward per key, warmed up here."""
 
     def _timed(self, key: tuple[int, int]) -> float:
         """The fastest of TIMED_RUNS compiled forwards of `key` from the empty state."""
@@ -372,20 +376,23 @@ class StaticGraphs:
             best = min(best, time.perf_counter() - t0)
         return best
 
-    def best_rows(self, lengths: Sequence[int]) -> int:
+    def best_rows(self, lengths: Sequence[int], overhead: float = 0.0) -> int:
         """The rows a batch of blocks of these lengths (one per slot) verifies best at: the
-        row bucket whose forward (timed at warm-up) verifies the most of their rows a
+        row bucket whose cycle (its forward, timed at warm-up, and `overhead` seconds of
+        the cycle's other work: drafting, accepting) verifies the most of their rows a
         second, each block cut to it. A compiled forward pads every block to the longest:
         one block of 16 rows beside seven of 1 costs 128 rows for 23, where 8 rows of 1
         verify 8 at a fraction of the cost and the long block goes on next cycle (its
-        rows are the grammar's forced tokens or drafts: cutting them is lossless)."""
+        rows are the grammar's forced tokens or drafts: cutting them is lossless). The
+        drafts are paid for before the cut, so the more a cycle costs besides its
+        forward, the less a shorter forward saves."""
         bb = self._batch_of[len(lengths)]
         longest = self.bucket(max(lengths))
         best, rate = longest, 0.0
         for tb in self.buckets:
             if tb > longest:
                 break
-            r = sum(min(n, tb) for n in lengths) / self.seconds[(bb, tb)]
+            r = sum(min(n, tb) for n in lengths) / (overhead + self.seconds[(bb, tb)])
             if r >= rate:
                 best, rate = tb, r
         return best
