@@ -130,14 +130,15 @@ class MTPProposer(Proposer):
         for row, (tok, h) in zip(rows, firsts):
             tokens[row, :tok.shape[0]] = tok
             hidden[row, :tok.shape[0]] = h[0]
-        out = lead.head(lead.embed(tokens), hidden, slots.rows(n, rows))
+        state = slots.rows(n, rows)
+        out = lead.head(lead.embed(tokens), hidden, state)
         last = torch.tensor([t.shape[0] - 1 for t, _ in firsts], device=device)
         _settle(slots, n, {row: t.shape[0] for row, (t, _) in zip(rows, firsts)})
         now = out[:, -1:].clone()                                   # [n, 1, H] every row
         now[rows] = out[rows, last][:, None]
         chained = None
         if _head_compiled_over(slots, lead.head):
-            chained = _chained(slots.static, now, slots.rows(n, rows), heads, asks)
+            chained = _chained(slots.static, now, state, heads, asks)
         if chained is not None:
             return [chained[row, :a.num] for row, a in zip(rows, asks)]
         drafts = [[p._draft(now[row:row + 1], a.start + 1)]

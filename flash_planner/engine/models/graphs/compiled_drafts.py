@@ -118,14 +118,8 @@ class StaticHead(StaticGraphs):
         torch.add(self._chain_steps, max(lengths), out=self.chain_rows)
         self.calls += 1
         self.chain_calls += 1
-        valid, window_rows = self.padding(bb, 1, b, 1)
-        if self.direct:
-            out = self._chain_forward(bb, valid, window_rows)
-        else:
-            captured = None
-            if self.chains:
-                captured = self.chains[bb, self.key_bucket(int(self.chain_rows[-1]))]
-            out = run_graph(captured, partial(self._chain_forward, bb), valid, window_rows)
+        out = self._call(partial(self._chain_forward, bb), self.chains, (bb,),
+                         int(self.chain_rows[-1]), *self.padding(bb, 1, b, 1))
         return out[:b].clone() if self.cuda_graphs else out[:b]
 
     def _chain_forward(self, bb: int, valid: torch.Tensor, window_rows: torch.Tensor):

@@ -289,12 +289,18 @@ class StaticGraphs:
         return next(b for b in self.key_buckets if b >= rows)
 
     def _run(self, key: tuple[int, int], valid: torch.Tensor, window_rows: torch.Tensor):
+        return self._call(partial(self._forward, key), self.graphs, key,
+                          int(self.key_rows[0]), valid, window_rows)
+
+    def _call(self, forward: Callable[..., object], graphs: dict, key: tuple[int, ...],
+              rows: int, valid: torch.Tensor, window_rows: torch.Tensor):
+        """One compiled forward of `key` reading `rows` cache rows: called directly, the
+        CUDA graph captured for its key bucket (`graphs`, by key and key bucket) replayed,
+        or through dynamo."""
         if self.direct:
-            return self._forward(key, valid, window_rows)
-        captured = None
-        if self.graphs:
-            captured = self.graphs[(*key, self.key_bucket(int(self.key_rows[0])))]
-        return run_graph(captured, partial(self._forward, key), valid, window_rows)
+            return forward(valid, window_rows)
+        captured = graphs[(*key, self.key_bucket(rows))] if graphs else None
+        return run_graph(captured, forward, valid, window_rows)
 
     def _forward(self, key: tuple[int, int], valid: torch.Tensor, window_rows: torch.Tensor):
         raise NotImplementedError
