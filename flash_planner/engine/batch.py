@@ -17,7 +17,8 @@ A cycle (`Batch.step`):
    the forwards timed at warm-up, the cycle's other work measured as it runs): a cut
    block loses drafts or forced tokens, as a rejection would;
 4. each request accepts, applies its stop rules, publishes and commits on its own slot
-   (`Decoding.finish`), exactly as it does alone.
+   (`Decoding.finish`), exactly as it does alone; the greedy strict ones decide together
+   (one masking, argmax and host copy for all: `decide_strict_together`).
 
 A request whose step raises (its grammar, its callback, non-finite logits) ends alone with
 that error; the others go on. A failed verify forward fails every request in it (their
@@ -53,7 +54,7 @@ from .loop.auto_proposer import AutoProposer
 from .loop.constraint import Constraint
 from .loop.proposer import DraftAsk, Proposer, draft_together
 from .loop.proposers import fork_proposers
-from .loop.speculative import Block
+from .loop.speculative import Block, decide_strict_together
 from .models.qwen.moe import RoutingRecord
 from .state.slots import SlotStates
 from .telemetry import SharedPhase
@@ -272,20 +273,24 @@ class Batch:
         if m > 1 and t > 1:
             for i, r in enumerate(running):
                 r.decoding.state.defer_commit = functools.partial(counts.__setitem__, i)
+        taps, experts = [], []
         for i, r in enumerate(running):
-            d = r.decoding
-            n = lengths[i]
-            taps = None
-            if d.tap_ids:
-                taps = torch.cat([out.taps[tap_ids.index(j)][i:i + 1, :n] for j in d.tap_ids],
-                                 dim=-1)
-            experts = None
+            d, n = r.decoding, lengths[i]
+            taps.append(None if not d.tap_ids else torch.cat(
+                [out.taps[tap_ids.index(j)][i:i + 1, :n] for j in d.tap_ids], dim=-1))
             if routing is not None:      # the experts its own rows chose, as alone
                 own = RoutingRecord()
                 own.ids = [_own_rows(x, lengths, i) for x in routing.ids]
-                experts = own.distinct_per_layer(model.moe_blocks[0].num_experts).sum()
+                experts.append(own.distinct_per_layer(model.moe_blocks[0].num_experts).sum())
+        decided = self._decide_strict(running, out, experts if routing is not None else None)
+        for i, r in enumerate(running):
+            d = r.decoding
             try:
-                d.finish(out.logits[i, :n], None, taps, experts)
+                if i in decided:
+                    d.finish_cycle(decided[i], taps[i], routing is not None)
+                else:
+                    d.finish(out.logits[i, :lengths[i]], None, taps[i],
+                             experts[i] if routing is not None else None)
             except Exception as exc:
                 ended.append((r, exc))
                 continue
@@ -307,6 +312,25 @@ class Batch:
             # the cycle's work besides its verify (`best_rows`), a moving average
             rest = time.perf_counter() - t2 + t1 - t0
             self._overhead += OVERHEAD_SMOOTHING * (rest - self._overhead)
+
+    @staticmethod
+    def _decide_strict(running: list[_Running], out, experts: list | None
+                       ) -> dict[int, list[int] | BaseException]:
+        """Step 3 of the greedy strict requests (every request of a greedy batch) at once
+        (`decide_strict_together`): by batch row, each one's host row or its error; the
+        others decide alone (`Decoding.finish`)."""
+        rows = [i for i, r in enumerate(running) if r.decoding.decides_strictly]
+        if len(rows) < 2:
+            return {}
+        every = len(rows) == len(running)
+        pick = slice(None) if every else torch.tensor(rows, device=out.logits.device)
+        finite = None if out.finite is None else out.finite[pick]
+        decided = decide_strict_together(
+            [running[i].decoding.block for i in rows], out.logits[pick], finite,
+            [running[i].decoding.constraint for i in rows],
+            [running[i].decoding.timer for i in rows],
+            None if experts is None else [experts[i] for i in rows])
+        return dict(zip(rows, decided))
 
     def abort(self, error: BaseException) -> None:
         """End every request in the batch with `error` (after a fault of the batch itself:

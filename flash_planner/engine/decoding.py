@@ -22,6 +22,7 @@ import torch
 from .engine import Engine
 from .inputs.chat import check_reasoning_effort
 from .inputs.mrope import PromptImages
+from .loop.acceptance import StrictAcceptance
 from .loop.constraint import Constraint, masked
 from .loop.proposer import DraftAsk, Proposer
 from .loop.sampling import Sampling
@@ -32,6 +33,7 @@ from .loop.speculative import (
     ask_drafts,
     block_of,
     commit_cycle,
+    cycle_from_row,
     decide,
     run_cycle,
 )
@@ -289,6 +291,20 @@ class Decoding:
         the distinct experts its rows chose, summed over sparse layers (MoE targets)."""
         self._after(decide(self.block, raw, finite, taps, self.proposer, self.policy,
                            self.timer, self.constraint, experts))
+
+    @property
+    def decides_strictly(self) -> bool:
+        """Whether its drafts are accepted greedily and strictly (a batch decides those of
+        all such requests together: `decide_strict_together`)."""
+        return type(self.policy) is StrictAcceptance
+
+    def finish_cycle(self, row: list[int] | BaseException, taps: torch.Tensor | None,
+                     has_experts: bool = False) -> None:
+        """`finish` of the drafted block from its row of `decide_strict_together` (or
+        the error that decided it)."""
+        if isinstance(row, BaseException):
+            raise row
+        self._after(cycle_from_row(self.block, row, taps, self.proposer, has_experts))
 
     def _after(self, cycle: Cycle) -> None:
         self.cycle, self.block = cycle, None

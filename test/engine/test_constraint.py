@@ -259,3 +259,67 @@ def test_a_spent_thinking_budget_forces_the_close_and_keeps_the_rest_free(demo_g
         d = grammar.constraint(think_budget=2)
         d.reset([])
         d.commit([think_open, *words[:3]])
+
+
+def test_a_batch_decides_its_blocks_as_each_request_alone(targets):
+    """`decide_strict_together` (a batch's greedy strict requests at once, padded to the
+    longest block) gives each request the cycle `decide` gives it alone: its own grammar's
+    masks, accepted count, bonus token; a non-finite row fails its request only where it
+    decides a published token."""
+    from flash_planner.engine.loop.acceptance import StrictAcceptance
+    from flash_planner.engine.loop.speculative import (
+        Block,
+        NonFiniteLogits,
+        cycle_from_row,
+        decide,
+        decide_strict_together,
+    )
+    from flash_planner.engine.telemetry import PhaseTimer
+
+    engine, prompt, grammar, _ = targets("hybrid")
+    vocab = engine.model_config.vocab_size
+    after_think = prompt + [think_token_ids(engine.tokenizer)[1]]
+    head = engine.tokenizer.encode('{"steps": [{"name": "open', add_special_tokens=False)
+    gen = torch.Generator().manual_seed(0)
+    # (drafts, drafts the logits favour, constrained, a NaN row)
+    cases = [(head[:6], 3, True, None), (head[:2], 2, True, None), ([], 0, True, None),
+             (head[:5], 5, False, None), (head[:5], 2, False, None),
+             (head[:4], 1, False, 3), (head[:4], 3, False, 1)]
+    t = max(len(d) for d, *_ in cases) + 1
+    raw = torch.randn(len(cases), t, vocab, generator=gen)
+    blocks, constraints = [], []
+    for i, (drafts, favoured, constrained, nan_row) in enumerate(cases):
+        for row in range(favoured):
+            raw[i, row, drafts[row]] = 50.0
+        if nan_row is not None:
+            raw[i, nan_row, 7] = float("nan")
+        c = grammar.constraint() if constrained else None
+        if c is not None:
+            c.reset(after_think)
+        listed = list(drafts) if constrained else None
+        d = torch.tensor(drafts, dtype=torch.long)
+        blocks.append(Block(0, prompt[-1], torch.cat((torch.tensor([prompt[-1]]), d)), d,
+                            listed, 0))
+        constraints.append(c)
+    rows = decide_strict_together(blocks, raw, None, constraints,
+                                  [PhaseTimer() for _ in cases])
+    for i, (block, c, row) in enumerate(zip(blocks, constraints, rows)):
+        alone = batched = None
+        try:
+            alone = decide(block, raw[i, :block.k + 1], None, None, None, StrictAcceptance(),
+                           PhaseTimer(), c)
+        except NonFiniteLogits as exc:
+            with pytest.raises(NonFiniteLogits, match=f"position {exc.position}"):
+                cycle_from_row(block, row, None, None)
+            continue
+        batched = cycle_from_row(block, row, None, None)
+        assert (batched.tokens, batched.accepted, batched.drafted) == \
+            (alone.tokens, alone.accepted, alone.drafted), i
+    # the cases reach what they are for: drafts accepted in full and in part (the grammar
+    # forces some: they are accepted whatever the logits), a NaN row past the accepted rows
+    # that fails nothing and one that fails its request
+    cycles = [cycle_from_row(b, r, None, None) for b, r in zip(blocks[:6], rows[:6])]
+    assert [c.accepted for c in cycles[2:]] == [0, 5, 2, 1]
+    assert cycles[0].accepted >= 3 and cycles[1].accepted == 2
+    with pytest.raises(NonFiniteLogits):
+        cycle_from_row(blocks[6], rows[6], None, None)

@@ -21,14 +21,16 @@ at position `start`:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from ...kernels.accept.reference import accepted_prefix
 from ..models.qwen.moe import RoutingRecord
 from ..models.qwen.target import TargetModel
 from ..state.cache import InferenceState
-from ..telemetry import PhaseTimer
+from ..telemetry import PhaseTimer, SharedPhase
 from .constraint import Constraint, masked
 from .proposer import DraftAsk, Proposer, drafts_of
 
@@ -154,12 +156,76 @@ def decide(block: Block, raw: torch.Tensor, finite: torch.Tensor | None,
             host = [picks.item(), int(finite.item())]
     if not k:
         host.insert(0, 0)
+    return _cycle_of(block, host, taps, proposer, experts is not None)
+
+
+def _cycle_of(block: Block, host: list[int], taps: torch.Tensor | None,
+              proposer: Proposer | None, has_experts: bool) -> Cycle:
+    """The cycle from step 3's host copy: [n, d_1..d_k, k+1 picks, k+1 finite flags] and,
+    on an MoE target, the distinct experts last."""
+    k, start = block.k, block.start
     n, d, a, ok = host[0], host[1:1 + k], host[1 + k:2 + 2 * k], host[2 + 2 * k:3 + 3 * k]
     if not all(ok[:n + 1]):  # a row that decides a published token
         raise NonFiniteLogits(start + ok.index(0))
     method = proposer.last_method if block.proposed else "none"
     return Cycle(start, block.anchor, d[:n] + [a[n]], n, k, taps, method,
-                 host[-1] if experts is not None else 0)
+                 host[-1] if has_experts else 0)
+
+
+def decide_strict_together(blocks: Sequence[Block], raw: torch.Tensor,
+                           finite: torch.Tensor | None, constraints: Sequence[Constraint | None],
+                           timers: Sequence[PhaseTimer],
+                           experts: Sequence[torch.Tensor] | None = None
+                           ) -> list[list[int] | BaseException]:
+    """Step 3 of `decide` for a batch's greedy strict requests at once: raw [m, T, V] is
+    their verify's logits (request i's block in row i, padded to T), finite [m, T] or None,
+    experts (MoE) each one's distinct experts. Each request's grammar masks its own rows;
+    the masking, argmax, accepted counts and finiteness run once for all of them (`decide`
+    runs a dozen small ops per request), in one host copy -> per request its row for
+    `cycle_from_row`, or the error its grammar raised (that request alone fails). A draft
+    is accepted as `StrictAcceptance` accepts it: it and every draft before it are their
+    rows' argmax."""
+    m, t = raw.shape[0], raw.shape[1]
+    failed: dict[int, BaseException] = {}
+    bitmask = None
+    for i, (block, constraint, timer) in enumerate(zip(blocks, constraints, timers)):
+        if constraint is None:
+            continue
+        try:
+            with timer.phase("grammar"):
+                rows = constraint.masks(block.listed)
+        except Exception as exc:
+            failed[i] = exc
+            continue
+        if bitmask is None:
+            bitmask = rows.new_full((m, t, rows.shape[-1]), -1)
+        bitmask[i, :rows.shape[0]] = rows
+    with SharedPhase(list(timers), "accept"):
+        if finite is None:
+            finite = raw.sum(dim=-1).isfinite()
+        logits = raw if bitmask is None else masked(raw.flatten(0, 1), bitmask.flatten(0, 1))
+        picks = logits.view(m, t, -1).argmax(dim=-1)                       # [m, T]
+        drafts = picks.new_zeros(m, t - 1)
+        for i, block in enumerate(blocks):
+            drafts[i, :block.k] = block.drafts
+        ks = torch.tensor([b.k for b in blocks], device=picks.device)
+        ok = (drafts == picks[:, :-1]) & (torch.arange(t - 1, device=picks.device) < ks[:, None])
+        n = accepted_prefix(ok)
+        parts = [n[:, None], drafts, picks, finite.long()]
+        if experts is not None:
+            parts.append(torch.stack(list(experts)).view(m, 1).to(picks.device, torch.long))
+        host = torch.cat(parts, dim=1).tolist()
+    return [failed.get(i, row) for i, row in enumerate(host)]
+
+
+def cycle_from_row(block: Block, row: list[int], taps: torch.Tensor | None,
+                   proposer: Proposer | None, has_experts: bool = False) -> Cycle:
+    """A request's cycle from its row of `decide_strict_together` ([n, T-1 drafts, T picks,
+    T finite flags, the experts where counted], padded past its block)."""
+    k, t = block.k, (len(row) - has_experts + 1) // 3
+    host = [row[0], *row[1:1 + k], *row[t:t + k + 1], *row[2 * t:2 * t + k + 1]]
+    return _cycle_of(block, host + row[-1:] if has_experts else host, taps, proposer,
+                     has_experts)
 
 
 def run_cycle(model: TargetModel, state: InferenceState, anchor: int,
