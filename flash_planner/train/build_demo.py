@@ -44,7 +44,8 @@ CATALOG_LR = (1e-3, 1e-3, 7e-4)     # per round
 # The last round adds replans (`replans.py`: the prompt's progress section after a failed
 # step) beside the default catalog's and the example catalog's tasks, so that neither is
 # forgotten: examples of each (against the pair before: 600 steps with 5000 of the example
-# catalog's lost 3.5 points on its unseen names, 800 with 6000 1.0).
+# catalog's lost 3.5 points on its unseen names, 800 with 6000 1.0; tried since and not kept:
+# 900 steps with 7500 lost 2.0, this round at lr 5e-4 1.0 with 0.5% of them invalid).
 REPLAN_ROUND = 2
 REPLAN_MIX = {"replans": 3000, "default": 4000, "example": 6000}
 # The first stage's drafter and MTP head, trained on against the final target
