@@ -273,24 +273,24 @@ class Batch:
         if m > 1 and t > 1:
             for i, r in enumerate(running):
                 r.decoding.state.defer_commit = functools.partial(counts.__setitem__, i)
-        taps, experts = [], []
+        taps, experts = [], None if routing is None else []
         for i, r in enumerate(running):
             d, n = r.decoding, lengths[i]
             taps.append(None if not d.tap_ids else torch.cat(
                 [out.taps[tap_ids.index(j)][i:i + 1, :n] for j in d.tap_ids], dim=-1))
-            if routing is not None:      # the experts its own rows chose, as alone
+            if experts is not None:      # the experts its own rows chose, as alone
                 own = RoutingRecord()
                 own.ids = [_own_rows(x, lengths, i) for x in routing.ids]
                 experts.append(own.distinct_per_layer(model.moe_blocks[0].num_experts).sum())
-        decided = self._decide_strict(running, out, experts if routing is not None else None)
+        decided = self._decide_strict(running, out, experts)
         for i, r in enumerate(running):
             d = r.decoding
             try:
                 if i in decided:
-                    d.finish_cycle(decided[i], taps[i], routing is not None)
+                    d.finish_cycle(decided[i], taps[i], experts is not None)
                 else:
                     d.finish(out.logits[i, :lengths[i]], None, taps[i],
-                             experts[i] if routing is not None else None)
+                             None if experts is None else experts[i])
             except Exception as exc:
                 ended.append((r, exc))
                 continue

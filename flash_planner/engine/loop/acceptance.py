@@ -56,6 +56,16 @@ class StrictAcceptance(ArgmaxPicks):
     def accept(self, drafts: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         return _accepted(drafts, logits, torch.zeros_like(drafts, dtype=torch.bool), 1, 0.0)
 
+    @staticmethod
+    def accept_together(drafts: torch.Tensor, logits: torch.Tensor, ks: torch.Tensor
+                        ) -> torch.Tensor:
+        """`accept` of several blocks at once: drafts [B, k] and logits [B, k+1, V] padded
+        past each block's ks[b] drafts -> each one's accepted count [B]."""
+        ok = dispatch.accept_rows(drafts, logits, torch.zeros_like(drafts, dtype=torch.bool),
+                                  1, 0.0)
+        return accepted_prefix(ok & (torch.arange(drafts.shape[1], device=ks.device)
+                                     < ks[:, None]))
+
     def observe(self, tokens: Sequence[int]) -> None:
         pass
 

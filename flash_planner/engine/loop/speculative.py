@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ...kernels.accept.reference import accepted_prefix
 from ..models.qwen.moe import RoutingRecord
 from ..models.qwen.target import TargetModel
 from ..state.cache import InferenceState
 from ..telemetry import PhaseTimer, SharedPhase
+from .acceptance import StrictAcceptance
 from .constraint import Constraint, masked
 from .proposer import DraftAsk, Proposer, drafts_of
 
@@ -182,9 +182,8 @@ def decide_strict_together(blocks: Sequence[Block], raw: torch.Tensor,
     experts (MoE) each one's distinct experts. Each request's grammar masks its own rows;
     the masking, argmax, accepted counts and finiteness run once for all of them (`decide`
     runs a dozen small ops per request), in one host copy -> per request its row for
-    `cycle_from_row`, or the error its grammar raised (that request alone fails). A draft
-    is accepted as `StrictAcceptance` accepts it: it and every draft before it are their
-    rows' argmax."""
+    `cycle_from_row`, or the error its grammar raised (that request alone fails); the
+    counts are `StrictAcceptance`'s (`accept_together`)."""
     m, t = raw.shape[0], raw.shape[1]
     failed: dict[int, BaseException] = {}
     bitmask = None
@@ -203,14 +202,14 @@ def decide_strict_together(blocks: Sequence[Block], raw: torch.Tensor,
     with SharedPhase(list(timers), "accept"):
         if finite is None:
             finite = raw.sum(dim=-1).isfinite()
-        logits = raw if bitmask is None else masked(raw.flatten(0, 1), bitmask.flatten(0, 1))
-        picks = logits.view(m, t, -1).argmax(dim=-1)                       # [m, T]
+        logits = raw if bitmask is None else masked(
+            raw.flatten(0, 1), bitmask.flatten(0, 1)).view(m, t, -1)
+        picks = logits.argmax(dim=-1)                                      # [m, T]
         drafts = picks.new_zeros(m, t - 1)
         for i, block in enumerate(blocks):
             drafts[i, :block.k] = block.drafts
-        ks = torch.tensor([b.k for b in blocks], device=picks.device)
-        ok = (drafts == picks[:, :-1]) & (torch.arange(t - 1, device=picks.device) < ks[:, None])
-        n = accepted_prefix(ok)
+        n = picks.new_zeros(m) if t == 1 else StrictAcceptance.accept_together(
+            drafts, logits, torch.tensor([b.k for b in blocks], device=picks.device))
         parts = [n[:, None], drafts, picks, finite.long()]
         if experts is not None:
             parts.append(torch.stack(list(experts)).view(m, 1).to(picks.device, torch.long))
