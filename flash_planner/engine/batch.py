@@ -118,7 +118,7 @@ class Batch:
             # head runs over as few rows as the requests drafting with it need
             self._pool = [fork_proposers(engine.proposers, self.slots.heads, i)
                           for i in reversed(range(self.max_batch))]
-        self._rank = {id(p): -i for i, p in enumerate(self._pool)}
+        self._rank = {id(p): i for i, p in enumerate(self._pool)}   # pop: the last
         self._active: list[_Running] = []    # running requests, by slot
         self._staged: _Running | None = None  # the newcomer prefilling on the staging slot
         self._waiting: collections.deque[BatchRequest] = collections.deque()

@@ -236,7 +236,8 @@ class Engine:
                        dflash: Proposer | None,
                        progress: Callable[[str], None] | None) -> None:
         """The batch's compiled forwards over `slots`, warmed up now: the target's per batch
-        bucket, the MTP head's over every head slot (its forks draft together), the DFlash
+        bucket, the MTP head's over head slots 0.. per batch bucket (its forks draft
+        together, a lone one over one row: a CPU's head costs its rows), the DFlash
         drafter's per group of 2 or more requests."""
         config = self.config
         if self.model_config.flash_next is not None:
@@ -246,7 +247,7 @@ class Engine:
         report = slots.static.warm_up(progress)
         if slots.heads is not None:
             slots.heads.static = StaticHead(mtp.head, slots.heads.whole, config.max_block,
-                                            config.compile_cache, (max_batch,),
+                                            config.compile_cache, row_buckets(max_batch),
                                             *mtp.chain_parts())
             report = report.plus(slots.heads.static.warm_up(progress))
         if dflash is not None:

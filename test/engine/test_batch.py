@@ -218,6 +218,33 @@ def test_a_batch_of_one_decodes_on_the_engines_own_state(engines):
     assert batch.stats.cycles == sum(g.stats.cycles for g in got)
 
 
+def test_requests_take_the_lowest_free_mtp_head_rows(engines, monkeypatch):
+    """The MTP head drafts a batch's forks over rows 0.. up to the highest asking one, so
+    a request takes the lowest free head row: the first ones, and every later one,
+    requests having ended and given theirs back (a lone request on row 2 of 3 and
+    another's on row 0 would pay for all 3)."""
+    from flash_planner.engine.loop.mtp_proposer import MTPProposer
+
+    engine = engines("hybrid", "fp32")
+    requests = _requests(engine, ["mtp"])[:4]
+    batch = Batch(engine, max_batch=3)
+    asking: list[int] = []
+    ask = MTPProposer.ask
+
+    def recording(self, anchor, start, num):
+        asking.append(self.row)
+        return ask(self, anchor, start, num)
+
+    monkeypatch.setattr(MTPProposer, "ask", recording)
+    batch.run(requests[:3])
+    assert set(asking) == {0, 1, 2}
+    for lone in requests[3:]:
+        asking.clear()
+        batch.run([lone])
+        assert asking and set(asking) == {0}
+    assert [p["mtp"].row for p in batch._pool] == [2, 1, 0]
+
+
 @pytest.mark.parametrize("dflash2", [False, True])
 def test_drafts_made_together_equal_each_request_alone(checkpoints, make_engine,
                                                        tmp_path_factory, dflash2):
@@ -369,7 +396,7 @@ def test_compiled_batches_equal_each_request_alone(checkpoints, make_engine, tmp
     alone = _alone(eager, requests())
     head = compiled.proposers["mtp"].head.batch_static
     drafts = compiled.proposers["dflash"].drafter.batch_static
-    assert head.batches == (4,) and drafts.keys == (2, 4)
+    assert head.batches == (1, 2, 4) and drafts.keys == (2, 4)
     graphs, calls = counters["stats"]["unique_graphs"], static.calls
     head_calls, draft_calls = head.calls, drafts.calls
     batch = Batch(compiled)

@@ -158,7 +158,9 @@ def test_compiled_tokens_equal_eager(pairs, kind, method, kv, dtype):
 def test_a_batch_drafts_each_mtp_chain_in_one_graph(pairs):
     """A compiled batch's MTP forks draft every chain after its first draft in one graph
     call (`StaticHead.run_chain`): the tokens and the accepted drafts of the eager batch,
-    whose head drafts step by step (blocks never cut: every row bucket costs the same)."""
+    whose head drafts step by step (blocks never cut: every row bucket costs the same).
+    The head runs over the asking rows' batch bucket: the last request, left alone on row
+    0, over that row only (a CPU's head costs every row it runs)."""
     eager, compiled = pairs("hybrid")
     tok = eager.tokenizer
     prompts = [tok.encode(text, add_special_tokens=False)
@@ -172,15 +174,25 @@ def test_a_batch_drafts_each_mtp_chain_in_one_graph(pairs):
     batch = Batch(compiled, max_batch=2)
     head, static = batch.slots.heads.static, batch.slots.static
     assert head.chain == BLOCK - 1
+    assert head.batches == (1, 2)
     before, measured = head.chain_calls, dict(static.seconds)
     static.seconds.update({key: 1.0 for key in measured})
+    rows, run_chain = [], head.run_chain
+
+    def recording(now, state):
+        rows.append(now.shape[0])
+        return run_chain(now, state)
+
+    head.run_chain = recording
     try:
         got = batch.run(requests())
     finally:
         static.seconds.update(measured)
+        del head.run_chain
     assert [g.token_ids for g in got] == [r.token_ids for r in ref]
     assert [g.stats.accepted for g in got] == [r.stats.accepted for r in ref]
-    assert head.chain_calls - before >= batch.stats.cycles // 2 > 0
+    assert head.chain_calls - before == len(rows) >= batch.stats.cycles // 2 > 0
+    assert 1 in rows and set(rows) <= {1, 2}
 
 
 @pytest.mark.parametrize("method", ["dflash", "mtp"])

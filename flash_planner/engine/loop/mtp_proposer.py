@@ -118,10 +118,13 @@ class MTPProposer(Proposer):
         lead = heads[0]
         device = asks[0].anchor.device
         rows = [p.row for p in heads]
-        # eager: rows 0..n-1, the highest asking row's and those below it (the batch hands
-        # out the lowest rows first). Compiled: every row, each at its own length (the
-        # graphs' padding rows would write at positions 0.. of rows that may be live)
-        n = slots.batch if _head_compiled_over(slots, lead.head) else max(rows) + 1
+        # rows 0..n-1: the highest asking row's and those below it (the batch hands out
+        # the lowest rows first); compiled, up to its batch bucket, every row of it at its
+        # own length (a graph's padding rows would write at positions 0.. of rows that may
+        # be live), so that a lone request runs the head over one row, not every slot
+        n = max(rows) + 1
+        if _head_compiled_over(slots, lead.head):
+            n = slots.static.batch_bucket(n)
         firsts = _catch_up_together(slots, n, heads, asks)
         width = max(t.shape[0] for t, _ in firsts)
         hidden_size = firsts[0][1].shape[-1]
@@ -158,9 +161,9 @@ class MTPProposer(Proposer):
         return [torch.cat(d) for d in drafts]
 
     def _drafts_together_compiled(self) -> bool:
-        """Whether a batch's lone asking fork drafts through the head over every slot all
-        the same: where that forward is compiled (a graph call per step, not an eager head
-        forward of its row alone)."""
+        """Whether a batch's lone asking fork drafts through the head over the slots of
+        its row's batch bucket all the same: where that forward is compiled (a graph call
+        per step, not an eager head forward of its row alone)."""
         return (self.slots is not None and _head_compiled_over(self.slots, self.head)
                 and self._calibrates_first())
 

@@ -34,7 +34,8 @@ class StaticHead(StaticGraphs):
     """Runs `MTPHead.forward` for up to max_block rows as one compiled graph per bucket on
     the head's own state: the MTP proposer's drafting steps and its per-cycle catch-up. Or
     on a batch's head slots (`MTPProposer.head_slots`), whose drafts go through the head
-    together over every slot (`propose_together`): `batches` (the slots' count,).
+    together over slots 0.. up to the highest asking one's batch bucket (`propose_together`):
+    `batches`, as the target's.
 
     With `chain` (the proposer's drafts per proposal, embed and lm_head given), a greedy
     proposal's drafts after its first forward are one graph call per batch bucket

@@ -229,6 +229,10 @@ class StaticGraphs:
     def bucket(self, rows: int) -> int | None:
         return self._bucket_of.get(rows)
 
+    def batch_bucket(self, batch: int) -> int | None:
+        """The smallest batch bucket of at least `batch` rows (None: more than the largest)."""
+        return self._batch_of.get(batch)
+
     def padding(self, bb: int, tb: int, m: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(valid [bb, tb]: rows 0..t-1 of batch rows 0..m-1 are real; window_rows
         [bb, K-1]: the rows of [window, block] each batch row's conv window keeps)."""
