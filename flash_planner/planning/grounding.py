@@ -28,6 +28,12 @@ is a name, optionally followed by its declared short forms after `|` ("coke can|
 argument marked `grounded: scene` then takes exactly one of those names or short forms (the
 grammar's enum), and the validated plan carries the entry's full name; a `grounded: true`
 argument may also take a run of a listed name's words, as of the task's.
+
+A text the task quotes is words to say, as written: an argument marked `grounded: quote` (a
+`say` skill's text) takes exactly one of the task's quoted texts (`RequestWords.quotes`)
+when it quotes any, and any string when it quotes none ("say hello, then ..."). A small model
+misspells a sentence it never saw ("the kettle cargetus") or repeats it to the token limit;
+the robot is to say what it was told.
 """
 
 from __future__ import annotations
@@ -64,6 +70,13 @@ AFTER_NAME = frozenset("""
 # A quoted text is words to say, not things to name (inside single quotes, an apostrophe
 # before a letter is one: 'the cup is Anna's').
 QUOTED = re.compile(r"""("[^"]*"|“[^”]*”|(?<!\w)'(?:[^']|'\w)*'(?!\w))""")
+
+
+def quoted_texts(text: str) -> tuple[str, ...]:
+    """The texts `text` quotes, without their quote marks and outer blanks, each once in
+    order; empty quotes are none."""
+    inner = (q[1:-1].strip() for q in QUOTED.findall(text))
+    return tuple(dict.fromkeys(q for q in inner if q))
 
 
 def words_of(text: str) -> tuple[str, ...]:
@@ -119,8 +132,9 @@ def _listed_text(entries) -> str:
 @dataclass(frozen=True)
 class RequestWords:
     """The words of one request's task and scene, which grounded arguments are taken from,
-    and where in them a name may start and end (`phrase_marks`); and the scene's listed
-    names, which `grounded: scene` arguments are taken from."""
+    and where in them a name may start and end (`phrase_marks`); the scene's listed names,
+    which `grounded: scene` arguments are taken from; and the task's quoted texts, which
+    `grounded: quote` arguments are."""
     task: tuple[str, ...]
     context: tuple[str, ...]
     # per part (task, scene, listed names), per word: whether a name may start with it, end
@@ -128,13 +142,16 @@ class RequestWords:
     marks: tuple[tuple[tuple[bool, ...], ...], ...]
     # the listed scene names, each as (name, *short forms)
     scene: tuple[tuple[str, ...], ...] = ()
+    # the task's quoted texts (`quoted_texts`), which `grounded: quote` arguments are taken
+    # from; a scene description's quotes are what it saw written, not words to say
+    quotes: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, task: str, context: str = "", scene=()) -> RequestWords:
         entries = scene_entries(scene)
         return cls(words_of(task), words_of(context),
                    (phrase_marks(task), phrase_marks(context),
-                    phrase_marks(_listed_text(entries))), entries)
+                    phrase_marks(_listed_text(entries))), entries, quoted_texts(task))
 
     @cached_property
     def listed(self) -> tuple[str, ...]:

@@ -6,8 +6,9 @@ against the JSON-Schema generated from the skill catalog with the `jsonschema` l
 first the plan's envelope, then each step's arguments against its skill's schema, so that an
 error names the step, the skill and the argument. An invalid plan is never returned as one.
 Given the request's words (`grounding.RequestWords`), a grounded argument that names nothing
-the task or scene mentions is an error too, and a `grounded: scene` argument must be one of the
-request's listed scene names (the step then carries the listed name, not its short form). An
+the task or scene mentions is an error too, a `grounded: scene` argument must be one of the
+request's listed scene names (the step then carries the listed name, not its short form), and
+a `grounded: quote` one, when the task quotes any text, one of those texts as written. An
 optional argument left out is filled in with its default, where the catalog gives one. Error
 messages list at most `LISTED` values, the closest ones first.
 
@@ -136,8 +137,9 @@ def validate_step(step: Any, index: int, catalog: SkillCatalog,
                   words: RequestWords | None = None) -> dict[str, Any]:
     """One step of a plan (0-based `index`) as the robot gets it, or PlanError naming its
     problem. Given the request's words, a grounded argument must be a run of them, or with a
-    scene list a `grounded: scene` one a listed name (replaced by the entry's full name);
-    optional arguments left out get their defaults."""
+    scene list a `grounded: scene` one a listed name (replaced by the entry's full name), or
+    with quotes in the task a `grounded: quote` one a quoted text; optional arguments left
+    out get their defaults."""
     error = next(iter(_STEP.iter_errors(step)), None)
     if error is not None:
         raise PlanError(f"step {index + 1}: {error.message}")
@@ -154,7 +156,12 @@ def validate_step(step: Any, index: int, catalog: SkillCatalog,
         if arg.name not in args:
             continue
         value = args[arg.name]
-        if arg.grounded == "scene" and words.scene:
+        if arg.grounded == "quote":
+            if words.quotes and value not in words.quotes:
+                raise PlanError(f"step {index + 1} ({skill.name}): argument '{arg.name}' is "
+                                f"{value!r}, which is none of the texts the task quotes "
+                                f"({closest(value, words.quotes)})")
+        elif arg.grounded == "scene" and words.scene:
             name = words.scene_name(value)
             if name is None:
                 raise PlanError(f"step {index + 1} ({skill.name}): argument '{arg.name}' is "

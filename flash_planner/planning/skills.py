@@ -4,7 +4,9 @@ A string argument marked `grounded: true` names something the request mentions: 
 request's words (`grounding.RequestWords`) its schema admits only their runs. One marked
 `grounded: scene` names one of the objects and places the request lists (`scene`, from
 perception): with a scene list its schema is that list's names as an enum; without one it
-follows the phrase rule of `grounded: true`. An argument with `required: false` (or a
+follows the phrase rule of `grounded: true`. One marked `grounded: quote` is a text to say:
+when the task quotes any, its schema is the task's quoted texts as an enum (else any string).
+An argument with `required: false` (or a
 `default`) may be left out; the validated step then carries its default, if it has one.
 A skill may name what executes it (an action or service, bindings.py); one that does not is
 plan-only.
@@ -34,7 +36,7 @@ CONSTRAINTS = ("enum", "minimum", "maximum")
 ARG_FIELDS = ("type", "description", "grounded", "required", "default", *CONSTRAINTS)
 SKILL_FIELDS = ("name", "description", "args", "action", "service", "approve", "limits")
 TOP_FIELDS = ("skills", "enum_shown", "locations", "workspace")
-GROUNDED = (False, True, "scene")
+GROUNDED = (False, True, "scene", "quote")
 # A signature lists an enum's values up to this many; past it, their count and the first few
 # (the grammar and the validator keep the whole set). A catalog may set `enum_shown`.
 ENUM_SHOWN = 8
@@ -55,15 +57,20 @@ class Argument:
     type: str
     description: str = ""
     constraints: tuple[tuple[str, Any], ...] = ()
-    grounded: bool | str = False  # True: words of the task or scene; "scene": a scene name
+    # True: words of the task or scene; "scene": a scene name; "quote": a text the task quotes
+    grounded: bool | str = False
     required: bool = True
     default: Any = None           # filled in when an optional argument is left out
 
     def schema(self, words: RequestWords | None = None) -> dict[str, Any]:
         """JSON-Schema of the value; a grounded argument's, given the request's words,
-        admits only their runs, or (`grounded: scene` with a scene list) a scene name."""
+        admits only their runs, or (`grounded: scene` with a scene list) a scene name, or
+        (`grounded: quote` when the task quotes) a quoted text."""
         schema = {"type": self.type, **dict(self.constraints)}
-        if self.grounded == "scene" and words is not None and words.scene:
+        if self.grounded == "quote":
+            if words is not None and words.quotes:
+                schema["enum"] = list(words.quotes)
+        elif self.grounded == "scene" and words is not None and words.scene:
             schema["enum"] = list(words.scene_values)
         elif self.grounded and words is not None and words.pattern is not None:
             schema["pattern"] = words.pattern
@@ -102,6 +109,12 @@ class Skill:
     @property
     def grounded(self) -> tuple[Argument, ...]:
         return tuple(a for a in self.args if a.grounded)
+
+    @property
+    def names_things(self) -> bool:
+        """Whether an argument names a thing of the request (`grounded` true or scene): a
+        request with no words to name leaves the skill out of its plans."""
+        return any(a.grounded in (True, "scene") for a in self.args)
 
     def signature(self, enum_shown: int = ENUM_SHOWN) -> str:
         return f"{self.name}({', '.join(a.signature(enum_shown) for a in self.args)})"
@@ -197,7 +210,7 @@ class SkillCatalog:
         steps = [{"type": "object",
                   "properties": {"skill": {"const": s.name}, "args": s.args_schema(words)},
                   "required": ["skill", "args"], "additionalProperties": False}
-                 for s in self.skills if not (unnameable and s.grounded)]
+                 for s in self.skills if not (unnameable and s.names_things)]
         if not steps:
             return None
         return {"type": "object", "required": ["plan"], "additionalProperties": False,
@@ -239,10 +252,11 @@ def _argument(name: Any, spec: Any, where: str) -> Argument:
     _check_constraints(spec["type"], dict(constraints), where)
     grounded = spec.get("grounded", False)
     if grounded not in GROUNDED or (grounded in (0, 1) and not isinstance(grounded, bool)):
-        raise CatalogError(f"{where}: 'grounded' must be true, false or scene, got {grounded!r}")
+        raise CatalogError(f"{where}: 'grounded' must be true, false, scene or quote, got "
+                           f"{grounded!r}")
     if grounded and (spec["type"] != "string" or "enum" in spec):
         raise CatalogError(f"{where}: 'grounded' applies to string arguments without an "
-                           "enum (a name taken from the request)")
+                           "enum (a name or text taken from the request)")
     required = spec.get("required", "default" not in spec)
     if not isinstance(required, bool):
         raise CatalogError(f"{where}: 'required' must be true or false, got {required!r}")

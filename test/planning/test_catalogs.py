@@ -156,7 +156,7 @@ def test_errors_name_the_argument_and_list_few_values(catalog, steps, message):
     ({"type": "number", "maximum": 3, "default": 5}, "default 5 is outside [-inf, 3]"),
     ({"type": "string", "enum": ["a"], "default": "b"}, "default 'b' is not one of the enum"),
     ({"type": "string", "required": "no"}, "'required' must be true or false, got 'no'"),
-    ({"type": "string", "grounded": "perception"}, "must be true, false or scene"),
+    ({"type": "string", "grounded": "perception"}, "must be true, false, scene or quote"),
 ])
 def test_an_optional_argument_that_cannot_hold_is_a_catalog_error(spec, message):
     with pytest.raises(CatalogError, match=re.escape(message)):

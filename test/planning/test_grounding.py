@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from flash_planner.planning.grounding import MAX_WORDS, NOT_NAME, RequestWords
+from flash_planner.planning.grounding import MAX_WORDS, NOT_NAME, RequestWords, quoted_texts
 from flash_planner.planning.parse import PlanError, parse_plan
 from flash_planner.planning.skills import CatalogError, SkillCatalog
 
@@ -143,10 +143,56 @@ def test_parse_plan_with_the_request_rejects_a_name_it_never_mentioned():
     assert parse_plan(plan % "silver spoon", catalog)[0][1]["args"]["object"] == "silver spoon"
 
 
+@pytest.mark.parametrize("task, quotes", [
+    ('Say "I am bringing the cactus". Then drive to row 1.', ("I am bringing the cactus",)),
+    ("tell them 'the cup is Anna's' and “back soon”", ("the cup is Anna's", "back soon")),
+    ('say " hi " twice: " hi "', ("hi",)),                     # outer blanks, each once
+    ('say "" and go', ()),                                      # an empty quote is none
+    ("say hello, then go to the dock", ()),                     # unquoted
+    ("Anna's cup and Bob's mug", ()),                           # apostrophes are not quotes
+])
+def test_the_texts_a_task_quotes(task, quotes):
+    assert quoted_texts(task) == quotes
+    assert RequestWords.of(task, 'the sign says "exit"').quotes == quotes   # the task's alone
+
+
+def test_a_quoted_text_is_said_word_for_word():
+    catalog = SkillCatalog.from_dict({"skills": [
+        {"name": "go", "args": {"target": {"type": "string", "grounded": True}}},
+        {"name": "say", "args": {"text": {"type": "string", "grounded": "quote"}}}]})
+    plan = '{"plan": [{"skill": "go", "args": {"target": "deck"}}, ' \
+           '{"skill": "say", "args": {"text": "%s"}}]}'
+    quoted = RequestWords.of('Speak the words "the kettle cactus is in cell 18", then go to '
+                             'the deck')
+    assert parse_plan(plan % "the kettle cactus is in cell 18", catalog, words=quoted)[0][1] \
+        == {"skill": "say", "args": {"text": "the kettle cactus is in cell 18"}}
+    for said in ("the kettle cargetus is in cell 18", "The kettle cactus is in cell 18",
+                 "the kettle cactus is in cell 18 the kettle cactus", "deck"):
+        with pytest.raises(PlanError, match=re.escape(
+                f"step 2 (say): argument 'text' is {said!r}, which is none of the texts the "
+                "task quotes (the kettle cactus is in cell 18)")):
+            parse_plan(plan % said, catalog, words=quoted)
+    # a task that quotes nothing leaves the text free; without the request it is not checked
+    unquoted = RequestWords.of("say good morning, then go to the deck")
+    assert parse_plan(plan % "good morning", catalog, words=unquoted)[0][1]["args"] == \
+        {"text": "good morning"}
+    assert parse_plan(plan % "anything", catalog)[0][1]["args"] == {"text": "anything"}
+    # the request's schema: the quoted texts as an enum, else a plain string
+    say = catalog.get("say")
+    assert say.args_schema(quoted)["properties"]["text"] == \
+        {"type": "string", "enum": ["the kettle cactus is in cell 18"]}
+    assert say.args_schema(unquoted)["properties"]["text"] == {"type": "string"}
+    # a quote is no name: a request with nothing else to name keeps its say skill alone
+    only = catalog.plan_schema(RequestWords.of('"hello"'))["properties"]["plan"]["items"]
+    assert [s["properties"]["skill"]["const"] for s in only["oneOf"]] == ["say"]
+
+
 @pytest.mark.parametrize("spec, message", [
     ({"type": "integer", "grounded": True}, "'grounded' applies to string arguments"),
     ({"type": "string", "enum": ["a", "b"], "grounded": True}, "without an enum"),
-    ({"type": "string", "grounded": "yes"}, "'grounded' must be true, false or scene, got 'yes'"),
+    ({"type": "string", "grounded": "yes"},
+     "'grounded' must be true, false, scene or quote, got 'yes'"),
+    ({"type": "integer", "grounded": "quote"}, "'grounded' applies to string arguments"),
 ])
 def test_a_grounded_field_that_cannot_hold_is_a_catalog_error(spec, message):
     with pytest.raises(CatalogError, match=re.escape(message)):

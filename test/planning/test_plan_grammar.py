@@ -137,7 +137,7 @@ def test_grounded_arguments_take_only_what_the_request_says(grammar, catalog):
                  "foyer then say", "copper camera|silver spoon", "^camera$", "camera\ncamera"):
         answer = step.format("pick", "object", name).replace("\n", "\\n")
         assert accepts(grammar, answer, words=words) is spec.is_valid(json.loads(answer)), name
-    # a say's text is not grounded, and every request may be refused
+    # a say's text is free when the task quotes nothing, and every request may be refused
     assert accepts(grammar, step.format("say", "text", "good morning"), words=words)
     assert accepts(grammar, '{"refusal": "no skill to fly"}', words=words)
     # a request without words can name nothing: a say or wait plan, or a refusal
@@ -146,6 +146,19 @@ def test_grounded_arguments_take_only_what_the_request_says(grammar, catalog):
     assert not accepts(grammar, step.format("pick", "object", "cup"), words=nothing)
     assert grammar.for_request(words) is grammar.for_request(RequestWords.of(
         "Pick up the Copper camera from the inner foyer, then say hi"))   # compiled once
+
+
+def test_a_quoted_text_is_the_only_thing_said(grammar):
+    step = '{"plan": [{"skill": "say", "args": {"text": "%s"}}]}'
+    words = RequestWords.of('Say "the kettle cactus is in cell 18" and \'back soon\', then '
+                            'go to the deck')
+    for said in ("the kettle cactus is in cell 18", "back soon"):
+        assert accepts(grammar, step % said, words=words), said
+    for said in ("the kettle cargetus is in cell 18", "the kettle cactus is in",
+                 "back soon back soon back soon", "good morning", ""):
+        assert not accepts(grammar, step % said, words=words), said
+    assert accepts(grammar, '{"plan": [{"skill": "navigate_to", "args": {"target": "deck"}}, '
+                            '{"skill": "say", "args": {"text": "back soon"}}]}', words=words)
 
 
 def test_skills_whose_servers_are_away_leave_the_grammar(grammar):
@@ -258,6 +271,34 @@ def test_every_adversarial_answer_parses_and_validates(demo_engine, catalog, thi
     finally:
         service.stop()
     assert len(truncated) <= 2, truncated
+
+
+# Example-catalog tasks the demo garbled or looped the quoted text of under the request's
+# grammar before say texts were grounded (bench/grounding.py --catalog example --n 1000)
+QUOTING = [
+    ('Could you speak the words "the kettle cactus is in cell 18" and then return to the '
+     'deck?', ["deck"]),
+    ('Move to the new corridor. Then tell the people nearby "the beige damp cushion is '
+     'missing"', ["new corridor|corridor", "blue plate", "shelf 3"]),
+    ('Would you get the voottooth from the new mantel and leave it in the foyer, and once '
+     'done, tell the people nearby "the ladle is at the onion quuskplum"?',
+     ["new mantel", "nightstand", "foyer", "voottooth"]),
+]
+
+
+def test_the_demo_says_the_quoted_text_as_written(demo_engine):
+    from flash_planner.train import mobile
+
+    service = PlannerService(demo_engine, mobile.catalog(), PlannerConfig())
+    service.start()
+    try:
+        for task, scene in QUOTING:
+            result = service.plan(PlanRequest(task, scene=scene), timeout=TIMEOUT)
+            assert result.success, (task, result.error)
+            said = [s["args"]["text"] for s in result.plan if s["skill"] == "say"]
+            assert said == [task.split('"')[1]], (task, result.plan)
+    finally:
+        service.stop()
 
 
 @pytest.mark.parametrize("kind", ["hybrid", "dense", "hybrid-qwen3-real"])
