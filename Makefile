@@ -114,10 +114,10 @@ bench-gpu:
 bench-peer: $(STAMP)
 	$(VENV)/bin/python bench/peer.py --png-dir docs/img
 
-# The ROS layer's cost: the same tasks through the planner service and the Plan action.
+# The ROS layer's cost: the same tasks through the planner service and the Plan action,
+# then what ~/execute adds per step of a plan (bench/ros_execute.py, run by ros_overhead.py).
 bench-ros: ros-env
 	. $(ROS_ENV)/env.sh && $(VENV)/bin/python bench/ros_overhead.py
-	. $(ROS_ENV)/env.sh && $(VENV)/bin/python bench/ros_execute.py
 
 # Batched requests through the planner service against one at a time: 1, 2, 4 and 8
 # closed-loop clients on the same held-out tasks, per method (several minutes on 2 cores);
