@@ -6,8 +6,8 @@ request's words (`grounding.RequestWords`) its schema admits only their runs. On
 perception): with a scene list its schema is that list's names as an enum; without one it
 follows the phrase rule of `grounded: true`. One marked `grounded: quote` is a text to say:
 when the task quotes any, its schema is the task's quoted texts as an enum (else any string).
-An argument with `required: false` (or a
-`default`) may be left out; the validated step then carries its default, if it has one.
+An argument with `required: false` (or a `default`) may be left out; the validated step then
+carries its default, if it has one.
 A skill may name what executes it (an action or service, bindings.py); one that does not is
 plan-only.
 """

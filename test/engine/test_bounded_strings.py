@@ -81,6 +81,25 @@ def test_a_string_the_grammar_cannot_close_yet_goes_on_past_the_bound():
     assert allowed and all(texts[t].startswith(b'"') for t in allowed)
 
 
+def test_an_enum_value_past_the_bound_ends_where_it_ends_and_is_no_cut():
+    tok, _ = _grammar()
+    compiler = JsonGrammarCompiler(
+        tok, VOCAB, [tok.convert_tokens_to_ids("<|im_end|>")], think_token_ids(tok))
+    value = "an an an an an an an an an an"
+    grammar = compiler.compile({"type": "object", "required": ["say"],
+                                "additionalProperties": False,
+                                "properties": {"say": {"enum": [value, "an"]}}})
+    matcher = grammar.matcher(2)
+    ids = tok.encode(f'{{"say": "{value}"}}', add_special_tokens=False)
+    assert len(ids) > 12 and all(matcher.accept(t) for t in ids)
+    assert matcher.accept(tok.convert_tokens_to_ids("<|im_end|>")) and matcher.terminated()
+    assert matcher.cut == 0
+    # the other value ends before the bound: closing it is no cut either
+    matcher = grammar.matcher(2)
+    assert all(matcher.accept(t) for t in tok.encode('{"say": "an"}', add_special_tokens=False))
+    assert matcher.cut == 0
+
+
 def test_an_escaped_quote_does_not_close_the_string_and_no_bound_is_plain_xgrammar():
     tok, grammar = _grammar()
     matcher = grammar.matcher(BOUND)
@@ -100,22 +119,31 @@ def test_the_planner_closes_a_long_spoken_text_and_still_plans():
     preset = ModelPreset.load("demo")
     engine = Engine.load(preset.engine_config(device="cpu", dtype="fp32"))
     catalog = SkillCatalog.from_yaml(default_skills_path())
-    task = 'say "the red cup is on the kitchen table next to the big blue plate"'
+    text = "the red cup is on the kitchen table next to the big blue plate"
+    # unquoted, the text is the model's to write; quoted, it is the task's (`grounded: quote`)
     results = {}
-    for bound in (64, 4):
-        service = PlannerService(engine, catalog, PlannerConfig(
-            max_string_tokens=bound, refusal_hint=preset.refusal_hint))
-        service.start()
-        try:
-            results[bound] = service.plan(PlanRequest(task, enable_thinking=False),
-                                          timeout=300)
-        finally:
-            service.stop()
-    full, cut = results[64], results[4]
-    assert full.success and full.telemetry["strings_cut"] == 0, full.error
-    spoken = [s["args"]["text"] for s in full.plan if s["skill"] == "say"]
-    assert spoken and len(spoken[0].split()) > 4
+    for task in (f"say {text}", f'say "{text}"'):
+        for bound in (64, 4):
+            service = PlannerService(engine, catalog, PlannerConfig(
+                max_string_tokens=bound, refusal_hint=preset.refusal_hint))
+            service.start()
+            try:
+                results[task, bound] = service.plan(PlanRequest(task, enable_thinking=False),
+                                                    timeout=300)
+            finally:
+                service.stop()
+
+    def spoken(result) -> list[str]:
+        assert result.success, result.error
+        return [s["args"]["text"] for s in result.plan if s["skill"] == "say"]
+
+    full, cut = results[f"say {text}", 64], results[f"say {text}", 4]
+    assert full.telemetry["strings_cut"] == 0
+    assert spoken(full) and len(spoken(full)[0].split()) > 4
     # bound to 4 tokens: the spoken text closes early, and the answer is still a valid plan
-    assert cut.success and cut.telemetry["strings_cut"] >= 1, cut.error
-    said = [s["args"]["text"] for s in cut.plan if s["skill"] == "say"]
-    assert said and len(said[0]) < len(spoken[0]), (said, spoken)
+    assert cut.telemetry["strings_cut"] >= 1
+    assert spoken(cut) and len(spoken(cut)[0]) < len(spoken(full)[0]), (cut.plan, full.plan)
+    # a quoted text is said whole past the bound, and that is no cut
+    for bound in (64, 4):
+        quoted = results[f'say "{text}"', bound]
+        assert spoken(quoted) == [text] and quoted.telemetry["strings_cut"] == 0, bound

@@ -86,7 +86,9 @@ class BoundedStrings:
     token limit, and the answer is then no JSON at all. Closed, it stays a valid answer of
     its kind (a refusal stays a refusal). A bound in the schema (`maxLength`) would do it in
     the grammar, but costs seconds of compile per request at a 150k vocabulary. `cut`
-    counts the strings closed this way in what was accepted."""
+    counts the strings closed this way in what was accepted: where the grammar allowed more
+    than a closing quote (an enum's value, a quoted text to say, ends where it ends and is
+    no cut)."""
 
     def __init__(self, inner: TokenMatcher, texts: Sequence[bytes], quote_ids: frozenset[int],
                  quote_row: torch.Tensor, max_tokens: int):
@@ -105,18 +107,22 @@ class BoundedStrings:
         inside, escaped, run, _ = self._states[-1]
         return inside and not escaped and run >= self.max_tokens
 
-    def _closing_only(self) -> bool:
-        """At the bound where the grammar allows a closing quote: nothing else is allowed
-        (where it does not, e.g. under a `minLength`, the string goes on)."""
+    def _at_bound(self) -> tuple[bool, bool]:
+        """(closing only, cutting): at the bound where the grammar allows a closing quote,
+        nothing else is allowed (where it does not, e.g. under a `minLength` or inside an
+        enum's value, the string goes on); that cuts the string where the grammar allowed
+        more than the quote."""
         if not self._bounded():
-            return False
+            return False, False
         if self._scratch is None:
             self._scratch = torch.zeros(1, self._quote_row.numel(), dtype=torch.int32)
         self._inner.fill_mask(self._scratch, 0)
-        return bool((self._scratch[0] & self._quote_row).any())
+        allowed = self._scratch[0]
+        closing = bool((allowed & self._quote_row).any())
+        return closing, closing and bool((allowed & ~self._quote_row).any())
 
     def accept(self, token: int) -> bool:
-        bounded = self._closing_only()
+        bounded, cutting = self._at_bound()
         if bounded and token not in self._quote_ids or not self._inner.accept(token):
             return False
         inside, escaped, run, cut = self._states[-1]
@@ -129,7 +135,7 @@ class BoundedStrings:
             elif byte == 0x22:                 # quote
                 inside, toggled = not inside, True
         run = (0 if toggled else run + 1) if inside else 0
-        self._states.append((inside, escaped, run, cut + bounded))
+        self._states.append((inside, escaped, run, cut + cutting))
         return True
 
     def rollback(self, count: int) -> None:
@@ -145,7 +151,7 @@ class BoundedStrings:
                 bitmask[row] = closing
 
     def forced_tokens(self) -> list[int]:
-        return [] if self._closing_only() else self._inner.forced_tokens()
+        return [] if self._at_bound()[0] else self._inner.forced_tokens()
 
     def terminated(self) -> bool:
         return self._inner.terminated()
