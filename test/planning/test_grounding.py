@@ -111,6 +111,9 @@ def test_every_reference_name_of_the_corpus_is_a_phrase_of_its_request():
                 for key in ("target", "object", "location"):
                     value = step["args"].get(key)
                     assert value is None or re.fullmatch(words.pattern, value), (name, ex)
+                # a say step says the text the task quotes, when it quotes one
+                said = step["args"].get("text")
+                assert said is None or not words.quotes or said in words.quotes, (name, ex)
 
 
 def test_the_check_reads_words_modulo_case_punctuation_and_one_article():
