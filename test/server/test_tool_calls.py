@@ -7,6 +7,7 @@ Every call the server returns must parse and validate against its declared schem
 from __future__ import annotations
 
 import json
+import urllib.parse
 
 import jsonschema
 import pytest
@@ -203,3 +204,13 @@ def test_the_skills_as_tools_and_their_calls_checked_as_plans_are(demo):
         got, error = _http(demo, "/v1/skills/check", {"calls": [bad],
                                                       "scene": ["red cup", "sink"]})
         assert got == 400 and why in error["error"]["message"], error
+    # given the task, a say text is one of the texts it quotes, in the tools and the check
+    task = 'say "the cup is clean" at the sink'
+    got, tools = _http(demo, "/v1/skills?task=" + urllib.parse.quote(task))
+    say = next(t for t in tools["data"] if t["function"]["name"] == "say")
+    assert say["function"]["parameters"]["properties"]["text"]["enum"] == ["the cup is clean"]
+    for text, want in (("the cup is clean", 200), ("the cup is clear", 400)):
+        got, answer = _http(demo, "/v1/skills/check", {
+            "calls": [{"name": "say", "arguments": {"text": text}}], "task": task})
+        assert got == want, answer
+    assert "none of the texts the task quotes (the cup is clean)" in answer["error"]["message"]
