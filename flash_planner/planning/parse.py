@@ -156,21 +156,21 @@ def validate_step(step: Any, index: int, catalog: SkillCatalog,
         if arg.name not in args:
             continue
         value = args[arg.name]
+        why = None
         if arg.grounded == "quote":
             if words.quotes and value not in words.quotes:
-                raise PlanError(f"step {index + 1} ({skill.name}): argument '{arg.name}' is "
-                                f"{value!r}, which is none of the texts the task quotes "
-                                f"({closest(value, words.quotes)})")
+                why = f"is none of the texts the task quotes ({closest(value, words.quotes)})"
         elif arg.grounded == "scene" and words.scene:
             name = words.scene_name(value)
             if name is None:
-                raise PlanError(f"step {index + 1} ({skill.name}): argument '{arg.name}' is "
-                                f"{value!r}, which is not in the scene list (nearest: "
-                                f"{', '.join(words.nearest(value))})")
-            args[arg.name] = name
+                why = f"is not in the scene list (nearest: {', '.join(words.nearest(value))})"
+            else:
+                args[arg.name] = name
         elif not words.contains(value):
+            why = "the task and scene never mention"
+        if why is not None:
             raise PlanError(f"step {index + 1} ({skill.name}): argument '{arg.name}' is "
-                            f"{value!r}, which the task and scene never mention")
+                            f"{value!r}, which {why}")
     for arg in skill.args:
         if arg.name not in args and arg.default is not None:
             args[arg.name] = arg.default

@@ -94,6 +94,7 @@ class BoundedStrings:
                  quote_row: torch.Tensor, max_tokens: int):
         self._inner, self._texts, self._quote_ids = inner, texts, quote_ids
         self._quote_row, self.max_tokens = quote_row, max_tokens
+        self._other_row = ~quote_row     # tokens that do not start with a quote
         self.vocab_size = inner.vocab_size
         # after each accepted token: (inside a string, after a backslash, tokens inside, cut)
         self._states = [(False, False, 0, 0)]
@@ -119,7 +120,7 @@ class BoundedStrings:
         self._inner.fill_mask(self._scratch, 0)
         allowed = self._scratch[0]
         closing = bool((allowed & self._quote_row).any())
-        return closing, closing and bool((allowed & ~self._quote_row).any())
+        return closing, closing and bool((allowed & self._other_row).any())
 
     def accept(self, token: int) -> bool:
         bounded, cutting = self._at_bound()
