@@ -63,12 +63,8 @@ def execute(client, goal_type) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-
+def measure(rounds: int) -> dict:
+    """p50/p95 ms per plan of both paths over `rounds`, and what execution adds per step."""
     import rclpy
     from rclpy.action import ActionClient
     from rclpy.context import Context
@@ -94,52 +90,66 @@ def main() -> None:
     for n in (node, servers.node, client_node):
         executor.add_node(n)
     threading.Thread(target=executor.spin, daemon=True).start()
-    node.trigger_configure()
-    node.trigger_activate()
-
-    catalog = SkillCatalog.from_yaml(catalog_path)
-    fields = gate(PLAN, catalog.bindings, catalog.locations, catalog.workspace)
-    clients, goals = [], []
-    for step, goal in zip(PLAN, fields):
-        binding = catalog.bindings[step["skill"]]
-        kind = interface_class(binding)
-        clients.append(ActionClient(client_node, kind, binding.server))
-        goals.append(to_message(kind.Goal(), goal))
-    exec_client = ActionClient(client_node, ExecutePlan, "/flash_planner/execute")
-    for c in (*clients, exec_client):
-        assert c.wait_for_server(timeout_sec=30)
-    time.sleep(1.0)   # the node's own clients discover the servers (its graph check)
-    execute(exec_client, ExecutePlan.Goal)                 # warm both paths once
-    direct(clients, goals)
-    rows = []
-    for r in range(args.rounds):
-        first, second = (("direct", "execute") if r % 2 else ("execute", "direct"))
-        row = {}
-        for path in (first, second):
-            row[path] = (direct(clients, goals) if path == "direct"
-                         else execute(exec_client, ExecutePlan.Goal))
-        rows.append(row)
+    try:
+        node.trigger_configure()
+        node.trigger_activate()
+        catalog = SkillCatalog.from_yaml(catalog_path)
+        fields = gate(PLAN, catalog.bindings, catalog.locations, catalog.workspace)
+        clients, goals = [], []
+        for step, goal in zip(PLAN, fields):
+            binding = catalog.bindings[step["skill"]]
+            kind = interface_class(binding)
+            clients.append(ActionClient(client_node, kind, binding.server))
+            goals.append(to_message(kind.Goal(), goal))
+        exec_client = ActionClient(client_node, ExecutePlan, "/flash_planner/execute")
+        for c in (*clients, exec_client):
+            assert c.wait_for_server(timeout_sec=30)
+        time.sleep(1.0)   # the node's own clients discover the servers (its graph check)
+        execute(exec_client, ExecutePlan.Goal)                 # warm both paths once
+        direct(clients, goals)
+        rows = []
+        for r in range(rounds):
+            first, second = (("direct", "execute") if r % 2 else ("execute", "direct"))
+            row = {}
+            for path in (first, second):
+                row[path] = (direct(clients, goals) if path == "direct"
+                             else execute(exec_client, ExecutePlan.Goal))
+            rows.append(row)
+    finally:
+        servers.close()
+        executor.shutdown(timeout_sec=2)
+        node.stop_planner()
+        rclpy.shutdown(context=context)
     steps = len(PLAN)
-    report = {"rounds": args.rounds, "steps": steps}
+    report = {"rounds": rounds, "steps": steps}
     for path in ("direct", "execute"):
         ms = [row[path] for row in rows]
         report[path] = {"p50_ms": percentile(ms, 50), "p95_ms": percentile(ms, 95)}
     per_step = [(row["execute"] - row["direct"]) / steps for row in rows]
     report["added_per_step"] = {"p50_ms": percentile(per_step, 50),
                                 "p95_ms": percentile(per_step, 95)}
-    print(f"{steps}-step plan, {args.rounds} rounds (ms per plan, p50 / p95)")
+    return report
+
+
+def print_report(report: dict) -> None:
+    print(f"{report['steps']}-step plan, {report['rounds']} rounds (ms per plan, p50 / p95)")
     for path in ("direct", "execute"):
         print(f"  {path:8} {report[path]['p50_ms']:7.1f} / {report[path]['p95_ms']:7.1f}")
     print(f"  execution adds per step: {report['added_per_step']['p50_ms']:.1f} / "
           f"{report['added_per_step']['p95_ms']:.1f} ms "
           f"({report['execute']['p50_ms'] / report['direct']['p50_ms']:.2f}x the direct "
           "client's time)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    report = measure(args.rounds)
+    print_report(report)
     if args.json:
         print(json.dumps(report))
-    servers.close()
-    executor.shutdown(timeout_sec=2)
-    node.stop_planner()
-    rclpy.shutdown(context=context)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ time), split into the protocol's part (client-side time minus the node's own mea
 request) and the decode-time difference; the round trip of a goal the node refuses at once
 (the rclpy action protocol alone: send_goal and get_result, nothing decoded); and the time
 from goal acceptance (client side) to the first feedback message. Then what execution adds
-per step (`bench/ros_execute.py`, in a process of its own: `--execute-rounds`, 0 to skip).
+per step (`bench/ros_execute.py`: `--execute-rounds`, 0 to skip).
 Run by `make bench-ros`, which provides rclpy first (tools/ros_env.sh).
 
     python bench/ros_overhead.py [--n 50] [--threads 0] [--neighbour] [--execute-rounds 30]
@@ -33,6 +33,7 @@ import threading
 import time
 
 import neighbour  # bench/neighbour.py
+import ros_execute  # bench/ros_execute.py
 
 from flash_planner.planning.request import PlanRequest
 from flash_planner.planning.service import PlannerService
@@ -196,7 +197,9 @@ def main() -> None:
     report = summarise(rows, floor, args.threads, neighbour.label(args.neighbour))
     print_report(report)
     if args.execute_rounds > 0:
-        report["execution"] = execution_per_step(args.execute_rounds)
+        print("\nWhat execution adds per step (bench/ros_execute.py):")
+        report["execution"] = ros_execute.measure(args.execute_rounds)
+        ros_execute.print_report(report["execution"])
     if args.json:
         print(json.dumps(report, indent=1))
 
@@ -270,17 +273,6 @@ def print_report(r: dict) -> None:
     print(f"{'':30}{'p50':>9}{'p95':>9}")
     for key, label in LABELS.items():
         print(f"{label:30}{r[key]['p50']:>9.2f}{r[key]['p95']:>9.2f}")
-
-
-def execution_per_step(rounds: int) -> dict:
-    """bench/ros_execute.py's report (its lines printed as they come): the same plan's goals
-    through the node's ~/execute and from a plain client, per step."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ros_execute.py")
-    print("\nWhat execution adds per step (bench/ros_execute.py):", flush=True)
-    out = subprocess.run([sys.executable, script, "--rounds", str(rounds), "--json"],
-                         stdout=subprocess.PIPE, text=True, check=True).stdout.splitlines()
-    print("\n".join(line for line in out if not line.startswith("{")), flush=True)
-    return json.loads(next(line for line in reversed(out) if line.startswith("{")))
 
 
 def refused_goal_round_trips(client, plan_type, n: int = 50) -> list[float]:
