@@ -43,11 +43,12 @@ setup(
     # serve: `flash-planner serve` (FastAPI + uvicorn, Prometheus metrics); openai: the
     # official client the server's tests talk through; vision: images decoded and resized
     # by Pillow (engine/inputs/images.py), the image processor's own resampling; mcp: the
-    # official MCP SDK `flash-planner mcp` is built on (server/mcp_server.py)
+    # official MCP SDK `flash-planner mcp` is built on (server/mcp_server.py); hypothesis:
+    # the safety gate's property suite (test/planning/test_gate_properties.py)
     extras_require={"test": ["pytest", "pytest-xdist", "onnx", "onnxruntime", "onnxscript",
                              "ruff", "compressed-tensors>=0.20", "gguf>=0.10", "openai",
                              "fastapi", "uvicorn", "prometheus_client", "pillow",
-                             "mcp>=2.3,<3"],
+                             "mcp>=2.3,<3", "hypothesis>=6.100"],
                     "serve": ["fastapi", "uvicorn", "prometheus_client"],
                     "mcp": ["mcp>=2.3,<3"],
                     "vision": ["pillow"],

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test" / "ros"))
 
-from flash_planner.planning.bindings import gate  # noqa: E402
+from flash_planner.planning.gate import gate  # noqa: E402
 from flash_planner.planning.skills import SkillCatalog  # noqa: E402
 from flash_planner.ros.diagnostics import percentile  # noqa: E402
 from flash_planner.ros.messages import to_message  # noqa: E402

@@ -229,8 +229,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _goals(catalog, result) -> tuple[list[dict] | None, str]:
     """`--goals`: each bound step's goal as the safety gate fills and checks it (a plan-only
-    step has none), or the gate's refusal; nothing is sent (planning/bindings.py)."""
-    from .planning.bindings import GateError, gate
+    step has none), or the gate's refusal; nothing is sent (planning/gate.py)."""
+    from .planning.gate import GateError, gate
 
     if not result.success:
         return None, ""

@@ -17,7 +17,9 @@ A goal template's string "{ARG}" is the step's value of argument ARG (its own ty
 The catalog's `locations` is a YAML file (relative to the catalog) of
 `NAME: {frame: map, x: 1.0, y: 2.0, yaw: 0.0}` entries, and its `workspace`
 {frame, x: [lo, hi], y: [lo, hi]} bounds every pose a goal carries. A skill without a
-binding stays plan-only.
+binding stays plan-only. Every number a catalog gives (limits, workspace, timeouts, places)
+must be finite: YAML's `.nan` and `.inf` are load errors, because a NaN bound lets every value
+pass and a NaN timeout never fires. What is checked before a goal is sent is gate.py's.
 """
 
 from __future__ import annotations
@@ -42,13 +44,14 @@ class BindingError(ValueError):
     and the field."""
 
 
-class GateError(ValueError):
-    """A plan the safety gate refuses before anything is sent: names the step, the field
-    and the limit."""
-
-    def __init__(self, step: int, skill: str, message: str):
-        super().__init__(f"step {step} ({skill}): {message}")
-        self.step, self.skill = step, skill
+def finite_number(value: Any) -> bool:
+    """A real number (a bool is none), finite, and one a float can hold."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:      # an int past float's range
+        return False
 
 
 @dataclass(frozen=True)
@@ -68,36 +71,20 @@ class Location:
 
 @dataclass(frozen=True)
 class Bound:
-    """One numeric limit on a goal field: min and/or max."""
+    """One numeric limit on a goal field: min and/or max (finite)."""
 
     field: str
     min: float | None = None
     max: float | None = None
 
-    def violation(self, value: float) -> str | None:
-        if self.min is not None and value < self.min:
-            return f"{self.field} = {value} is below its limit {self.min}"
-        if self.max is not None and value > self.max:
-            return f"{self.field} = {value} is above its limit {self.max}"
-        return None
-
 
 @dataclass(frozen=True)
 class Workspace:
+    """The box every pose a goal carries must lie in (finite bounds, lo <= hi)."""
+
     frame: str
     x: tuple[float, float]
     y: tuple[float, float]
-
-    def violation(self, field: str, pose: dict[str, Any]) -> str | None:
-        frame = pose.get("header", {}).get("frame_id")
-        p = pose.get("pose", {}).get("position", {})
-        x, y = p.get("x"), p.get("y")
-        if frame != self.frame:
-            return f"{field} is in frame {frame!r}, the workspace in {self.frame!r}"
-        if not (self.x[0] <= x <= self.x[1] and self.y[0] <= y <= self.y[1]):
-            return (f"{field} ({x}, {y}) is outside the workspace x {list(self.x)}, "
-                    f"y {list(self.y)}")
-        return None
 
 
 @dataclass(frozen=True)
@@ -112,6 +99,15 @@ class Binding:
     timeout_s: float = DEFAULT_TIMEOUT_S
     approve: bool = False
     limits: tuple[Bound, ...] = ()
+    # (dotted field, ROS type) of every field the message has, nested ones included
+    # ("pose" -> "geometry_msgs/PoseStamped"), set where the types are known (the node, at
+    # configure: ros/binding_types.field_types); empty: the gate finds poses by shape
+    field_types: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def place_args(self) -> tuple[str, ...]:
+        """The arguments a goal field takes as a place of the location table."""
+        return tuple(dict.fromkeys(a for _, location, a in self.placeholders() if location))
 
     def placeholders(self) -> list[tuple[str, str | None, str]]:
         """(dotted field, "location" or None, argument) of each placeholder."""
@@ -138,22 +134,28 @@ def read_locations(path: Path, where: str) -> dict[str, Location]:
         raise BindingError(f"{where}: location table {path} is not readable ({exc})") from exc
     except yaml.YAMLError as exc:
         raise BindingError(f"{where}: location table {path} is not valid YAML ({exc})") from exc
+    return locations_of(data, where, str(path))
+
+
+def locations_of(data: Any, where: str, source: str) -> dict[str, Location]:
+    """A location table from its parsed form (`source`: the file, or the topic it came on
+    at run time)."""
     if not isinstance(data, dict) or not data:
-        raise BindingError(f"{where}: location table {path} must map names to "
+        raise BindingError(f"{where}: location table {source} must map names to "
                            "{frame, x, y, yaw}")
     out = {}
     for name, entry in data.items():
-        at = f"{where}: location {name!r} in {path}"
+        at = f"{where}: location {name!r} in {source}"
         if not isinstance(entry, dict) or not isinstance(entry.get("frame"), str):
             raise BindingError(f"{at}: needs a 'frame' string and numbers x, y (yaw optional)")
         unknown = sorted(set(entry) - {"frame", "x", "y", "yaw"})
         if unknown:
             raise BindingError(f"{at}: unknown field(s) {unknown} (known: frame, x, y, yaw)")
         nums = {k: entry.get(k, 0.0 if k == "yaw" else None) for k in ("x", "y", "yaw")}
-        bad = [k for k, v in nums.items()
-               if isinstance(v, bool) or not isinstance(v, (int, float))]
+        bad = [k for k, v in nums.items() if not finite_number(v)]
         if bad:
-            raise BindingError(f"{at}: {bad[0]} must be a number, got {entry.get(bad[0])!r}")
+            raise BindingError(f"{at}: {bad[0]} must be a number (finite: not .nan or .inf), "
+                               f"got {entry.get(bad[0])!r}")
         out[str(name)] = Location(entry["frame"], float(nums["x"]), float(nums["y"]),
                                   float(nums["yaw"]))
     return out
@@ -165,10 +167,10 @@ def read_workspace(spec: Any, where: str) -> Workspace:
     ranges = {}
     for axis in ("x", "y"):
         r = spec[axis]
-        if (not isinstance(r, list) or len(r) != 2 or any(
-                isinstance(v, bool) or not isinstance(v, (int, float)) for v in r) or r[0] > r[1]):
-            raise BindingError(f"{where}: workspace {axis} must be [lo, hi] numbers, lo <= hi; "
-                               f"got {r!r}")
+        if (not isinstance(r, list) or len(r) != 2 or not all(finite_number(v) for v in r)
+                or r[0] > r[1]):
+            raise BindingError(f"{where}: workspace {axis} must be [lo, hi] finite numbers, "
+                               f"lo <= hi; got {r!r}")
         ranges[axis] = (float(r[0]), float(r[1]))
     return Workspace(str(spec["frame"]), ranges["x"], ranges["y"])
 
@@ -203,8 +205,9 @@ def read_binding(skill: str, entry: dict[str, Any], args: dict[str, Any],
         raise BindingError(f"{at}: 'server' must be a ROS name such as /navigate_to_pose, "
                            f"got {server!r}")
     timeout = spec.get("timeout_s", DEFAULT_TIMEOUT_S)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise BindingError(f"{at}: 'timeout_s' must be a positive number, got {timeout!r}")
+    if not finite_number(timeout) or timeout <= 0:
+        raise BindingError(f"{at}: 'timeout_s' must be a positive finite number, got "
+                           f"{timeout!r}")
     template = spec.get("goal" if kind == "action" else "request", {})
     if not isinstance(template, dict):
         raise BindingError(f"{at}: '{'goal' if kind == 'action' else 'request'}' must be a "
@@ -241,8 +244,9 @@ def _limits(spec: Any, where: str) -> tuple[Bound, ...]:
         if not isinstance(bound, dict) or not bound or set(bound) - {"min", "max"}:
             raise BindingError(f"{where}: {field} must be {{min: N, max: N}} (either or both)")
         values = dict(bound)
-        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values.values()):
-            raise BindingError(f"{where}: {field}'s min and max must be numbers")
+        if not all(finite_number(v) for v in values.values()):
+            raise BindingError(f"{where}: {field}'s min and max must be finite numbers, got "
+                               f"{values!r}")
         if "min" in values and "max" in values and values["min"] > values["max"]:
             raise BindingError(f"{where}: {field}'s min {values['min']} is above its max "
                                f"{values['max']}")
@@ -261,63 +265,14 @@ def fill(binding: Binding, args: dict[str, Any], locations: dict[str, Location] 
         if m is None:
             return v
         location, arg = m.group(1), m.group(2)
-        if not location:
-            return args[arg]
+        if arg not in args:    # an optional argument without a default, left out
+            raise LookupError(f"{field}: argument {arg!r} is not given, and the goal needs it")
         name = args[arg]
-        if name not in (locations or {}):
+        if not location:
+            return name
+        if not isinstance(name, str) or name not in (locations or {}):
             raise LookupError(f"{field}: location {name!r} is not in the location table "
                               f"(known: {', '.join(sorted(locations or {})) or 'none'})")
         return locations[name].pose_stamped()
 
     return value(binding.template, "")
-
-
-def field_value(goal: dict[str, Any], field: str) -> Any:
-    node: Any = goal
-    for part in field.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def gate(steps: list[dict[str, Any]], bindings: dict[str, Binding],
-         locations: dict[str, Location] | None, workspace: Workspace | None
-         ) -> list[dict[str, Any] | None]:
-    """Every step's goal, filled and checked, before any is sent (None: a plan-only step);
-    the first step outside a limit, the workspace or the location table raises GateError."""
-    goals: list[dict[str, Any] | None] = []
-    for i, step in enumerate(steps):
-        binding = bindings.get(step["skill"])
-        if binding is None:
-            goals.append(None)
-            continue
-        try:
-            goal = fill(binding, step.get("args", {}), locations)
-        except LookupError as exc:
-            raise GateError(i, step["skill"], str(exc)) from None
-        for bound in binding.limits:
-            v = field_value(goal, bound.field)
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise GateError(i, step["skill"], f"limit on {bound.field}, which the goal "
-                                f"does not hold as a number ({v!r})")
-            why = bound.violation(v)
-            if why:
-                raise GateError(i, step["skill"], why)
-        if workspace is not None:
-            for field, pose in _poses(goal):
-                why = workspace.violation(field, pose)
-                if why:
-                    raise GateError(i, step["skill"], why)
-        goals.append(goal)
-    return goals
-
-
-def _poses(tree: Any, prefix: str = ""):
-    """(field, PoseStamped-shaped dict) in a goal."""
-    if isinstance(tree, dict):
-        if "header" in tree and isinstance(tree.get("pose"), dict):
-            yield prefix or "goal", tree
-            return
-        for key, value in tree.items():
-            yield from _poses(value, f"{prefix}.{key}" if prefix else str(key))

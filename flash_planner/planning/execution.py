@@ -4,36 +4,44 @@ order, behind the safety gate, replanning when a step fails. ROS-free: the sendi
 test), the planning a `Replanner`'s (the planner service), the approvals `Approvals`'.
 
 The contract (docs/ros.md, "Running plans on the robot"):
-- Nothing is sent for a plan unless all of it passes the gate first: every step bound, every
-  bound server on the graph, every goal filled and inside the catalog's limits, workspace and
-  location table (`bindings.gate`). A replanned plan passes the gate again before it runs.
-- A step with `approve: true` is sent only after an operator approves it; a denial or the
-  approval timeout ends the run (an operator's "no" is not a failure to replan around).
-- A step that is rejected, aborted, cancelled by its server, timed out or whose server
-  vanished ends that plan; the planner is asked again (the task, the steps done and the
-  failed step with its reason: `prompt.progress_section`) at most `max_replans` times, and
-  the new plan runs from there.
-- Cancelling the run cancels the running step's goal and sends nothing after it.
+- Nothing is sent for a plan unless all of it passes the gate first (gate.py, `check_plan`:
+  every step bound, every bound server on the graph, every goal filled, finite and inside the
+  catalog's limits, workspace and location table). A replanned plan passes the gate again
+  before it runs; a plan the gate refuses is replanned like a failed step (nothing of it was
+  sent), with the refusal as the reason.
+- A step with `approve: true` is sent only after an operator approves that plan's step; a
+  denial or the approval timeout ends the run (an operator's "no" is not a failure to replan
+  around).
+- A step that is rejected, aborted, timed out (and its cancel confirmed by the server) or
+  whose server was away when it was due ends that plan; the planner is asked again (the task,
+  the steps done and the failed step with its reason: `prompt.progress_section`) at most
+  `max_replans` times, and the new plan runs from there.
+- A step whose end was never confirmed (a cancel the server did not confirm, a service call
+  past its timeout, a server that left the graph while its goal ran) ends the run, never
+  replanned: its work may still be running, and a new plan could send it again.
+- Cancelling the run cancels the running step's goal and sends nothing after it; a cancel
+  wins over an approval that arrives with it.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .bindings import Binding, GateError, gate
-from .parse import PlanError, validate_plan
+from .bindings import Binding
+from .gate import GateError, check_plan
+from .parse import PlanError, loads, validate_plan
 from .prompt import progress_section
 from .skills import SkillCatalog
 
 # A step's terminal states besides "succeeded" (ExecutePlan.action's failed_state): the
 # runner's, and the run's own (denied, gate, no_plan, canceled by the caller).
-RUNNER_STATES = ("rejected", "aborted", "canceled", "timed_out", "unavailable")
-REPLANNED = ("rejected", "aborted", "timed_out", "unavailable")  # a cancel is not replanned
+RUNNER_STATES = ("rejected", "aborted", "canceled", "timed_out", "unavailable", "unconfirmed")
+# replanned while replans are left (a cancel is not; nor is a step whose end is unconfirmed)
+REPLANNED = ("rejected", "aborted", "timed_out", "unavailable", "gate")
 POLL_S = 0.05   # how often a wait looks at the cancel flag
 
 
@@ -45,10 +53,17 @@ class StepOutcome:
     state: str
     reason: str = ""
     result: dict[str, Any] = field(default_factory=dict)
+    # whether the goal is known to have ended on its server (or never started): False for a
+    # server that left the graph while the goal ran, whose work may go on
+    ended: bool = True
 
     @property
     def ok(self) -> bool:
         return self.state == "succeeded"
+
+    @property
+    def replannable(self) -> bool:
+        return self.state in REPLANNED and self.ended
 
 
 @dataclass(frozen=True)
@@ -72,8 +87,11 @@ class StepRunner(Protocol):
     def run(self, binding: Binding, goal: dict[str, Any],
             on_feedback: Callable[[dict[str, Any]], None],
             cancelled: threading.Event) -> StepOutcome:
-        """Send one goal and wait (at most the binding's timeout) for its end; on `cancelled`
-        cancel the goal on its server and return "canceled"."""
+        """Send one goal (nothing when `cancelled` is already set) and wait (at most the
+        binding's timeout) for its end; on `cancelled` cancel the goal on its server and
+        return "canceled". A timeout whose cancel the server does not confirm is
+        "unconfirmed"; a server gone from the graph while the goal runs "unavailable" with
+        `ended` False."""
 
 
 class Replanner(Protocol):
@@ -118,17 +136,20 @@ class ExecutionResult:
 
 
 class Approvals:
-    """Steps waiting for an operator (thread-safe): the run waits, `answer` decides."""
+    """Steps waiting for an operator (thread-safe): the run waits, `answer` decides. A step
+    is named by its execution, its plan (0, then 1 after the first replan, ...) and its index
+    in that plan, so that an answer meant for one plan's step never lands on another's."""
 
     def __init__(self):
         self._cond = threading.Condition()
-        self._waiting: dict[tuple[str, int], str] = {}   # (execution, step) -> skill
-        self._answers: dict[tuple[str, int], bool] = {}
+        self._waiting: dict[tuple[str, int, int], str] = {}  # (execution, plan, step) -> skill
+        self._answers: dict[tuple[str, int, int], bool] = {}
 
     def wait(self, execution_id: str, step: int, skill: str, timeout_s: float,
-             cancelled: threading.Event) -> str:
-        """"approved", "denied", "timed_out" or "canceled"."""
-        key = (execution_id, step)
+             cancelled: threading.Event, plan_index: int = 0) -> str:
+        """"approved", "denied", "timed_out" or "canceled" (a cancel wins over an approval
+        that came with it)."""
+        key = (execution_id, plan_index, step)
         deadline = time.monotonic() + timeout_s
         with self._cond:
             self._waiting[key] = skill
@@ -140,38 +161,45 @@ class Approvals:
                     if left <= 0:
                         return "timed_out"
                     self._cond.wait(min(left, POLL_S))
+                if cancelled.is_set():
+                    return "canceled"
                 return "approved" if self._answers.pop(key) else "denied"
             finally:
                 self._waiting.pop(key, None)
                 self._answers.pop(key, None)
 
-    def answer(self, execution_id: str, step: int, approve: bool) -> tuple[bool, str]:
-        """(accepted, message): whether a step of that execution waits for this answer."""
+    def answer(self, execution_id: str, step: int, approve: bool, plan_index: int = 0
+               ) -> tuple[bool, str]:
+        """(accepted, message): whether that plan's step of that execution waits for this
+        answer; the message names what waits when it does not."""
         with self._cond:
             if not execution_id:   # the one waiting, when only one execution waits
-                ids = {e for e, _ in self._waiting}
+                ids = {e for e, _, _ in self._waiting}
                 if len(ids) == 1:
                     execution_id = ids.pop()
-            key = (execution_id, step)
+            key = (execution_id, plan_index, step)
             if key not in self._waiting:
-                waiting = ", ".join(f"{e} step {s} ({k})" for (e, s), k in self._waiting.items())
-                return False, (f"no step {step} of execution {execution_id or '(any)'} waits "
-                               f"for approval (waiting: {waiting or 'none'})")
+                waiting = ", ".join(f"{e} plan {p} step {s} ({k})"
+                                    for (e, p, s), k in self._waiting.items())
+                return False, (f"no step {step} of plan {plan_index} of execution "
+                               f"{execution_id or '(any)'} waits for approval (waiting: "
+                               f"{waiting or 'none'})")
             self._answers[key] = approve
             self._cond.notify_all()
-            return True, (f"step {step} ({self._waiting[key]}) of execution {execution_id} "
-                          f"{'approved' if approve else 'denied'}")
+            return True, (f"plan {plan_index} step {step} ({self._waiting[key]}) of execution "
+                          f"{execution_id} {'approved' if approve else 'denied'}")
 
-    def waiting(self) -> list[tuple[str, int, str]]:
+    def waiting(self) -> list[tuple[str, int, int, str]]:
+        """(execution, plan, step, skill) of each step that waits."""
         with self._cond:
-            return [(e, s, k) for (e, s), k in self._waiting.items()]
+            return [(e, p, s, k) for (e, p, s), k in self._waiting.items()]
 
 
 def steps_of(plan_json: str, catalog: SkillCatalog) -> list[dict[str, Any]]:
     """The validated steps of a plan given as JSON ({"plan": [...]} or the list of steps);
     PlanError names what is wrong."""
     try:
-        obj = json.loads(plan_json)
+        obj = loads(plan_json)
     except ValueError as exc:
         raise PlanError(f"plan_json is not valid JSON: {exc}") from None
     return validate_plan({"plan": obj} if isinstance(obj, list) else obj, catalog)
@@ -211,24 +239,28 @@ class Execution:
             out.plans.append(steps)
             if self.cancelled.is_set():
                 return out.fail(-1, "", "canceled", "the execution was cancelled")
+            c = self.catalog
             try:
-                goals = self._gate(steps)
+                goals, away = check_plan(steps, c.bindings, c.locations, c.workspace,
+                                         self.runner.available, self.config.dry_run)
             except GateError as exc:
-                return out.fail(exc.step, exc.skill, "gate",
-                                f"refused by the safety gate, nothing sent: {exc}")
-            if self.config.dry_run:
-                self._dry_run(plan_index, steps, goals)
-                return out.succeed()
-            failed = self._run_plan(plan_index, steps, goals, out, done)
-            if failed is None:
-                return out.succeed()
-            index, outcome = failed
-            skill = steps[index]["skill"]
-            out.fail(index, skill, outcome.state, f"step {index} ({skill}) {outcome.state}: "
-                     f"{outcome.reason}")
-            if outcome.state not in REPLANNED or out.replans >= self.config.max_replans \
+                index, outcome = exc.step, StepOutcome(
+                    "gate", f"refused by the safety gate, nothing sent: {exc}")
+                out.fail(index, exc.skill, "gate", outcome.reason)
+            else:
+                if self.config.dry_run:
+                    self._dry_run(plan_index, steps, goals, away)
+                    return out.succeed()
+                failed = self._run_plan(plan_index, steps, goals, out, done)
+                if failed is None:
+                    return out.succeed()
+                index, outcome = failed
+                skill = steps[index]["skill"]
+                out.fail(index, skill, outcome.state, f"step {index} ({skill}) "
+                         f"{outcome.state}: {outcome.reason}")
+            if not outcome.replannable or out.replans >= self.config.max_replans \
                     or self.cancelled.is_set() or not task:
-                if outcome.state in REPLANNED and not task:
+                if outcome.replannable and not task and outcome.state != "gate":
                     out.error += " (a plan given as is, without a task, is not replanned)"
                 return out
             out.replans += 1
@@ -236,29 +268,19 @@ class Execution:
                                         f"{outcome.reason}")
             steps = None
 
-    def _gate(self, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Every step's goal, or GateError: a step without a binding or whose server is not
-        on the graph is refused here too, before anything is sent."""
-        bindings = self.catalog.bindings
-        for i, step in enumerate(steps):
-            binding = bindings.get(step["skill"])
-            if binding is None:
-                raise GateError(i, step["skill"], "the skill has no binding in the catalog "
-                                "(a plan-only skill cannot be executed)")
-            if not self.runner.available(binding):
-                raise GateError(i, step["skill"], f"its {binding.kind} server "
-                                f"{binding.server} is not on the graph")
-        return gate(steps, bindings, self.catalog.locations, self.catalog.workspace)
-
-    def _dry_run(self, plan_index: int, steps, goals) -> None:
+    def _dry_run(self, plan_index: int, steps, goals, away: dict[int, str]) -> None:
+        """Each goal as it would be sent, and which servers are away now (a dry run does
+        not refuse them: it says so)."""
         for i, (step, goal) in enumerate(zip(steps, goals)):
             binding = self.catalog.bindings[step["skill"]]
             record = {"execution_id": self.id, "plan_index": plan_index, "step_index": i,
                       "skill": step["skill"], "kind": binding.kind, "type": binding.type,
-                      "server": binding.server, "goal": goal}
+                      "server": binding.server, "server_available": i not in away,
+                      "goal": goal}
             self.on_dry_run(record)
+            note = f"; {away[i]} now" if i in away else ""
             self.on_event(StepEvent(plan_index, i, step["skill"], "dry_run",
-                                    f"would send to {binding.server} (dry run)", goal))
+                                    f"would send to {binding.server} (dry run{note})", goal))
 
     def _run_plan(self, plan_index: int, steps, goals, out: ExecutionResult,
                   done: list[dict[str, Any]]) -> tuple[int, StepOutcome] | None:
@@ -270,11 +292,12 @@ class Execution:
                 return i, StepOutcome("canceled", "the execution was cancelled; nothing sent")
             if binding.approve:
                 self.on_event(StepEvent(plan_index, i, skill, "waiting_approval",
-                                        f"execution {self.id} step {i}: call ~/approve "
+                                        f"execution {self.id} plan {plan_index} step {i}: "
+                                        f"call ~/approve "
                                         f"(timeout {self.config.approval_timeout_s:g} s)",
                                         goal))
-                answer = self.approvals.wait(self.id, i, skill,
-                                             self.config.approval_timeout_s, self.cancelled)
+                answer = self.approvals.wait(self.id, i, skill, self.config.approval_timeout_s,
+                                             self.cancelled, plan_index)
                 if answer != "approved":
                     why = {"denied": "the operator denied it; nothing sent",
                            "timed_out": f"no approval within "
@@ -283,6 +306,8 @@ class Execution:
                            "canceled": "the execution was cancelled; nothing sent"}[answer]
                     return i, StepOutcome("denied" if answer != "canceled" else "canceled",
                                           why)
+            if self.cancelled.is_set():    # cancelled while the operator answered
+                return i, StepOutcome("canceled", "the execution was cancelled; nothing sent")
             self.on_event(StepEvent(plan_index, i, skill, "sent",
                                     f"{binding.kind} {binding.server}", goal))
             outcome = self.runner.run(

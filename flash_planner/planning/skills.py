@@ -25,6 +25,7 @@ from .bindings import (
     BindingError,
     Location,
     Workspace,
+    finite_number,
     read_binding,
     read_locations,
     read_workspace,
@@ -274,7 +275,10 @@ _PYTHON_TYPES = {"string": str, "number": (int, float), "integer": int, "boolean
 
 
 def _of_type(kind: str, value: Any) -> bool:
-    """Whether `value` is of the argument type `kind` (a bool is no number)."""
+    """Whether `value` is of the argument type `kind` (a bool is no number, nor is NaN or
+    an infinity)."""
+    if kind in ("number", "integer"):
+        return isinstance(value, _PYTHON_TYPES[kind]) and finite_number(value)
     return isinstance(value, _PYTHON_TYPES[kind]) and (kind == "boolean"
                                                        or not isinstance(value, bool))
 
@@ -294,8 +298,9 @@ def _check_constraints(kind: str, c: dict[str, Any], where: str) -> None:
             continue
         if kind not in ("number", "integer"):
             raise CatalogError(f"{where}: '{bound}' applies to number and integer arguments")
-        if isinstance(c[bound], bool) or not isinstance(c[bound], (int, float)):
-            raise CatalogError(f"{where}: '{bound}' must be a number, got {c[bound]!r}")
+        if not finite_number(c[bound]):
+            raise CatalogError(f"{where}: '{bound}' must be a number (finite), got "
+                               f"{c[bound]!r}")
     if "minimum" in c and "maximum" in c and c["minimum"] > c["maximum"]:
         raise CatalogError(f"{where}: minimum {c['minimum']} is above maximum {c['maximum']}")
 

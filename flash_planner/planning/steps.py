@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from .grounding import RequestWords
-from .parse import THINK_CLOSE, THINK_OPEN, PlanError, validate_step
+from .parse import THINK_CLOSE, THINK_OPEN, PlanError, loads, validate_step
 from .skills import SkillCatalog
 
 
@@ -88,7 +88,7 @@ class StepStream:
     def _close_step(self, raw: str) -> dict[str, Any]:
         index = len(self.steps)
         try:
-            step = json.loads(raw)
+            step = loads(raw)
         except json.JSONDecodeError as exc:
             raise PlanError(f"step {index + 1} is not valid JSON: {exc.msg}") from None
         self.steps.append(validate_step(step, index, self.catalog, self.words))

@@ -10,7 +10,7 @@ import math
 import pytest
 import yaml
 
-from flash_planner.planning.bindings import GateError, gate
+from flash_planner.planning.gate import GateError, gate
 from flash_planner.planning.skills import CatalogError, SkillCatalog
 
 LOCATIONS = {"kitchen": {"frame": "map", "x": 2.0, "y": -1.5, "yaw": math.pi / 2},
