@@ -137,6 +137,16 @@ def read_locations(path: Path, where: str) -> dict[str, Location]:
     return locations_of(data, where, str(path))
 
 
+def locations_from_text(text: str, source: str) -> dict[str, Location]:
+    """A location table sent as text (YAML, which JSON is too), as a file would hold it."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise BindingError(f"location table from {source} is not valid YAML or JSON "
+                           f"({' '.join(str(exc).split())})") from None
+    return locations_of(data, "location table", source)
+
+
 def locations_of(data: Any, where: str, source: str) -> dict[str, Location]:
     """A location table from its parsed form (`source`: the file, or the topic it came on
     at run time)."""

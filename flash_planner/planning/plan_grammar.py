@@ -45,7 +45,7 @@ class PlanGrammar:
     """The catalog's plan grammar, and with grounded arguments one per request."""
 
     def __init__(self, catalog: SkillCatalog, compiler: JsonGrammarCompiler):
-        self.catalog, self._compiler = catalog, compiler
+        self.catalog, self.compiler = catalog, compiler
         try:
             self.base = compiler.compile(answer_schema(catalog))
             if catalog.has_grounded:
@@ -71,7 +71,7 @@ class PlanGrammar:
                 self._cache.move_to_end(key)
                 return hit
         try:
-            grammar = self._compiler.compile(answer_schema(self.catalog.without(without),
+            grammar = self.compiler.compile(answer_schema(self.catalog.without(without),
                                                            key[0]))
         except GrammarError as exc:
             raise ValueError(f"the request's words cannot be compiled into its plan grammar: "

@@ -26,14 +26,18 @@ def system_prompt(catalog: SkillCatalog, refusal_hint: bool = False) -> str:
     return SYSTEM.format(skills=lines) + (REFUSAL_HINT if refusal_hint else "")
 
 
-def user_prompt(task: str, context: str = "", scene=(), progress: str = "") -> str:
-    """The task, the scene's text, its listed names (without their short forms) and, when
-    replanning, the progress section."""
+def user_prompt(task: str, context: str = "", scene=(), progress: str = "",
+                places=()) -> str:
+    """The task, the scene's text, its listed names (without their short forms), the places
+    a plan may send the robot to (the location table's names, where a skill takes one) and,
+    when replanning, the progress section."""
     text = f"Task: {task.strip()}"
     if context.strip():
         text += f"\nScene: {context.strip()}"
     if scene:
         text += "\nObjects: " + "; ".join(entry[0] for entry in scene_entries(scene))
+    if places:
+        text += "\nPlaces: " + "; ".join(places)
     if progress.strip():
         text += f"\n{progress.strip()}"
     return text
@@ -62,7 +66,7 @@ def build_messages(catalog: SkillCatalog, task: str, context: str = "",
     """Chat messages for the tokenizer's template (thinking on/off is the template's flag);
     `images` image parts open the user's message, before the task, so that the system
     prompt stays the fixed prefix."""
-    text = user_prompt(task, context, scene, progress)
+    text = user_prompt(task, context, scene, progress, catalog.places)
     user = text if not images else (
         [{"type": "image"}] * images + [{"type": "text", "text": text}])
     return [{"role": "system", "content": system_prompt(catalog, refusal_hint)},

@@ -470,6 +470,16 @@ class PlannerService:
         `cancelled` with the reason, as a running one does."""
         self._finish(ticket, failed(ticket.request, reason, finish_reason="cancelled"))
 
+    def set_locations(self, locations) -> None:
+        """Replace the catalog's location table (places perception found, sent at run
+        time): requests from now on are prompted, constrained and gated with it. The system
+        prompt does not list places (the user prompt does), so the warm prefix stays valid.
+        CatalogError when an argument's enum names a place the new table lacks."""
+        catalog = self.catalog.with_locations(locations)
+        grammar = (None if self.grammar is None
+                   else PlanGrammar(catalog, self.grammar.compiler))
+        self.grammar, self.catalog = grammar, catalog   # a request reads each once
+
     def set_unavailable(self, reasons: dict[str, str]) -> None:
         """Skills that cannot run now, each with why; requests from now on plan without
         them."""

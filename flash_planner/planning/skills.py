@@ -9,7 +9,9 @@ when the task quotes any, its schema is the task's quoted texts as an enum (else
 An argument with `required: false` (or a `default`) may be left out; the validated step then
 carries its default, if it has one.
 A skill may name what executes it (an action or service, bindings.py); one that does not is
-plan-only.
+plan-only. An argument a bound goal takes as a place (`{location:ARG}`) admits only the
+location table's names in the plan's schema (with the request's words, only the names the
+request mentions when it is grounded), so that no plan names a place the gate would refuse.
 """
 
 from __future__ import annotations
@@ -188,6 +190,41 @@ class SkillCatalog:
         return replace(self, skills=tuple(s for s in self.skills if s.name not in names),
                        bindings={k: b for k, b in self.bindings.items() if k not in names})
 
+    def with_locations(self, locations: dict[str, Location]) -> SkillCatalog:
+        """This catalog with another location table (one sent at run time); CatalogError
+        when an argument's enum names a place the table does not hold."""
+        for skill, binding in self.bindings.items():
+            for arg in binding.place_args:
+                spec = next(a for s in self.skills if s.name == skill for a in s.args
+                            if a.name == arg)
+                missing = [v for v in dict(spec.constraints).get("enum", ())
+                           if v not in locations]
+                if missing:
+                    raise CatalogError(f"skill {skill}: argument {arg!r} may name "
+                                       f"{missing[0]!r}, which the new location table does "
+                                       "not hold")
+        return replace(self, locations=dict(locations))
+
+    def place_args(self, skill: str) -> tuple[str, ...]:
+        """The arguments of `skill` its binding takes as places of the location table."""
+        binding = self.bindings.get(skill)
+        return binding.place_args if binding is not None and self.locations else ()
+
+    @property
+    def places(self) -> tuple[str, ...]:
+        """The location table's names, where a bound skill takes a place (the prompt lists
+        them); () otherwise."""
+        if not self.locations or not any(b.place_args for b in self.bindings.values()):
+            return ()
+        return tuple(self.locations)
+
+    def _places_for(self, arg: Argument, words: RequestWords | None) -> list[str]:
+        """The places an argument may name: the table's, or with the request's words and a
+        grounded argument, those the request mentions."""
+        if words is None or arg.grounded is not True:
+            return list(self.locations or ())
+        return [p for p in self.locations or () if words.contains(p)]
+
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.skills)
@@ -206,12 +243,24 @@ class SkillCatalog:
     def plan_schema(self, words: RequestWords | None = None) -> dict[str, Any] | None:
         """JSON-Schema of a whole plan: {"plan": [{"skill": NAME, "args": {...}}, ...]}.
         Given the request's words, grounded arguments admit only their runs, and a skill
-        with one is left out when the request has no words (None: no plan is possible)."""
+        with one is left out when the request has no words (None: no plan is possible); an
+        argument taken as a place admits the location table's names (`_places_for`), and a
+        skill with no place to name is left out too."""
         unnameable = words is not None and words.pattern is None
-        steps = [{"type": "object",
-                  "properties": {"skill": {"const": s.name}, "args": s.args_schema(words)},
-                  "required": ["skill", "args"], "additionalProperties": False}
-                 for s in self.skills if not (unnameable and s.names_things)]
+        steps = []
+        for s in self.skills:
+            if unnameable and s.names_things:
+                continue
+            args = s.args_schema(words)
+            places = {a.name: self._places_for(a, words) for a in s.args
+                      if a.name in self.place_args(s.name)}
+            if not all(places.values()):     # a place to name, and none the request allows
+                continue
+            for name, names in places.items():
+                args["properties"][name] = {"type": "string", "enum": names}
+            steps.append({"type": "object",
+                          "properties": {"skill": {"const": s.name}, "args": args},
+                          "required": ["skill", "args"], "additionalProperties": False})
         if not steps:
             return None
         return {"type": "object", "required": ["plan"], "additionalProperties": False,

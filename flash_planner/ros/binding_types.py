@@ -11,6 +11,8 @@ runs, so their interfaces are installed where the node runs).
 from __future__ import annotations
 
 import importlib
+import re
+from dataclasses import replace
 from typing import Any
 
 from ..planning.bindings import PLACEHOLDER, Binding, BindingError
@@ -45,6 +47,27 @@ def _nested_class(type_name: str) -> Any | None:
         return None
     package, name = type_name.split("/", 1)
     return getattr(importlib.import_module(f"{package}.msg"), name)
+
+
+def typed(catalog: SkillCatalog) -> SkillCatalog:
+    """The catalog with each binding's `field_types` read off its message class, so that the
+    safety gate finds poses by their types (planning/gate.py)."""
+    bindings = {skill: replace(b, field_types=field_types(message_class(b)))
+                for skill, b in catalog.bindings.items()}
+    return replace(catalog, bindings=bindings)
+
+
+def field_types(cls: Any, prefix: str = "", depth: int = 8) -> tuple[tuple[str, str], ...]:
+    """(dotted field, ROS type) of every field of a message class, nested messages and the
+    element messages of arrays included (their fields keyed without an index)."""
+    out = []
+    for name, kind in cls.get_fields_and_field_types().items():
+        out.append((prefix + name, kind))
+        element = re.sub(r"^sequence<([^,>]+).*>$|\[\d*\]$", r"\1", kind) or kind
+        nested = _nested_class(element) if depth > 0 else None
+        if nested is not None:
+            out.extend(field_types(nested, f"{prefix}{name}.", depth - 1))
+    return tuple(out)
 
 
 def check_types(catalog: SkillCatalog) -> dict[str, Any]:

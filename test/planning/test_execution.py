@@ -48,6 +48,9 @@ class Recorder:
         if end == "hang":
             cancelled.wait()
             return StepOutcome("canceled", "cancelled")
+        if end == "gone":     # the server left the graph while the goal ran
+            return StepOutcome("unavailable", f"{binding.server} left the graph",
+                               ended=False)
         return StepOutcome(end, f"{end} by {binding.server}")
 
 
@@ -176,3 +179,77 @@ def test_a_plan_given_as_json_is_validated():
 def _until(predicate) -> None:
     while not predicate():
         threading.Event().wait(0.01)
+
+
+def test_a_plan_the_gate_refuses_is_replanned_with_the_refusal_as_its_reason():
+    runner = Recorder()
+    fast = [MOVE, {"skill": "move", "args": {"speed": 3.0}}]
+    result, asked, _ = _run(None, runner, plans=[fast, [MOVE]], task="drive")
+    assert result.success and result.replans == 1 and runner.sent == [("move", {"v": 0.5})]
+    assert asked[1].startswith('Done: nothing\nFailed: move {"speed": 3.0} (gate: refused by '
+                               "the safety gate, nothing sent: step 1 (move): v = 3.0 is "
+                               "above its limit 1.0)")
+
+
+@pytest.mark.parametrize("end", ["unconfirmed", "gone"])
+def test_a_step_whose_end_is_not_confirmed_ends_the_run_unreplanned(end):
+    runner = Recorder(ends=[end])
+    result, asked, _ = _run(None, runner, plans=[[MOVE], [MOVE]], task="drive")
+    assert not result.success and result.replans == 0 and len(asked) == 1
+    assert result.failed_state == ("unconfirmed" if end == "unconfirmed" else "unavailable")
+    assert len(runner.sent) == 1
+
+
+def test_an_approval_for_another_plans_step_is_refused():
+    grip = [{"skill": "grip", "args": {"what": "knife"}}]
+    approvals, runner = Approvals(), Recorder(ends=["aborted"])
+    plans = [[{"skill": "grip", "args": {"what": "cup"}}], grip]
+    answers = []
+
+    def operator():
+        _until(lambda: approvals.waiting())
+        answers.append(approvals.answer("e6", 0, True, plan_index=0))   # plan 0: the cup
+        _until(lambda: [w for w in approvals.waiting() if w[1] == 1])
+        answers.append(approvals.answer("e6", 0, True, plan_index=0))   # retried: refused
+        answers.append(approvals.answer("e6", 0, False, plan_index=1))
+
+    def replanner(task, context, scene, progress, cancelled):
+        return plans.pop(0)
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    result = Execution("e6", CATALOG, runner, replanner, approvals,
+                       ExecutionConfig(approval_timeout_s=30)).run(task="grip")
+    thread.join()
+    assert [a[0] for a in answers] == [True, False, True]
+    assert "waiting: e6 plan 1 step 0 (grip)" in answers[1][1]
+    assert result.failed_state == "denied" and runner.sent == [("grip", {"o": "cup"})]
+
+
+def test_a_cancel_wins_over_an_approval_that_comes_with_it():
+    approvals, runner = Approvals(), Recorder()
+    execution = Execution("e7", CATALOG, runner, None, approvals,
+                          ExecutionConfig(approval_timeout_s=30))
+
+    def both():
+        _until(lambda: approvals.waiting())
+        with approvals._cond:         # the two land before the waiting run wakes
+            execution.cancel()
+            approvals._answers[("e7", 0, 0)] = True
+            approvals._cond.notify_all()
+
+    thread = threading.Thread(target=both)
+    thread.start()
+    result = execution.run(steps=[{"skill": "grip", "args": {"what": "cup"}}])
+    thread.join()
+    assert result.failed_state == "canceled" and runner.sent == []
+
+
+def test_a_dry_run_reports_servers_that_are_away_instead_of_refusing():
+    runner, records, events = Recorder(away={"/grip"}), [], []
+    execution = Execution("e8", CATALOG, runner, None, Approvals(),
+                          ExecutionConfig(dry_run=True), events.append, records.append)
+    assert execution.run(steps=[MOVE, {"skill": "grip", "args": {"what": "cup"}}]).success
+    assert [r["server_available"] for r in records] == [True, False]
+    assert "action server /grip is not on the graph now" in events[1].detail
+    assert runner.sent == []
