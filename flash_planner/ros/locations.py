@@ -25,6 +25,7 @@ class LocationTopic:
 
         self._node, self._apply = node, apply
         self.latest: dict[str, Location] | None = None
+        self.refused = 0     # tables refused so far
         qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
                          durability=DurabilityPolicy.TRANSIENT_LOCAL)
         self._sub = node.create_subscription(String, "~/locations", self._on_table, qos)
@@ -35,6 +36,7 @@ class LocationTopic:
             table = locations_from_text(msg.data, "~/locations")
             applied = self._apply(table)
         except (BindingError, CatalogError) as exc:
+            self.refused += 1
             log.error(f"~/locations refused, the table stays as it was: {exc}")
             return
         self.latest = table

@@ -4,7 +4,8 @@ test-only flash_planner_test_msgs types, each counting and keeping what it recei
 `NavigateToPose` (/navigate_to_pose) is shaped like Nav2's: a PoseStamped goal, feedback with
 distance_remaining. `Manipulate` (/manipulate) picks, places, opens and waits; `Speak`
 (/speak) is a service. Each server's `script` says how its next goals end: "succeed",
-"abort", "reject", "fail" (succeeds with success false) or "hang" (runs until cancelled).
+"abort", "reject", "fail" (succeeds with success false), "hang" (runs until cancelled) or
+"deaf" (runs, ignoring cancels, until `release()`; a service call answers only then).
 Goals past the script's end succeed.
 """
 
@@ -81,6 +82,7 @@ class SkillServers:
                          execute_callback=self._manipulate, goal_callback=on_goal(self.manip),
                          cancel_callback=on_cancel(self.manip), callback_group=group)]
         self._types = {"nav": NavigateToPose, "manip": Manipulate}
+        self.released = threading.Event()   # ends every "deaf" goal
         self._speak = None
         self._group = group
         if speak:
@@ -110,10 +112,14 @@ class SkillServers:
                 handle.canceled()
                 return result
             time.sleep(0.02)
-        if how == "abort":
-            handle.abort()
-        else:
-            handle.succeed()
+        self.released.wait() if how == "deaf" else None
+        try:
+            if how == "abort":
+                handle.abort()
+            else:
+                handle.succeed()
+        except Exception:     # the server was destroyed under a deaf goal (a server's death)
+            pass
         return result
 
     def _navigate(self, handle):
@@ -145,11 +151,21 @@ class SkillServers:
 
     def _on_speak(self, request, response):
         how = self.speech.next(request)
+        if how == "deaf":
+            self.released.wait()
         response.success = how != "fail"
         response.message = "said" if response.success else "the speaker is muted"
         return response
 
+    def release(self) -> None:
+        self.released.set()
+
+    def stop_manipulate(self) -> None:
+        """The manipulation server leaves the graph (as when its process exits)."""
+        self._servers.pop(1).destroy()
+
     def close(self) -> None:
+        self.released.set()
         for server in self._servers:
             server.destroy()
         self.stop_speak()
