@@ -21,7 +21,7 @@ QUICK = (
     "kernels/test_vendor_gemm.py",
     "planning/test_parse.py", "planning/test_skills.py", "planning/test_steps.py",
     "planning/test_request_prompt.py", "planning/test_plan_grammar.py",
-    "planning/test_bindings.py",
+    "planning/test_bindings.py", "planning/test_gate.py",
     "planning/test_service.py", "server/test_serve.py", "test_cli.py",
     "ros/test_ros_convert.py", "ros/test_ros_params.py", "ros/test_ros_diagnostics.py",
     "ros/test_node_requests.py",
