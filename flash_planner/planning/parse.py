@@ -70,13 +70,13 @@ class PlanError(ValueError):
 
 
 def _no_constant(name: str):
-    raise PlanError(f"{name} is not a JSON number: a plan's numbers must be finite")
+    raise PlanError(f"{name} is not a JSON number: numbers must be finite")
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise PlanError(f"{text} is past the range of a number: a plan's numbers must be "
+        raise PlanError(f"{text} is past the range of a double: numbers must be "
                         "finite")
     return value
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from ..engine.inputs.chat import check_reasoning_effort
 from ..engine.methods import METHODS
+from .bindings import finite_number
+from .parse import loads
 
 # The service's default text limits (PlannerConfig); here, so that a request is checked
 # before anything imports torch (`flash-planner plan ""` answers at once).
@@ -97,7 +99,7 @@ def sampling_spec(value: Any, where: str) -> Any:
     a node parameter) parsed into a dict; RequestError names `where` when it is not JSON."""
     if isinstance(value, str) and value.lstrip().startswith("{"):
         try:
-            return json.loads(value)
+            return loads(value)
         except ValueError as exc:
             raise RequestError(f"{where} is not valid JSON: {exc}", where) from None
     return value
@@ -144,7 +146,7 @@ class PlanRequest:
             raise RequestError(f"max_new_tokens must be a positive integer, "
                                f"got {self.max_new_tokens!r}", "max_new_tokens")
         if self.deadline_s is not None and (
-                not isinstance(self.deadline_s, (int, float)) or self.deadline_s <= 0):
+                not finite_number(self.deadline_s) or self.deadline_s <= 0):
             raise RequestError(f"deadline_s must be a positive number, got {self.deadline_s!r}",
                                "deadline_s")
         for name in ("enable_thinking", "speculative"):
@@ -191,10 +193,12 @@ class PlanRequest:
             text = _check_text(text, "message", len(text) + 1, required=False)
         if text.lstrip().startswith("{"):
             try:
-                data = json.loads(text)
+                data = loads(text)
             except json.JSONDecodeError as exc:
                 raise RequestError(f"message looks like JSON but is malformed: {exc.msg} at "
                                    f"column {exc.colno}") from None
+            except ValueError as exc:          # NaN, Infinity: parse.loads' refusal
+                raise RequestError(f"message: {exc}") from None
             if not isinstance(data, dict):
                 raise RequestError("a JSON request must be an object")
             return cls.from_dict(data)

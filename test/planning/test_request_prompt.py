@@ -31,6 +31,8 @@ def _checked(**kwargs):
     ({"task": 42}, "task must be a string"),
     ({"task": "ok", "max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
     ({"task": "ok", "deadline_s": -1}, "deadline_s must be a positive number"),
+    ({"task": "ok", "deadline_s": float("nan")}, "deadline_s must be a positive number"),
+    ({"task": "ok", "deadline_s": float("inf")}, "deadline_s must be a positive number"),
     ({"task": "ok", "speculative": "no"}, "speculative must be true or false"),
     ({"task": "ok", "method": "eagle"}, "method must be one of auto, dflash, mtp, none"),
     ({"task": "ok", "reasoning_effort": "High"},
@@ -61,6 +63,7 @@ def test_good_request_is_normalised():
     ('{"task": "x", "colour": "red"}', r"unknown request field\(s\) \['colour'\]"),
     ('{"task": "x",', "looks like JSON but is malformed"),
     ('{"context": "kitchen"}', "has no 'task'"),
+    ('{"task": "x", "deadline_s": NaN}', "NaN is not a JSON number"),
     (b"\xc3\x28", "message is not valid UTF-8"),
 ])
 def test_bad_task_messages(text, match):
