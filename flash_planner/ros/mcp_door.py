@@ -3,28 +3,47 @@ the MCP server (server/mcp_server.py) over a running planner node, through this 
 as a goal of the node's `~/plan` action, `execute` as one of its `~/execute` action, each
 waited for and its result as a dict; `skills` from the catalog file the node was given. The
 node's queue, gate, limits and approvals decide what runs; this client only asks (the MCP
-server never reaches a skill's server itself)."""
+server never reaches a skill's server itself).
+
+`execute` is a coroutine on the MCP server's event loop: a host's cancel or timeout of the
+call cancels the ExecutePlan goal on the node (whose running step's goal is then cancelled
+on its server), and so does `--execute-timeout`; a refusal or a failed run is a DoorError
+(the tool's error) with the node's reason."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import math
 import sys
 import threading
 from typing import Any
 
+from ..server.mcp_server import DoorError
 from .messages import to_fields
 
 # how long the node's actions may take to appear, and one goal's result at most
 SERVER_WAIT_S = 10.0
 RESULT_WAIT_S = 3600.0
+# one execution's result at most (--execute-timeout): past it the run is cancelled
+EXECUTE_WAIT_S = 600.0
+# how long the node may take to accept a cancel (and, after a timeout, to end the run)
+CANCEL_WAIT_S = 10.0
 
 
 class RosDoor:
     """An rclpy node of its own, spun in a thread, with ActionClients of NODE/plan and
-    NODE/execute; `skills_file`: the catalog the node plans with (for `skills`)."""
+    NODE/execute; `skills_file`: the catalog the node plans with (for `skills`);
+    `execute_timeout_s`: how long `execute` waits for a run before cancelling it."""
 
-    def __init__(self, node_name: str, skills_file: str | None = None, context=None):
+    def __init__(self, node_name: str, skills_file: str | None = None, context=None,
+                 execute_timeout_s: float = EXECUTE_WAIT_S):
+        # checked before rclpy starts, so a bad value leaves nothing to shut down
+        if not (math.isfinite(execute_timeout_s) and execute_timeout_s > 0):
+            raise ValueError("--execute-timeout must be a positive number of seconds, got "
+                             f"{execute_timeout_s}")
+        self.execute_timeout_s = execute_timeout_s
         import rclpy
         from diagnostic_msgs.msg import DiagnosticArray
         from rclpy.action import ActionClient
@@ -119,18 +138,73 @@ class RosDoor:
         """The node's latency and load as its /diagnostics report them (JSON)."""
         return json.dumps(dict(self._diagnostics))
 
-    def execute(self, task: str, plan: list[dict[str, Any]], dry_run: bool) -> dict[str, Any]:
-        """Run `plan` (or plan `task` and run it); the node's result as a dict, or a
-        ValueError naming why nothing ran."""
+    async def execute(self, task: str, plan: list[dict[str, Any]], dry_run: bool
+                      ) -> dict[str, Any]:
+        """Run `plan` (or plan `task` and run it) through the node's ~/execute; its successful
+        result as a dict. Waits on the running event loop, never blocking it: the caller's
+        cancellation (the MCP host's cancel or timeout) cancels the goal on the node before
+        it propagates, and so does `execute_timeout_s` (a DoorError saying so). A refused
+        goal, a missing node or a failed run: DoorError with the reason; ValueError: nothing
+        to run."""
+        import anyio
+
         if not task.strip() and not plan:
             raise ValueError("execute needs a task or a plan")
         goal = self._action.Goal(task=task, dry_run=dry_run, max_replans=-1,
                                  plan_json=json.dumps({"plan": plan}) if plan else "")
-        r = self._result(self._client, self.target, goal)
+        with anyio.move_on_after(SERVER_WAIT_S):
+            while not self._client.server_is_ready():
+                await anyio.sleep(0.05)
+        if not self._client.server_is_ready():
+            raise DoorError(f"no planner node serves {self.target} (is the node running and "
+                            "active?)")
+        sent = self._client.send_goal_async(goal)
+        try:
+            handle = await _settled(sent)
+        except BaseException:
+            # cancelled before the node answered: a goal it accepts after all is cancelled then
+            sent.add_done_callback(_cancel_if_accepted)
+            raise
+        if not handle.accepted:
+            raise DoorError(f"{self.target} refused the goal (the node is not serving)")
+        try:
+            with anyio.fail_after(self.execute_timeout_s):
+                r = (await _settled(handle.get_result_async())).result
+        except TimeoutError:
+            r = await self._cancel(handle, wait_result=True)
+            late = (f"{self.target} gave no result within {self.execute_timeout_s:g} s "
+                    "(--execute-timeout)")
+            if r is None:
+                raise DoorError(f"{late}; its cancel got no answer within {CANCEL_WAIT_S:g} s: "
+                                "the run may still go on") from None
+            if not r.success:   # else it ended well as the cancel went out
+                raise DoorError(f"{late}, so the run was cancelled: {_failure(r)}") from None
+        except anyio.get_cancelled_exc_class():
+            await self._cancel(handle, wait_result=False)
+            raise
+        if not r.success:
+            raise DoorError(_failure(r))
         return {"success": r.success, "steps_done": r.steps_done,
                 "failed_step": r.failed_step, "failed_skill": r.failed_skill,
                 "failed_state": r.failed_state, "error": r.error, "replans": r.replans,
                 "plans": json.loads(r.plans_json or "[]")}
+
+    async def _cancel(self, handle, wait_result: bool):
+        """Cancel the goal of `handle` on the node and wait at most CANCEL_WAIT_S for the node
+        to answer (and, with `wait_result`, for the run's result, returned: None without it
+        or past the wait), shielded: the caller's own cancellation is what brought us here."""
+        import anyio
+
+        result = None
+        with anyio.move_on_after(CANCEL_WAIT_S, shield=True) as scope:
+            await _settled(handle.cancel_goal_async())
+            if wait_result:
+                result = (await _settled(handle.get_result_async())).result
+        if scope.cancelled_caught:   # the host may have gone: only the log can say it
+            self._node.get_logger().warning(
+                f"the cancel of an execution on {self.target} got no answer within "
+                f"{CANCEL_WAIT_S:g} s: it may still run")
+        return result
 
     def close(self) -> None:
         self._executor.shutdown()
@@ -139,6 +213,42 @@ class RosDoor:
         self._node.destroy_node()
         if self._owns_context:
             self._context.try_shutdown()
+
+
+async def _settled(future):
+    """The result of an rclpy Future, awaited on the running asyncio loop without blocking it
+    (the door's executor thread completes the future and hands the result over)."""
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def deliver(done) -> None:
+        if waiter.done():         # the awaiting task was cancelled meanwhile
+            return
+        if done.exception() is not None:
+            waiter.set_exception(done.exception())
+        else:
+            waiter.set_result(done.result())
+
+    def settle(done) -> None:
+        try:
+            loop.call_soon_threadsafe(deliver, done)
+        except RuntimeError:      # the loop has closed: nobody waits for it any more
+            pass
+
+    future.add_done_callback(settle)
+    return await waiter
+
+
+def _cancel_if_accepted(sent) -> None:
+    if sent.exception() is None and sent.result().accepted:
+        sent.result().cancel_goal_async()
+
+
+def _failure(r) -> str:
+    """The tool's error for an ExecutePlan result that is not a success."""
+    where = f"step {r.failed_step} ({r.failed_skill}), " if r.failed_step >= 0 else ""
+    return (f"the run did not complete ({where}{r.failed_state or 'failed'}, "
+            f"{r.steps_done} steps done): {r.error}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,10 +262,13 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: the package's), for the skills tool")
     parser.add_argument("--execute", action="store_true", help="an execute tool that runs "
                         "plans through the node's ~/execute (its safety gate)")
+    parser.add_argument("--execute-timeout", type=float, default=EXECUTE_WAIT_S,
+                        metavar="SECONDS", help="how long execute waits for a run before it "
+                        "cancels it on the node (default: %(default)g)")
     add_transport_args(parser)
     args = parser.parse_args(argv)
     try:
-        door = RosDoor(args.node, args.skills)
+        door = RosDoor(args.node, args.skills, execute_timeout_s=args.execute_timeout)
     except (ValueError, OSError) as exc:       # a catalog that does not load
         print(f"planner_mcp: error: {exc}", file=sys.stderr)
         return 2

@@ -10,8 +10,9 @@ server itself). Tools: `plan` (task, optional scene, context and images -> the v
 and its telemetry), `skills` (the catalog as OpenAI tools) and, with `--execute`, `execute`.
 Resources: the planner's health and metrics.
 
-A door's refusal (a 4xx with its message, a busy queue, a refused execution) comes back as
-the tool's error with that message; the MCP session goes on.
+A door's refusal (a 4xx with its message, a busy queue, a refused or failed execution) comes
+back as the tool's error with that message; the MCP session goes on. `execute` runs on the
+event loop, so a host's cancel or timeout of the call cancels the run on the node.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def _message(raw: bytes) -> str:
 
 def build_server(door, executor=None):
     """The MCP server over `door` (HttpDoor or ros/mcp_door.RosDoor: plan, skills, health,
-    metrics); `executor` (a RosDoor) adds `execute`."""
+    metrics); `executor` (a RosDoor, whose `execute` is a coroutine) adds `execute`."""
     from mcp.server.mcpserver import MCPServer
 
     app = MCPServer("flash_planner", instructions=INSTRUCTIONS)
@@ -109,12 +110,21 @@ def build_server(door, executor=None):
 
     if executor is not None:
         @app.tool()
-        def execute(task: str = "", plan: list[dict[str, Any]] | None = None,
-                    dry_run: bool = False) -> dict[str, Any]:
+        async def execute(task: str = "", plan: list[dict[str, Any]] | None = None,
+                          dry_run: bool = False) -> dict[str, Any]:
             """Run a task (planned first) or a given plan on the robot through the planner
             node's own execute action: its safety gate, limits and approvals hold; nothing
-            runs that fails them. Returns the steps done, the failed step and why."""
-            return _door(executor.execute, task, plan or [], dry_run)
+            runs that fails them. Returns the steps done and the plans run; a refused or
+            failed run is an error naming the failed step and why. Cancelling this call (or
+            its timeout) cancels the run: the running step stops, nothing after it is sent."""
+            # async, not a worker thread as the other tools: the SDK cancels a call by
+            # cancelling its task, which a thread would not notice (the robot would go on)
+            from mcp.server.mcpserver.exceptions import ToolError
+
+            try:
+                return await executor.execute(task, plan or [], dry_run)
+            except (DoorError, ValueError) as exc:
+                raise ToolError(str(exc)) from None
 
     @app.resource("flash-planner://health", mime_type="application/json")
     def health() -> str:

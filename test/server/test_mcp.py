@@ -125,6 +125,52 @@ def test_a_planner_that_is_not_running_is_a_clear_tool_error():
     assert "cannot be reached" in str(caught.value)
 
 
+class _Executor:
+    """A stand-in for ros/mcp_door.RosDoor's execute: refuses a task, hangs on a plan until
+    cancelled (and records that it was)."""
+
+    def __init__(self):
+        self.started = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    async def execute(self, task, plan, dry_run):
+        from flash_planner.server.mcp_server import DoorError
+
+        if task:
+            raise DoorError("the run did not complete (gate, 0 steps done): nothing sent")
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+
+def test_execute_refusals_are_tool_errors_and_a_hosts_cancel_reaches_the_run():
+    """The server's side without a node (test/ros/test_node_mcp.py has it with one): the
+    host's cancel of a call cancels the executor's coroutine while the session goes on."""
+    import anyio
+    from mcp import Client
+
+    from flash_planner.server.mcp_server import HttpDoor, build_server
+
+    executor = _Executor()
+    app = build_server(HttpDoor(f"http://127.0.0.1:{free_port()}", timeout=5), executor)
+
+    async def run():
+        async with Client(app, mode="legacy") as client:
+            refused = await client.call_tool("execute", {"task": "go"})
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.call_tool, "execute", {"plan": [{"skill": "wait"}]})
+                await executor.started.wait()
+                tg.cancel_scope.cancel()
+            await asyncio.wait_for(executor.cancelled.wait(), TIMEOUT)
+            return refused
+
+    refused = asyncio.run(asyncio.wait_for(run(), TIMEOUT))
+    assert refused.is_error and "(gate, 0 steps done)" in refused.content[0].text, refused
+
+
 def test_a_bad_port_is_a_usage_error_naming_it(capsys):
     from flash_planner.cli import EXIT_USAGE, main
 
