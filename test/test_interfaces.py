@@ -148,7 +148,8 @@ def test_cmakelists_generates_exactly_the_interface_files():
         if p.suffix in (".msg", ".srv", ".action")
     }
     assert listed == on_disk == {"msg/PlanTelemetry.msg", "action/Plan.action",
-                                 "action/ExecutePlan.action", "srv/Approve.srv"}
+                                 "action/ExecutePlan.action", "srv/Approve.srv",
+                                 "srv/CancelExecution.srv"}
     for needle in (
         "find_package(ament_cmake REQUIRED)",
         "find_package(rosidl_default_generators REQUIRED)",
@@ -254,4 +255,5 @@ def test_execute_plan_fields_are_what_the_execute_server_fills():
     assert list(feedback_fields("e", StepEvent(0, 0, "say", "sent"))) == names["feedback"]
     request, response = (IFACE / "srv" / "Approve.srv").read_text().split("---")
     assert "string execution_id" in request and "bool approve" in request
+    assert "int32 plan_index" in request
     assert "bool accepted" in response and "string message" in response

@@ -1,14 +1,16 @@
 """Entry point of ``planner_node``: the ``flash_planner`` lifecycle node.
 
 Created: parameters, ``~/task``, ``~/plan`` (topic and action), ``~/telemetry``,
-``~/execute`` (action), ``~/approve`` (service), ``~/dry_run``, /diagnostics and the image
-topic's subscription (``planner.image_topic``), which exist in every lifecycle state (a
-request while not active is refused with the reason; a failed model load reads as ERROR on
-/diagnostics). configure: parameters -> configs, load the engine and skill catalog (its
-bindings checked against the installed interfaces, a client made for each, their servers
-looked up on the graph every execution.check_period_s), build the planner service, warm up.
+``~/execute`` (action), ``~/approve`` and ``~/cancel_execution`` (services), ``~/dry_run``,
+``~/execution``, /diagnostics and the image topic's subscription (``planner.image_topic``),
+which exist in every lifecycle state (a request while not active is refused with the reason;
+a failed model load reads as ERROR on /diagnostics). configure: parameters -> configs, load
+the engine and skill catalog (its bindings checked against the installed interfaces, a client
+made for each, their servers looked up on the graph every execution.check_period_s), build
+the planner service, warm up.
 activate: start serving. deactivate: stop serving (running and queued requests end with the
-reason, a running execution is cancelled); cleanup frees the model; shutdown does both.
+reason, a running execution is cancelled and waited for, bounded); cleanup frees the model and
+the step clients; shutdown does both.
 rclpy is imported inside `planner_node_class` and `main` only: this module imports without
 ROS 2.
 """
@@ -63,6 +65,7 @@ def planner_node_class():
     from rclpy.lifecycle import Node, TransitionCallbackReturn
 
     from ..planning.execution import ExecutionConfig
+    from ..planning.skills import CatalogError
     from . import convert, params
     from .action_server import PlanActionServer
     from .camera import LatestFrame
@@ -77,6 +80,7 @@ def planner_node_class():
         remote_values,
     )
     from .execute_server import ExecuteActionServer, ExecutionSetup
+    from .locations import LocationTopic
     from .step_clients import RosStepRunner
     from .topics import PlanTopics
 
@@ -110,7 +114,9 @@ def planner_node_class():
                 self, self._service, f"{self.get_fully_qualified_name()}/plan",
                 values["planner.feedback_period_ms"] / 1000.0, self._with_frame)
             self._execute = ExecuteActionServer(
-                self, self._execution_setup, f"{self.get_fully_qualified_name()}/execute")
+                self, self._execution_setup, f"{self.get_fully_qualified_name()}/execute",
+                values["planner.feedback_period_ms"] / 1000.0)
+            self._locations = LocationTopic(self, self._set_locations)
             self._runner = self._server_check = None
             self._execution = ExecutionConfig()
             self._autostart_timer = None
@@ -150,7 +156,7 @@ def planner_node_class():
         def _load(self) -> None:
             from ..planning.service import PlannerService
             from ..planning.skills import SkillCatalog
-            from .binding_types import check_types
+            from .binding_types import check_types, typed
 
             if self._param_errors:
                 raise ValueError("; ".join(self._param_errors))
@@ -158,13 +164,20 @@ def planner_node_class():
             engine_config, planner_config, skills_path = params.build_configs(values)
             catalog = SkillCatalog.from_yaml(skills_path)  # before the model: fail fast
             check_types(catalog)          # its bindings against the installed interfaces
+            catalog = typed(catalog)      # the gate finds poses by their message types
             self._planner = PlannerService.load(engine_config, catalog, planner_config,
                                                 progress=self.get_logger().info)
+            if self._locations.latest is not None:    # sent on ~/locations before the load
+                try:
+                    self._planner.set_locations(self._locations.latest)
+                except CatalogError as exc:
+                    self.get_logger().error(f"~/locations not applied: {exc}")
             self._execution = ExecutionConfig(values["execution.max_replans"],
                                               values["execution.approval_timeout_s"],
                                               values["execution.dry_run"])
             if catalog.bindings and values["execution.enabled"]:
-                self._runner = RosStepRunner(self, catalog.bindings)
+                self._runner = RosStepRunner(self, catalog.bindings,
+                                             values["execution.check_period_s"])
                 self._runner.wait_discovered(catalog.bindings)
                 self._check_servers()
                 self._server_check = self.create_timer(
@@ -183,6 +196,15 @@ def planner_node_class():
             self._phase, self._load_error = "inactive", ""
             self.get_logger().info(f"loaded {self._planner.summary()}; warm-up (prefix "
                                    f"prefill, whole blocks per proposer) {warm_ms:.0f} ms")
+
+        def _set_locations(self, table) -> bool:
+            """~/locations: the new table for every request from now on (False: no model
+            is loaded yet; LocationTopic keeps it for the load)."""
+            planner = self._planner
+            if planner is None:
+                return False
+            planner.set_locations(table)
+            return True
 
         def _check_servers(self) -> None:
             """Skills whose server is not on the graph leave the plan grammar until it is
@@ -252,6 +274,9 @@ def planner_node_class():
             if self._server_check is not None:
                 self.destroy_timer(self._server_check)
             if self._runner is not None:
+                # an execution that outlived stop_planner's wait must not find its clients
+                # destroyed under it (rclpy raises InvalidHandle in its thread)
+                self._end_execution("the planner node released its step clients")
                 self._runner.close()
             self._runner = self._server_check = None
             self._planner = self._window = None
@@ -264,11 +289,23 @@ def planner_node_class():
             return self._phase
 
         def stop_planner(self, reason: str = "the planner node is shutting down") -> None:
-            """End every request with `reason`, cancel a running execution and stop the
-            worker (no ROS calls)."""
-            self._execute.cancel_running()
-            if self._planner is not None:
+            """End every request with `reason`, cancel a running execution, stop the worker,
+            then wait (bounded: SHUTDOWN_GRACE_S) for the execution to end (no ROS calls but
+            a warning when that wait runs out)."""
+            self._execute.cancel_running(reason)
+            if self._planner is not None:   # also ends the request of an execution planning
                 self._planner.stop(reason=reason)
+            self._end_execution(reason)
+
+        def _end_execution(self, reason: str) -> None:
+            """Cancel a running execution and wait (bounded) for it: its step's cancel is
+            sent and answered on the step clients, so they must outlive it. The executor
+            keeps spinning meanwhile (its other threads complete the step's futures)."""
+            self._execute.cancel_running(reason)
+            if not self._execute.wait_idle(SHUTDOWN_GRACE_S):
+                self.get_logger().warning(
+                    f"the running execution did not end within {SHUTDOWN_GRACE_S:g} s of its "
+                    "cancel; going on without it")
 
         def executor_threads(self) -> int:
             """Threads of a MultiThreadedExecutor that spins this node alone: its goals

@@ -148,7 +148,9 @@ PARAMS: tuple[Param, ...] = (
     _p("planner.deadline_s", 0.0, "Per-request deadline from submission; 0 = none.",
        range=(0.0, 3600.0)),
     _p("planner.feedback_period_ms", 50.0, "Plan action feedback at most this often (text "
-       "merged in between); 0 = every speculative cycle.", range=(0.0, 10000.0)),
+       "merged in between), and ExecutePlan's relayed server feedback (the latest kept; "
+       "state changes at once); 0 = every speculative cycle, every server message.",
+       range=(0.0, 10000.0)),
     # execution (docs/ros.md, "Running plans on the robot")
     _p("execution.enabled", True, "Serve ~/execute and ~/approve: plans run on the servers "
        "the skill catalog binds; false = an execute goal is refused, naming this parameter."),

@@ -15,7 +15,7 @@ While a goal runs, its server is looked up on the graph: missing for longer than
 execution.check_period_s plus LIVENESS_GRACE_S, the step ends "unavailable" with its end not
 confirmed (a cancel is still sent, in case the server is only cut off). A server that exits
 leaves the graph at once; one whose process is killed leaves it when DDS notices (Fast DDS:
-its participant's lease, 20 s by default), so that is when a killed server is noticed.
+its participant's lease, 20 s by default).
 
 rclpy is imported when the runner is built; the waits run on the calling (execute) thread
 while the node's MultiThreadedExecutor completes the futures on its others.

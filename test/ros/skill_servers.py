@@ -83,6 +83,7 @@ class SkillServers:
                          cancel_callback=on_cancel(self.manip), callback_group=group)]
         self._types = {"nav": NavigateToPose, "manip": Manipulate}
         self.released = threading.Event()   # ends every "deaf" goal
+        self.deaf_answered = threading.Event()
         self._speak = None
         self._group = group
         if speak:
@@ -153,6 +154,7 @@ class SkillServers:
         how = self.speech.next(request)
         if how == "deaf":
             self.released.wait()
+            self.deaf_answered.set()     # the response goes out as this returns
         response.success = how != "fail"
         response.message = "said" if response.success else "the speaker is muted"
         return response

@@ -62,9 +62,11 @@ def write_catalog(tmp_path, **changes) -> str:
 
 
 class Robot:
-    """The harness's planner node, the skill servers and an ExecutePlan client."""
+    """The harness's planner node, the skill servers and an ExecutePlan client
+    (`server_args`: more SkillServers keyword arguments, e.g. feedbacks and pace_s)."""
 
-    def __init__(self, harness, ros_context, tmp_path, speak=True, catalog=None, **params):
+    def __init__(self, harness, ros_context, tmp_path, speak=True, catalog=None,
+                 server_args=None, **params):
         from rclpy.action import ActionClient
         from skill_servers import SkillServers
         from std_msgs.msg import String
@@ -73,9 +75,12 @@ class Robot:
         from flash_planner_interfaces.action import ExecutePlan
         from flash_planner_interfaces.srv import Approve
 
-        self.servers = SkillServers(ros_context, speak=speak)
+        self.servers = SkillServers(ros_context, speak=speak, **(server_args or {}))
+        # feedback period 0: every server feedback relayed, as the tests below count it
+        # (test_node_execute_control.py tests the throttle)
         self.h = harness(**{"planner.skills_file": catalog or write_catalog(tmp_path),
-                            "execution.check_period_s": 0.2, **params})
+                            "execution.check_period_s": 0.2,
+                            "planner.feedback_period_ms": 0.0, **params})
         self.h.executor.add_node(self.servers.node)
         self.ExecutePlan = ExecutePlan
         self.client = ActionClient(self.h.client_node, ExecutePlan, "/flash_planner/execute",

@@ -60,7 +60,8 @@ def test_a_service_call_past_its_timeout_is_unconfirmed(robot, tmp_path):
     _, result, _ = r.execute(plan=[{"skill": "say", "args": {"text": "hello"}}])
     assert result.failed_state == "unconfirmed", result.error
     assert "a service call cannot be cancelled" in result.error
-    r.servers.release()
+    r.servers.release()     # answered before the fixture destroys the service
+    assert wait_for(r.servers.deaf_answered.is_set)
 
 
 def test_an_approval_names_its_plan_and_a_wrong_one_is_refused(robot):
