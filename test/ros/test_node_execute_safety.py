@@ -133,3 +133,19 @@ def test_poses_are_found_by_the_real_message_types(tmp_path, field, value, messa
         "sequence<geometry_msgs/PoseStamped>"
     with pytest.raises(GateError, match=message.replace("(", r"\(").replace(")", r"\)")):
         gate([{"skill": "follow", "args": {}}], catalog.bindings, None, catalog.workspace)
+
+
+def test_a_runner_told_to_cancel_before_sending_sends_nothing(robot):
+    """The last check before `send_goal_async`: a cancel that landed between the gate (or an
+    approval) and the send reaches no server."""
+    import threading
+
+    r = robot()
+    runner, bindings = r.h.node._runner, r.h.node._planner.catalog.bindings
+    cancelled = threading.Event()
+    cancelled.set()
+    goal = {"verb": "pick", "object": "red cup", "speed": 0.2}
+    outcome = runner.run(bindings["pick"], goal, lambda fb: None, cancelled)
+    assert (outcome.state, outcome.reason) == ("canceled", "the execution was cancelled; "
+                                                           "nothing sent")
+    assert r.servers.manip.goals == []
