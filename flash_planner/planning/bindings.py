@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -104,27 +105,48 @@ class Binding:
     # configure: ros/binding_types.field_types); empty: the gate finds poses by shape
     field_types: tuple[tuple[str, str], ...] = ()
 
-    @property
+    @cached_property
+    def types(self) -> dict[str, str]:
+        """`field_types` as a mapping (read for every goal the gate checks)."""
+        return dict(self.field_types)
+
+    @cached_property
     def place_args(self) -> tuple[str, ...]:
-        """The arguments a goal field takes as a place of the location table."""
+        """The arguments a goal field takes as a place of the location table (read by every
+        request's prompt and grammar)."""
         return tuple(dict.fromkeys(a for _, location, a in self.placeholders() if location))
 
     def placeholders(self) -> list[tuple[str, str | None, str]]:
         """(dotted field, "location" or None, argument) of each placeholder."""
         out = []
-        for field, value in _leaves(self.template):
+        for field, value in leaves(self.template):
             m = PLACEHOLDER.match(value) if isinstance(value, str) else None
             if m:
                 out.append((field, m.group(1), m.group(2)))
         return out
 
 
-def _leaves(tree: Any, prefix: str = ""):
+def leaves(tree: Any, prefix: str = ""):
+    """(dotted field, value) of every value in nested dicts and lists ("path[2].pose.x")."""
     if isinstance(tree, dict):
         for key, value in tree.items():
-            yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
+            yield from leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(tree, list):
+        for i, value in enumerate(tree):
+            yield from leaves(value, f"{prefix}[{i}]")
     else:
         yield prefix, tree
+
+
+def unknown_place(binding: Binding, args: dict[str, Any], locations: dict[str, Location]
+                  ) -> tuple[str, str] | None:
+    """(argument, value) of the first value a place argument's enum allows that the
+    location table lacks (`args`: name -> Argument), or None."""
+    for arg in binding.place_args:
+        missing = [v for v in dict(args[arg].constraints).get("enum", ()) if v not in locations]
+        if missing:
+            return arg, missing[0]
+    return None
 
 
 def read_locations(path: Path, where: str) -> dict[str, Location]:
@@ -238,11 +260,10 @@ def read_binding(skill: str, entry: dict[str, Any], args: dict[str, Any],
             if args[arg].type != "string":
                 raise BindingError(f"{at}: goal field {field}: argument {arg!r} names a "
                                    f"location, so it must be a string, not {args[arg].type}")
-            enum = dict(args[arg].constraints).get("enum", ())
-            missing = [v for v in enum if v not in locations]
-            if missing:
-                raise BindingError(f"{at}: argument {arg!r} may name {missing[0]!r}, which the "
-                                   "location table does not hold")
+    unknown = None if locations is None else unknown_place(binding, args, locations)
+    if unknown:
+        raise BindingError(f"{at}: argument {unknown[0]!r} may name {unknown[1]!r}, which the "
+                           "location table does not hold")
     return binding
 
 
@@ -271,6 +292,8 @@ def fill(binding: Binding, args: dict[str, Any], locations: dict[str, Location] 
     def value(v: Any, field: str) -> Any:
         if isinstance(v, dict):
             return {k: value(x, f"{field}.{k}" if field else k) for k, x in v.items()}
+        if isinstance(v, list):     # as `leaves` walks them, so every placeholder is filled
+            return [value(x, f"{field}[{i}]") for i, x in enumerate(v)]
         m = PLACEHOLDER.match(v) if isinstance(v, str) else None
         if m is None:
             return v

@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from .bindings import Binding, Location, Workspace, fill, finite_number
+from .bindings import Binding, Location, Workspace, fill, finite_number, leaves
 
 # The position of a pose type: the key holding its (x, y), "" when the message is the point
 POSE_TYPES = {"geometry_msgs/PoseStamped": "pose.position",
@@ -100,9 +100,9 @@ def gate(steps: list[dict[str, Any]], bindings: dict[str, Binding],
 def check_goal(binding: Binding, goal: dict[str, Any], workspace: Workspace | None
                ) -> str | None:
     """Why a filled goal may not be sent (numbers, limits, workspace), or None."""
-    types = dict(binding.field_types)
-    for field, value in _leaves(goal):
-        why = _number_problem(field, value, types.get(_typed(field)))
+    types = binding.types
+    for field, value in leaves(goal):
+        why = _number_problem(field or "goal", value, types.get(_typed(field)))
         if why:
             return why
     for bound in binding.limits:
@@ -124,7 +124,7 @@ def check_goal(binding: Binding, goal: dict[str, Any], workspace: Workspace | No
 def _number_problem(field: str, value: Any, ros_type: str | None) -> str | None:
     element = _element(ros_type) or ""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        if element in RANGES or element in ("float32", "float64", "double"):
+        if element in RANGES or element == "double":
             return f"{field} = {value!r} is not a number (its type is {ros_type})"
         return None
     if not finite_number(value):
@@ -202,17 +202,6 @@ def _element(ros_type: str | None) -> str | None:
 def _typed(field: str) -> str:
     """A goal field's path less its list indices (how field types are keyed)."""
     return re.sub(r"\[\d+\]", "", field)
-
-
-def _leaves(tree: Any, prefix: str = ""):
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
-    elif isinstance(tree, list):
-        for i, value in enumerate(tree):
-            yield from _leaves(value, f"{prefix}[{i}]")
-    else:
-        yield prefix or "goal", tree
 
 
 def _field(goal: dict[str, Any], field: str) -> Any:

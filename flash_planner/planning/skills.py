@@ -31,6 +31,7 @@ from .bindings import (
     read_binding,
     read_locations,
     read_workspace,
+    unknown_place,
 )
 from .grounding import RequestWords
 
@@ -194,15 +195,12 @@ class SkillCatalog:
         """This catalog with another location table (one sent at run time); CatalogError
         when an argument's enum names a place the table does not hold."""
         for skill, binding in self.bindings.items():
-            for arg in binding.place_args:
-                spec = next(a for s in self.skills if s.name == skill for a in s.args
-                            if a.name == arg)
-                missing = [v for v in dict(spec.constraints).get("enum", ())
-                           if v not in locations]
-                if missing:
-                    raise CatalogError(f"skill {skill}: argument {arg!r} may name "
-                                       f"{missing[0]!r}, which the new location table does "
-                                       "not hold")
+            unknown = unknown_place(binding, {a.name: a for a in self.get(skill).args},
+                                    locations)
+            if unknown:
+                raise CatalogError(f"skill {skill}: argument {unknown[0]!r} may name "
+                                   f"{unknown[1]!r}, which the new location table does not "
+                                   "hold")
         return replace(self, locations=dict(locations))
 
     def place_args(self, skill: str) -> tuple[str, ...]:
@@ -251,9 +249,9 @@ class SkillCatalog:
         for s in self.skills:
             if unnameable and s.names_things:
                 continue
-            args = s.args_schema(words)
+            args, takes_place = s.args_schema(words), self.place_args(s.name)
             places = {a.name: self._places_for(a, words) for a in s.args
-                      if a.name in self.place_args(s.name)}
+                      if a.name in takes_place}
             if not all(places.values()):     # a place to name, and none the request allows
                 continue
             for name, names in places.items():

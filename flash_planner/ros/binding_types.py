@@ -49,10 +49,11 @@ def _nested_class(type_name: str) -> Any | None:
     return getattr(importlib.import_module(f"{package}.msg"), name)
 
 
-def typed(catalog: SkillCatalog) -> SkillCatalog:
-    """The catalog with each binding's `field_types` read off its message class, so that the
-    safety gate finds poses by their types (planning/gate.py)."""
-    bindings = {skill: replace(b, field_types=field_types(message_class(b)))
+def typed(catalog: SkillCatalog, classes: dict[str, Any]) -> SkillCatalog:
+    """The catalog with each binding's `field_types` read off its message class (`classes`:
+    what `check_types` returns), so that the safety gate finds poses by their types
+    (planning/gate.py)."""
+    bindings = {skill: replace(b, field_types=field_types(classes[skill]))
                 for skill, b in catalog.bindings.items()}
     return replace(catalog, bindings=bindings)
 

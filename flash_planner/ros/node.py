@@ -163,8 +163,9 @@ def planner_node_class():
             values = params.read(self)
             engine_config, planner_config, skills_path = params.build_configs(values)
             catalog = SkillCatalog.from_yaml(skills_path)  # before the model: fail fast
-            check_types(catalog)          # its bindings against the installed interfaces
-            catalog = typed(catalog)      # the gate finds poses by their message types
+            # its bindings against the installed interfaces, then their field types (the gate
+            # finds poses by them)
+            catalog = typed(catalog, check_types(catalog))
             self._planner = PlannerService.load(engine_config, catalog, planner_config,
                                                 progress=self.get_logger().info)
             if self._locations.latest is not None:    # sent on ~/locations before the load

@@ -127,8 +127,7 @@ def test_poses_are_found_by_the_real_message_types(tmp_path, field, value, messa
                     "action": {"type": "flash_planner_test_msgs/action/FollowPath",
                                "server": "/follow", "goal": {field: value}}}]}))
     catalog = SkillCatalog.from_yaml(tmp_path / "skills.yaml")
-    check_types(catalog)
-    catalog = typed(catalog)
+    catalog = typed(catalog, check_types(catalog))
     assert dict(catalog.bindings["follow"].field_types)["path"] == \
         "sequence<geometry_msgs/PoseStamped>"
     with pytest.raises(GateError, match=message.replace("(", r"\(").replace(")", r"\)")):
