@@ -33,6 +33,8 @@ from typing import Any
 
 import yaml
 
+from .finite import finite_number
+
 PLACEHOLDER = re.compile(r"^\{(?:(location):)?([A-Za-z_]\w*)\}$")
 TYPE_PATTERN = re.compile(r"^[a-z_][a-z0-9_]*/(action|srv)/[A-Z][A-Za-z0-9]*$")
 BINDING_FIELDS = {"action": ("type", "server", "timeout_s", "goal"),
@@ -43,16 +45,6 @@ DEFAULT_TIMEOUT_S = 60.0
 class BindingError(ValueError):
     """A binding, location table or limit that cannot be used; one line naming the skill
     and the field."""
-
-
-def finite_number(value: Any) -> bool:
-    """A real number (a bool is none), finite, and one a float can hold."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:      # an int past float's range
-        return False
 
 
 @dataclass(frozen=True)

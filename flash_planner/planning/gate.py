@@ -26,7 +26,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from .bindings import Binding, Location, Workspace, fill, finite_number, leaves
+from .bindings import Binding, Location, Workspace, fill, leaves
+from .finite import finite_number
 
 # The position of a pose type: the key holding its (x, y), "" when the message is the point
 POSE_TYPES = {"geometry_msgs/PoseStamped": "pose.position",

@@ -12,9 +12,9 @@ a `grounded: quote` one, when the task quotes any text, one of those texts as wr
 optional argument left out is filled in with its default, where the catalog gives one. Error
 messages list at most `LISTED` values, the closest ones first.
 
-Numbers are finite or an error: Python's json reads `NaN`, `Infinity` and `1e999` (as an
-infinity), none of which is JSON or a value a robot can be sent; `loads` refuses them and a
-number argument that is not finite (a plan given by a caller as objects) fails validation.
+Numbers are finite or an error (finite.py): `loads` and the answer's reader refuse `NaN`,
+`Infinity` and `1e999`, and a number argument that is not finite (a plan given by a caller as
+objects) fails validation.
 
 A refusal, `{"refusal": REASON}`, is the planner's answer when the catalog cannot express
 the task (docs/cli.md, "Refusals"): it raises `PlanRefused`, a `PlanError` carrying the reason.
@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from .bindings import finite_number
+from . import finite
 from .grounding import RequestWords
 from .skills import Skill, SkillCatalog
 
@@ -69,26 +68,13 @@ class PlanError(ValueError):
     """The model's output is not a valid plan; the message says precisely why."""
 
 
-def _no_constant(name: str):
-    raise PlanError(f"{name} is not a JSON number: numbers must be finite")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise PlanError(f"{text} is past the range of a double: numbers must be "
-                        "finite")
-    return value
-
-
-# json's own reader, less the constants and overflowing numbers that are not finite
-STRICT_JSON = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
-
-
 def loads(text: str) -> Any:
     """JSON text as Python values; PlanError for NaN, Infinity or a number past float's
     range, json.JSONDecodeError (a ValueError) for text that is not JSON."""
-    return STRICT_JSON.decode(text)
+    try:
+        return finite.loads(text)
+    except finite.NotFinite as exc:
+        raise PlanError(str(exc)) from None
 
 
 class PlanRefused(PlanError):
@@ -123,7 +109,9 @@ def extract_json(answer: str, truncated: bool = False) -> Any:
         shown = answer if len(answer) <= 60 else answer[:57] + "..."
         raise PlanError(f"the answer is not JSON (no '{{' found): {shown!r}")
     try:
-        obj, _ = STRICT_JSON.raw_decode(answer[start:])
+        obj, _ = finite.STRICT_JSON.raw_decode(answer[start:])
+    except finite.NotFinite as exc:
+        raise PlanError(str(exc)) from None
     except json.JSONDecodeError as exc:
         if truncated:
             raise PlanError("output truncated at max_new_tokens: the JSON plan is "
@@ -182,7 +170,7 @@ def validate_step(step: Any, index: int, catalog: SkillCatalog,
     args = dict(step["args"])
     for arg in skill.args:
         if arg.type in ("number", "integer") and arg.name in args \
-                and not finite_number(args[arg.name]):
+                and not finite.finite_number(args[arg.name]):
             raise PlanError(f"step {index + 1} ({skill.name}): argument '{arg.name}' must be "
                             f"a finite number, got {args[arg.name]!r}")
     for arg in skill.grounded if words is not None else ():

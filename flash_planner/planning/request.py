@@ -1,4 +1,12 @@
-"""Plan requests and results, and the checks a request passes before it is queued."""
+"""Plan requests and results, and every check a request passes before it is queued.
+
+`RequestRules.checked` is the one call that decides whether a request may be planned here: its
+text and scene (`PlanRequest.checked`, which needs no torch, so `flash-planner plan ""`
+answers at once), its numbers and flags, its sampling over the planner's default, its
+reasoning effort and the chat template's variables, and its images read into the vision
+tower's patches. It returns the checked request or raises the RequestError naming the first
+field that is wrong; the service only queues, batches and resolves what passed.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +15,19 @@ import json
 import unicodedata
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..engine.inputs.chat import check_reasoning_effort
+from ..engine.inputs.chat import (
+    TemplateError,
+    TemplateVariableError,
+    check_reasoning_effort,
+    check_template_vars,
+)
 from ..engine.methods import METHODS
-from .bindings import finite_number
-from .parse import loads
+from .finite import finite_number, loads
+
+if TYPE_CHECKING:
+    from .images import ImageLimits
 
 # The service's default text limits (PlannerConfig); here, so that a request is checked
 # before anything imports torch (`flash-planner plan ""` answers at once).
@@ -139,6 +154,7 @@ class PlanRequest:
         context = _check_text(self.context, "context", max_context_chars, required=False)
         progress = _check_text(self.progress, "progress", max_context_chars, required=False)
         scene = check_scene(self.scene)
+        sampling = sampling_spec(self.sampling, "sampling")
         if not isinstance(self.id, str) or not self.id.strip():
             raise RequestError("id must be a non-empty string", "id")
         if self.max_new_tokens is not None and (
@@ -156,7 +172,6 @@ class PlanRequest:
                 self.seed, int) or not 0 <= self.seed < 2**63):
             raise RequestError(f"seed must be an integer in [0, 2**63), got {self.seed!r}",
                                "seed")
-        sampling = sampling_spec(self.sampling, "sampling")
         from ..engine.loop.sampling import Sampling  # torch: only once the text has passed
 
         if sampling is not None and not isinstance(sampling, (str, dict, Sampling)):
@@ -197,12 +212,72 @@ class PlanRequest:
             except json.JSONDecodeError as exc:
                 raise RequestError(f"message looks like JSON but is malformed: {exc.msg} at "
                                    f"column {exc.colno}") from None
-            except ValueError as exc:          # NaN, Infinity: parse.loads' refusal
+            except ValueError as exc:          # NaN, Infinity: finite.loads' refusal
                 raise RequestError(f"message: {exc}") from None
             if not isinstance(data, dict):
                 raise RequestError("a JSON request must be an object")
             return cls.from_dict(data)
         return cls(task=text)
+
+
+@dataclass(frozen=True)
+class RequestRules:
+    """What a plan request must satisfy on one planner; the service builds it once, from its
+    config and engine, and every door's request passes `checked` before it is queued."""
+    max_task_chars: int = MAX_TASK_CHARS
+    max_context_chars: int = MAX_CONTEXT_CHARS
+    # the planner's own sampling (an engine Sampling) and the checkpoint's
+    # generation_config.json, which a request's sampling spec is resolved over
+    base_sampling: Any = None
+    generation_defaults: Any = None
+    relaxed_thinking: bool = False        # defined for greedy decoding only
+    enable_thinking: bool = False         # a request's default
+    backend: str = "local"                # a remote-only planner leaves templates to the remote
+    tokenizer: Any = None                 # the local model's: its template takes the variables
+    engine: Any = None                    # the local engine, whose vision tower reads images
+    image_limits: ImageLimits | None = None
+
+    def checked(self, request: PlanRequest) -> tuple[PlanRequest, float | None]:
+        """(the request checked: its text stripped, its sampling resolved, its images read
+        into patches; the age in ms of its oldest camera frame, None when none says), or
+        RequestError naming the first field that is wrong."""
+        request = request.checked(self.max_task_chars, self.max_context_chars)
+        if request.reasoning_effort is not None and self.backend != "remote":
+            thinking = (self.enable_thinking if request.enable_thinking is None
+                        else request.enable_thinking)
+            try:
+                check_template_vars(self.tokenizer,
+                                    {"reasoning_effort": request.reasoning_effort}, thinking)
+            except TemplateVariableError as exc:
+                raise RequestError(str(exc), "reasoning_effort") from None
+            except TemplateError as exc:
+                raise RequestError(f"reasoning_effort {request.reasoning_effort!r}: {exc}",
+                                   "reasoning_effort") from None
+        from ..engine.loop.sampling import resolve_sampling  # torch: once the text has passed
+
+        try:
+            sampling = resolve_sampling(request.sampling, self.base_sampling,
+                                        self.generation_defaults, "sampling"
+                                        ).with_seed(request.seed)
+        except ValueError as exc:
+            raise RequestError(str(exc), "sampling") from None
+        if self.relaxed_thinking and not sampling.greedy:
+            raise RequestError("this request samples, and relaxed thinking acceptance "
+                               "(speculative.relaxed_thinking) is defined for greedy decoding "
+                               "only: send temperature 0 or turn relaxed thinking off",
+                               "sampling")
+        request = dataclasses.replace(request, sampling=sampling)
+        if not request.images:
+            return request, None
+        if self.backend == "remote":
+            raise RequestError("images: the remote backend (planner.backend remote) does "
+                               "not take images; plan them with backend local or "
+                               "remote_or_local", "images")
+        from .images import oldest_ms, request_images  # it raises this module's RequestError
+
+        age = oldest_ms(request.images)
+        images = request_images(request.images, self.engine, self.image_limits)
+        return dataclasses.replace(request, images=images), age
 
 
 @dataclass

@@ -28,30 +28,22 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
 
 from ..engine.batch import Batch
 from ..engine.engine import Engine
 from ..engine.generate import GenerationSettings
-from ..engine.inputs.chat import (
-    TemplateError,
-    TemplateVariableError,
-    check_template_vars,
-    encode_chat_parts,
-)
+from ..engine.inputs.chat import TemplateError, check_template_vars, encode_chat_parts
 from ..engine.inputs.grammar import JsonGrammarCompiler
-from ..engine.inputs.images import ImagePatches
 from ..engine.loop.sampling import Sampling, resolve_sampling
 from .feedback import FeedbackCallback, PlanFeedback
 from .grounding import RequestWords
-from .images import oldest_ms, request_images
 from .local_job import LocalJob, completion_job, failed, plan_job
 from .plan_grammar import PlanGrammar
 from .planner_config import PlannerConfig
 from .prompt import build_messages
 from .remote import RemotePlanner
 from .remote_job import remote_job
-from .request import PlanRequest, PlanResult, RequestError
+from .request import PlanRequest, PlanResult, RequestError, RequestRules
 from .skills import SkillCatalog
 from .ticket import Completion, PlanTicket
 from .warmup import warm_up
@@ -85,9 +77,14 @@ class PlannerService:
         self.grammar = (PlanGrammar(catalog, JsonGrammarCompiler.for_engine(engine))
                         if config.constrain else None)
         self.remote = (RemotePlanner(config.remote) if config.backend != "local" else None)
-        # requests that do not say sample this way ("model" read from the checkpoint)
-        self._base_sampling = resolve_sampling(config.sampling, Sampling(),
-                                               engine.generation_defaults, "planner.sampling")
+        # what every request is checked against before it is queued; requests that do not
+        # say sample the planner's way ("model" read from the checkpoint)
+        self.rules: RequestRules = RequestRules(
+            config.max_task_chars, config.max_context_chars,
+            resolve_sampling(config.sampling, Sampling(), engine.generation_defaults,
+                             "planner.sampling"),
+            engine.generation_defaults, config.relaxed_thinking, config.enable_thinking,
+            config.backend, engine.tokenizer, engine, config.images)
         # the local model's requests decode in one batch (none for a remote-only planner)
         self.batch = Batch(engine) if config.backend != "remote" else None
         self.max_batch = (self.batch.max_batch if self.batch is not None
@@ -224,16 +221,9 @@ class PlannerService:
         """Queue a request. Rejections resolve the returned ticket at once, with the reason."""
         ticket = PlanTicket(request, on_feedback)
         try:
-            ticket.request = request = request.checked(self.config.max_task_chars,
-                                                       self.config.max_context_chars)
-            ticket.request = request = replace(request, sampling=self._sampling(request))
-            self._check_effort(request)
-            if request.images:
-                ticket.image_age_ms = oldest_ms(request.images)
-                ticket.request = request = replace(request, images=self._images(request))
+            ticket.request, ticket.image_age_ms = self.rules.checked(request)
         except RequestError as exc:
-            ticket.invalid_field = exc.field
-            self._finish(ticket, failed(request, f"invalid request: {exc}", rejected=True))
+            self._finish(ticket, ticket.rejected(exc))
             return ticket
         return self._enqueue(ticket)
 
@@ -251,14 +241,6 @@ class PlannerService:
         if reason is not None:
             self._finish(ticket, failed(request, reason))
         return ticket
-
-    def _images(self, request: PlanRequest) -> tuple[ImagePatches, ...]:
-        """The request's images as the engine's patches, or RequestError naming the field."""
-        if self.config.backend == "remote":
-            raise RequestError("images: the remote backend (planner.backend remote) does "
-                               "not take images; plan them with backend local or "
-                               "remote_or_local", "images")
-        return request_images(request.images, self.engine, self.config.images)
 
     def _admission(self, request: PlanRequest, preempted: list[PlanTicket]) -> str | None:
         """Why the request cannot be queued now (None: it can). Called under the lock."""
@@ -514,38 +496,6 @@ class PlannerService:
                 self.on_result(result)
             except Exception:  # a broken listener must not break the service
                 log.exception("on_result listener failed")
-
-    def _sampling(self, request: PlanRequest) -> Sampling:
-        """The request's sampling over the service's default; RequestError names what is
-        wrong."""
-        try:
-            sampling = resolve_sampling(request.sampling, self._base_sampling,
-                                        self.engine.generation_defaults, "sampling")
-            sampling = sampling.with_seed(request.seed)
-        except ValueError as exc:
-            raise RequestError(str(exc), "sampling") from None
-        if self.config.relaxed_thinking and not sampling.greedy:
-            raise RequestError("this request samples, and relaxed thinking acceptance "
-                               "(speculative.relaxed_thinking) is defined for greedy decoding "
-                               "only: send temperature 0 or turn relaxed thinking off",
-                               "sampling")
-        return sampling
-
-    def _check_effort(self, request: PlanRequest) -> None:
-        """RequestError when the request names a reasoning effort the local model's chat
-        template does not take, or a value it refuses (its own message); a remote-only
-        planner leaves that to the remote model."""
-        if request.reasoning_effort is None or self.config.backend == "remote":
-            return
-        try:
-            check_template_vars(self.engine.tokenizer,
-                                {"reasoning_effort": request.reasoning_effort},
-                                self.thinking(request))
-        except TemplateVariableError as exc:
-            raise RequestError(str(exc), "reasoning_effort") from None
-        except TemplateError as exc:
-            raise RequestError(f"reasoning_effort {request.reasoning_effort!r}: {exc}",
-                               "reasoning_effort") from None
 
     def effort(self, request: PlanRequest) -> str | None:
         return (self.config.reasoning_effort if request.reasoning_effort is None

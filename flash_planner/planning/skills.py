@@ -27,12 +27,12 @@ from .bindings import (
     BindingError,
     Location,
     Workspace,
-    finite_number,
     read_binding,
     read_locations,
     read_workspace,
     unknown_place,
 )
+from .finite import finite_number
 from .grounding import RequestWords
 
 ARG_TYPES = ("string", "number", "integer", "boolean")

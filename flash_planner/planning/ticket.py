@@ -20,7 +20,7 @@ from ..engine.generate import CancelToken, GenerationSettings
 from ..engine.inputs.images import ImagePatches
 from .feedback import FeedbackCallback
 from .local_job import LocalJob
-from .request import PlanRequest, PlanResult
+from .request import PlanRequest, PlanResult, RequestError
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,12 @@ class PlanTicket:
     @property
     def id(self) -> str:
         return self.request.id
+
+    def rejected(self, error: RequestError) -> PlanResult:
+        """The result of a request that `RequestRules.checked` refused: the caller's to fix."""
+        self.invalid_field = error.field
+        return PlanResult(self.id, str(self.request.task), success=False,
+                          error=f"invalid request: {error}", rejected=True)
 
     def resolve(self, result: PlanResult) -> None:
         with self._callbacks_lock:

@@ -20,7 +20,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flash_planner.planning.bindings import Binding, Workspace, finite_number
+from flash_planner.planning.bindings import Binding, Workspace
+from flash_planner.planning.finite import finite_number
 from flash_planner.planning.gate import POSE_TYPES, GateError, gate
 from flash_planner.planning.parse import PlanError, validate_plan
 from flash_planner.planning.skills import CatalogError, SkillCatalog
