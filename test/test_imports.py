@@ -30,6 +30,13 @@ NEVER = {
                       "flash_planner.engine.generate", "flash_planner.planning"),
     "engine": ("flash_planner.planning", "flash_planner.ros", "flash_planner.cli"),
     "planning": ("flash_planner.ros",),
+    # what can reach a motor reads the catalog and the goal, no model and no queue
+    "planning/gate.py": ("flash_planner.engine", "flash_planner.ros",
+                         "flash_planner.planning.service", "flash_planner.planning.execution"),
+    "planning/finite.py": ("flash_planner.",),
+    # a request's checks come before any queue: the service calls them, never the reverse
+    "planning/request.py": ("flash_planner.ros", "flash_planner.planning.service",
+                            "flash_planner.planning.ticket"),
     "ros": ("flash_planner.engine",),
     "cli.py": ("flash_planner.ros",),
     "server": ("flash_planner.ros", "flash_planner.cli"),

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..engine.inputs.images import DECODE_PIXELS, ImagePatches, read_image, to_patches
-from .request import RequestError
+from .request_error import RequestError
 
 MAX_IMAGES = 4
 MAX_IMAGE_BYTES = 8 << 20

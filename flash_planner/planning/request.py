@@ -25,6 +25,7 @@ from ..engine.inputs.chat import (
 )
 from ..engine.methods import METHODS
 from .finite import finite_number, loads
+from .request_error import RequestError
 
 if TYPE_CHECKING:
     from .images import ImageLimits
@@ -41,15 +42,6 @@ MAX_SCENE_ENTRY_CHARS = 120
 REQUEST_FIELDS = ("id", "task", "context", "scene", "images", "max_new_tokens",
                   "enable_thinking", "deadline_s", "speculative", "method", "sampling", "seed",
                   "reasoning_effort", "progress")
-
-
-class RequestError(ValueError):
-    """A request that cannot be planned; the message names the field and the problem, and
-    `field` is that field's name (None when the request as a whole is wrong)."""
-
-    def __init__(self, message: str, field: str | None = None):
-        super().__init__(message)
-        self.field = field
 
 
 def _check_text(value: Any, name: str, limit: int, required: bool) -> str:
@@ -273,7 +265,7 @@ class RequestRules:
             raise RequestError("images: the remote backend (planner.backend remote) does "
                                "not take images; plan them with backend local or "
                                "remote_or_local", "images")
-        from .images import oldest_ms, request_images  # it raises this module's RequestError
+        from .images import oldest_ms, request_images  # numpy, PIL, torch: images only
 
         age = oldest_ms(request.images)
         images = request_images(request.images, self.engine, self.image_limits)
