@@ -36,3 +36,28 @@ def write_tool_checkpoint(path: Path, fmt: str) -> tuple[Path, Path]:
     (target / "chat_template.jinja").write_text(TEMPLATES[fmt])
     drafter = write_tiny_drafter(path / "drafter", target, num_layers=2, block_size=8)
     return target, drafter
+
+
+def favour(target: Path, text: str) -> int:
+    """Edit `target`'s weights so that it writes `text` (one token of its vocabulary) at
+    every step: every token's embedding holds a large first dimension, the final norm keeps
+    that dimension alone and the LM head reads the token off it (every other logit 0). A
+    model that writes a tool call's opening without being asked. Returns the token's id."""
+    from safetensors.torch import load_file, save_file
+
+    from flash_planner.train.tokenizer import load_tokenizer
+
+    ids = load_tokenizer(target).encode(text, add_special_tokens=False)
+    assert len(ids) == 1, ids
+    path = target / "model.safetensors"
+    weights = load_file(str(path))
+    weights["model.embed_tokens.weight"][:, 0] = 20.0
+    norm = weights["model.norm.weight"]
+    norm.fill_(-1.0)                 # Qwen3.5's norm scales by (1 + weight)
+    norm[0] = 0.0
+    head = weights["lm_head.weight"]
+    head.zero_()
+    head[ids[0], 0] = 50.0
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(path),
+              metadata={"format": "pt"})
+    return ids[0]

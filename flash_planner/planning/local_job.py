@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ..engine.batch import BatchRequest
 from ..engine.generate import GenerationResult
+from ..engine.inputs.grammar import BoundedStrings
 from ..engine.loop.speculative import NonFiniteLogits
 from ..engine.state.cache import ContextOverflowError
 from .feedback import Listener
@@ -90,13 +91,14 @@ def completion_job(service, ticket) -> LocalJob:
     job, request = ticket.completion, ticket.request
     telemetry = {"queue_wait_ms": round((time.monotonic() - ticket.submitted) * 1000, 3)}
     vision = embed_ahead(service.engine, job.images)
+    constraint = job.constraint() if job.constraint else None
     work = BatchRequest(job.prompt, job.settings, on_token=job.on_token,
-                        cancel=ticket.cancel_token,
-                        constraint=job.constraint() if job.constraint else None,
-                        images=job.images)
+                        cancel=ticket.cancel_token, constraint=constraint, images=job.images)
 
     def read(out: GenerationResult) -> PlanResult:
         telemetry.update(out.stats.as_dict(), **vision)
+        if constraint is not None and isinstance(constraint.matcher, BoundedStrings):
+            telemetry["strings_cut"] = constraint.matcher.cut
         if out.finish_reason == "cancelled":
             return failed(request, ticket.cancel_reason, raw_text=out.text,
                           finish_reason="cancelled", telemetry=telemetry)

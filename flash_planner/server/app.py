@@ -38,7 +38,12 @@ from starlette.exceptions import HTTPException
 from ..engine.generate import GenerationSettings
 from ..engine.inputs.chat import TemplateError, check_template_vars
 from ..engine.inputs.grammar import GrammarError, JsonGrammarCompiler
-from ..engine.inputs.tool_calls import ToolCallStream, structural_tag, tool_call_format
+from ..engine.inputs.tool_calls import (
+    QWEN35,
+    ToolCallStream,
+    structural_tag,
+    tool_call_format,
+)
 from ..planning.images import request_images
 from ..planning.parse import PlanError
 from ..planning.request import PlanRequest, PlanResult, RequestError
@@ -126,6 +131,16 @@ class ServerState:
                 raise bad(f"tools cannot be held by a grammar: {_first_line(exc)}",
                           "tools") from None
         return self._compiled(f"tools:{fmt}:{tools.key()}", compile_)
+
+
+def tool_string_tokens(max_string_tokens: int, max_tokens: int, tools) -> int:
+    """The most tokens in one string or raw value of a tool call, unless the request says:
+    the planner's `max_string_tokens`, and at most max_tokens / (2 x the most parameters a
+    tool declares), never below 4: every value of a call at its bound fills at most half of
+    max_tokens, which leaves the other half to the call around them."""
+    params = max((len(t["function"]["parameters"].get("properties") or {}) for t in tools),
+                 default=1)
+    return min(max_string_tokens, max(4, max_tokens // (2 * max(params, 1))))
 
 
 def _call_of(call: Any, i: int) -> tuple[str, dict]:
@@ -306,7 +321,9 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
         if chat.reasoning_effort is not None:
             _check_effort(service, chat)
         fmt = _tool_format(service, chat) if chat.tools is not None else None
-        if chat.tools is not None and chat.tools.constrained:
+        # tool_choice none holds the answer to text with no call in it, unless a
+        # response_format schema holds it already (JSON is no call)
+        if chat.tools is not None and (chat.tools.constrained or chat.schema is None):
             grammar = state.tool_grammar(fmt, chat.tools)
         else:
             grammar = state.grammar(chat.schema) if chat.schema is not None else None
@@ -318,7 +335,8 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
         cid = "chatcmpl-" + uuid.uuid4().hex[:24]
         if chat.stream:
             return await _chat_stream(service, chat, cid, grammar, images, fmt)
-        ticket = service.submit_completion(cid, _completion(chat, grammar, images))
+        ticket = service.submit_completion(cid, _completion(service, chat, grammar, images,
+                                                                  fmt))
         result = await result_of(ticket)
         _check_ran(result, ticket)
         metrics.observe("/v1/chat/completions", 200, result.telemetry)
@@ -360,7 +378,8 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
             raise bad(f"reasoning_effort {chat.reasoning_effort!r}: {exc}",
                       "reasoning_effort") from None
 
-    def _completion(chat: ChatRequest, grammar, images, on_token=None) -> Completion:
+    def _completion(service: PlannerService, chat: ChatRequest, grammar, images,
+                    fmt: str | None, on_token=None) -> Completion:
         max_new = chat.max_tokens or state.default_max_tokens
         settings = GenerationSettings(
             max_new_tokens=max_new, stop_strings=chat.stop, enable_thinking=chat.enable_thinking,
@@ -370,7 +389,15 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
         constraint = None
         if grammar is not None:
             budget = max_new - min(SCHEMA_ANSWER_RESERVE, max_new // 2)
-            constraint = functools.partial(grammar.constraint, think_budget=budget)
+            # a tool call's strings and raw values close within a bound, so a model looping
+            # inside one still closes its call (a call left open reaches no client)
+            calls = chat.tools is not None and chat.tools.constrained
+            bound = chat.max_string_tokens or (
+                tool_string_tokens(service.config.max_string_tokens, max_new, chat.tools.tools)
+                if calls else None)
+            constraint = functools.partial(grammar.constraint, think_budget=budget,
+                                           max_string_tokens=bound,
+                                           raw_values=calls and fmt == QWEN35)
         return Completion(chat.messages, settings, constraint, on_token, images)
 
     def _check_ran(result: PlanResult, ticket) -> None:
@@ -386,7 +413,7 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
                            fmt: str | None):
         relay = _Relay()
         ticket = service.submit_completion(
-            cid, _completion(chat, grammar, images,
+            cid, _completion(service, chat, grammar, images, fmt,
                              lambda ids, delta: relay.put("delta", delta)))
         if ticket.done():
             _check_ran(ticket.result(), ticket)

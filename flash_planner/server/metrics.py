@@ -1,6 +1,6 @@
 """The server's Prometheus metrics, on a registry of its own (one per app, so two apps in a
 process do not collide): requests by endpoint and status, TTFT and latency histograms,
-tokens per speculative cycle, queue depth and readiness."""
+tokens per speculative cycle, strings closed at their bound, queue depth and readiness."""
 
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ class Metrics:
         self.finish = Counter("flash_planner_finished_requests",
                               "Requests the engine ran, by finish reason", ["reason"],
                               registry=r)
+        self.strings_cut = Counter(
+            "flash_planner_strings_cut", "Strings and raw values of constrained answers "
+            "closed at max_string_tokens (plans and tool calls)", registry=r)
         Gauge("flash_planner_queue_depth", "Requests waiting or running",
               registry=r).set_function(queue_depth)
         Gauge("flash_planner_ready", "1 when the model is loaded and serving",
@@ -53,6 +56,7 @@ class Metrics:
         if result.finish_reason:
             self.finish.labels(result.finish_reason).inc()
         self.generated.inc(int(result.telemetry.get("new_tokens", 0)))
+        self.strings_cut.inc(int(result.telemetry.get("strings_cut", 0)))
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

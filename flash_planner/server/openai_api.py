@@ -12,7 +12,9 @@ and `image_url` parts: data URLs, http(s) only where the server allows them), `m
 (Qwen3.8's), a 400 naming it for one that does not (app.py); `response_format` text /
 json_object / json_schema (compiled by our grammar into the speculative loop); `tools`,
 `tool_choice`, `parallel_tool_calls`, assistant `tool_calls` and `role: tool` messages
-(tool_api.py; the calls held by a grammar). Refused with 400 naming the field: `n` > 1,
+(tool_api.py; the calls held by a grammar, `none` included: no call can be written), and
+ours, `max_string_tokens` (the most tokens in one string or raw value of the answer; tool
+calls default to the planner's). Refused with 400 naming the field: `n` > 1,
 the legacy `functions` / `function_call`, `logprobs`, `logit_bias` and any other field.
 """
 
@@ -33,7 +35,7 @@ KNOWN = {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "st
          "stream_options", "seed", "temperature", "top_p", "top_k", "min_p",
          "presence_penalty", "frequency_penalty", "repetition_penalty", "response_format",
          "chat_template_kwargs", "n", "user", "reasoning_effort", "tools", "tool_choice",
-         "parallel_tool_calls"}
+         "parallel_tool_calls", "max_string_tokens"}
 UNSUPPORTED = {"functions", "function_call", "logprobs", "top_logprobs", "logit_bias", "audio",
                "modalities", "prediction", "service_tier", "store", "metadata"}
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
@@ -73,6 +75,10 @@ class ChatRequest:
     reasoning_effort: str | None = None    # for the chat template; None: its default
     images: tuple[ImageSource, ...] = ()   # the image_url parts' URLs, in order
     tools: ToolRequest | None = None       # the declared tools and tool_choice
+    # the most tokens inside one string or raw value of the answer (ours, beside OpenAI's:
+    # extra_body); None: the planner's max_string_tokens for tool calls, no bound for a
+    # response_format schema (it keeps its strings as written)
+    max_string_tokens: int | None = None
 
 
 def _content(content: Any, where: str, images: list[ImageSource]) -> str | list[dict]:
@@ -178,7 +184,8 @@ def parse_chat(body: Any, served_model: str) -> ChatRequest:
     return ChatRequest(model, messages, max_tokens, stops, stream,
                        bool(options.get("include_usage")), sampling,
                        _schema(body.get("response_format")), thinking,
-                       _reasoning_effort(body, kwargs), tuple(images), tools)
+                       _reasoning_effort(body, kwargs), tuple(images), tools,
+                       _int(body, "max_string_tokens", 1))
 
 
 def _messages(raw: list) -> tuple[list[dict], list[ImageSource]]:

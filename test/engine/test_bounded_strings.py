@@ -147,3 +147,92 @@ def test_the_planner_closes_a_long_spoken_text_and_still_plans():
     for bound in (64, 4):
         quoted = results[f'say "{text}"', bound]
         assert spoken(quoted) == [text] and quoted.telemetry["strings_cut"] == 0, bound
+
+
+SAY = [{"type": "function", "function": {"name": "say", "parameters": {
+    "type": "object", "required": ["text"], "additionalProperties": False,
+    "properties": {"text": {"type": "string"},
+                   "where": {"type": "object", "required": ["room"],
+                             "properties": {"room": {"type": "string"}}}}}}}]
+
+
+def _tool_grammar(fmt: str):
+    from flash_planner.engine.inputs.tool_calls import structural_tag
+
+    tok = load_tokenizer(DEMO)
+    compiler = JsonGrammarCompiler(tok, VOCAB, [tok.convert_tokens_to_ids("<|im_end|>")],
+                                   think_token_ids(tok))
+    return tok, compiler.compile_tag(structural_tag(fmt, SAY, "required", False))
+
+
+def _write_until_refused(matcher, token: int, most: int) -> int:
+    written = 0
+    while written < most and matcher.accept(token):
+        written += 1
+    return written
+
+
+def test_a_raw_parameter_value_closes_at_the_bound_and_the_call_completes():
+    """Qwen3.5/3.6's `<parameter=text>` value is raw text (no quotes): at the bound only
+    tokens that go on writing `</parameter>` are allowed, the call closes, a cut counted."""
+    from flash_planner.engine.inputs.tool_calls import QWEN35, split_calls
+
+    tok, grammar = _tool_grammar(QWEN35)
+    matcher = grammar.matcher(BOUND, raw_values=True)
+    opening = '<tool_call>\n<function=say>\n<parameter=text>\nno skill'
+    assert all(matcher.accept(t) for t in tok.encode(opening, add_special_tokens=False))
+    word = tok.encode(" an", add_special_tokens=False)[0]
+    written = _write_until_refused(matcher, word, 4 * BOUND)
+    assert 0 < written < BOUND and matcher._states[-1][5] == BOUND
+    texts = grammar.compiler.quotes()[0]
+    allowed = _allowed(matcher)
+    assert allowed and all(b"</parameter>".startswith(texts[t]) or
+                           texts[t].startswith(b"</parameter>") for t in allowed)
+    text = opening + " an" * written
+    # the closing, one allowed token at a time (the first piece is the cut), then the rest
+    while True:
+        closing = [t for t in _allowed(matcher) if texts[t]]
+        if not closing or matcher._states[-1][5] < 0:
+            break
+        piece = max(closing, key=lambda t: len(texts[t]))
+        assert matcher.accept(piece)
+        text += texts[piece].decode()
+    assert matcher.cut == 1 and text.endswith("</parameter>")
+    rest = "\n</function>\n</tool_call>"
+    assert all(matcher.accept(t) for t in tok.encode(rest, add_special_tokens=False))
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    assert matcher.accept(eos) and matcher.terminated()
+    _, calls, open_call = split_calls(QWEN35, text + rest, SAY)
+    assert not open_call and calls[0].name == "say"
+    assert calls[0].arguments["text"] == "no skill" + " an" * written
+
+
+def test_a_json_object_as_a_raw_value_closes_its_strings_first():
+    """An object-valued parameter is JSON inside the raw value: its strings close at the
+    bound by a quote, and the value only once the object is closed."""
+    from flash_planner.engine.inputs.tool_calls import QWEN35
+
+    tok, grammar = _tool_grammar(QWEN35)
+    matcher = grammar.matcher(BOUND, raw_values=True)
+    opening = ('<tool_call>\n<function=say>\n<parameter=text>\nhi\n</parameter>\n'
+               '<parameter=where>\n{"room": "the')
+    assert all(matcher.accept(t) for t in tok.encode(opening, add_special_tokens=False))
+    assert matcher._states[-1][0] and matcher._states[-1][5] >= 0   # a string in a value
+    word = tok.encode(" an", add_special_tokens=False)[0]
+    _write_until_refused(matcher, word, 4 * BOUND)
+    texts = grammar.compiler.quotes()[0]
+    allowed = _allowed(matcher)
+    assert allowed and all(texts[t].startswith(b'"') for t in allowed)
+
+
+def test_a_quote_inside_a_raw_string_value_is_text_not_a_json_string():
+    from flash_planner.engine.inputs.tool_calls import QWEN35
+
+    tok, grammar = _tool_grammar(QWEN35)
+    matcher = grammar.matcher(BOUND, raw_values=True)
+    text = '<tool_call>\n<function=say>\n<parameter=text>\nsay "hi'
+    assert all(matcher.accept(t) for t in tok.encode(text, add_special_tokens=False))
+    assert not matcher._states[-1][0] and matcher._states[-1][5] >= 0
+    ids = tok.encode('\n</parameter>\n', add_special_tokens=False)
+    assert all(matcher.accept(t) for t in ids)
+    assert matcher._states[-1][5] == -1 and not matcher._states[-1][0]

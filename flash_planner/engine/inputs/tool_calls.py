@@ -6,8 +6,8 @@ Two formats, told apart by the template's own text (never assumed from the model
 - `qwen_3` (Qwen3, Qwen3-Next, Hermes style): `<tool_call>\\n{"name": N, "arguments": {...}}
   \\n</tool_call>`, the arguments a JSON object;
 - `qwen_3_5` (Qwen3.5, Qwen3.6, Qwen3-Coder): `<tool_call>\\n<function=N>\\n<parameter=P>\\nV
-  \\n</parameter>\\n...</function>\\n</tool_call>`, a string parameter's value as raw text and
-  any other as JSON.
+  \\n</parameter>\\n...</function>\\n</tool_call>`, a parameter's value raw text, typed by its
+  schema (`_value`: a string stays a string wherever the schema admits one).
 xgrammar ships a structural tag for each (`get_model_structural_tag`): under `auto` free text
 until the call's opening, from there the call is held to a declared tool and its schema;
 `required` and a named tool allow calls only. Thinking is not part of it: the loop's
@@ -57,28 +57,81 @@ def tool_call_format(tokenizer) -> str | None:
 
 def structural_tag(fmt: str, tools: list[dict], choice: str | dict, parallel: bool):
     """xgrammar's structural tag for `tools` (OpenAI function tools) under `choice`
-    ("auto", "required" or {"type": "function", "function": {"name": ...}}). Runs of
-    blanks inside a call are capped at MAX_BLANKS: a model that loops on them would
-    otherwise never close its call."""
+    ("none", "auto", "required" or {"type": "function", "function": {"name": ...}}).
+    Runs of blanks inside a call are capped at MAX_BLANKS: a model that loops on them would
+    otherwise never close its call. Under "none" the answer is text in which a call's
+    opening cannot be written (OpenAI's none: no call, not a call returned as text)."""
     import xgrammar as xgr
 
-    return xgr.get_model_structural_tag(fmt, tools=tools, tool_choice=choice,
-                                        reasoning="disabled", parallel_tool_calls=parallel,
-                                        max_whitespace_cnt=MAX_BLANKS)
+    tag = xgr.get_model_structural_tag(fmt, tools=tools, tool_choice=choice,
+                                       reasoning="disabled", parallel_tool_calls=parallel,
+                                       max_whitespace_cnt=MAX_BLANKS)
+    if choice == "none":
+        text = tag.format
+        tag = tag.model_copy(update={"format": text.model_copy(
+            update={"excludes": [*text.excludes, OPEN]})})
+    return tag
+
+
+# JSON Schema's type of each JSON literal a raw value may be read as
+_LITERAL_TYPES = {bool: "boolean", type(None): "null", int: "integer", float: "number"}
+
+
+def admitted_types(schema: Any) -> set[str] | None:
+    """The JSON types `schema` admits (its `type`, `enum` and `const` values, `anyOf` and
+    `oneOf` branches; `allOf` as the first branch that says); None: any type."""
+    if not isinstance(schema, Mapping):
+        return None
+    kinds = schema.get("type")
+    if kinds is not None:
+        return set(kinds if isinstance(kinds, list) else [kinds])
+    values = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    if isinstance(values, list):
+        return {_json_type(v) for v in values}
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list):
+            branches = [admitted_types(b) for b in schema[key]]
+            return None if None in branches else set().union(*branches)
+    for branch in schema.get("allOf") or []:
+        found = admitted_types(branch)
+        if found is not None:
+            return found
+    return None
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, float) and value.is_integer():
+        return "integer"              # JSON Schema's integer is any number without a fraction
+    return _LITERAL_TYPES.get(type(value), "string")
 
 
 def _value(raw: str, schema: Mapping[str, Any] | None) -> Any:
-    """A qwen_3_5 parameter's value: raw text for a string parameter (without the blanks
-    the grammar allows around it), else JSON (raw text where it is none: the grammar only
-    lets a string through there)."""
-    kinds = (schema or {}).get("type")
-    kinds = kinds if isinstance(kinds, list) else [kinds]
-    if "string" in kinds and len(kinds) == 1:
-        return raw.strip()
+    """A qwen_3_5 parameter's value, typed by its schema as JSON Schema reads it: the text
+    `null` is null where null is admitted; any other text stays a string where a string is
+    admitted (without the blanks the grammar allows around it); otherwise the text is read
+    as JSON, and kept only if its type is admitted (a number where only a string would
+    fit stays that string). A schema that admits any type reads JSON first."""
+    text = raw.strip()
+    admitted = admitted_types(schema)
+    if text == "null" and (admitted is None or "null" in admitted):
+        return None
+    if admitted is not None and "string" in admitted:
+        return text
     try:
-        return json.loads(raw)
+        value = json.loads(text)
     except ValueError:
-        return raw
+        return text
+    if admitted is not None:
+        kind = _json_type(value)
+        if kind not in admitted and not (kind == "integer" and "number" in admitted):
+            return text
+    return value
 
 
 def _parameters(tools: Iterable[dict]) -> dict[str, dict]:
