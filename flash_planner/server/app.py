@@ -69,6 +69,7 @@ from .tool_api import (
     calls_body,
     check_control_text,
     control_texts,
+    tool_string_tokens,
 )
 
 log = logging.getLogger(__name__)
@@ -131,16 +132,6 @@ class ServerState:
                 raise bad(f"tools cannot be held by a grammar: {_first_line(exc)}",
                           "tools") from None
         return self._compiled(f"tools:{fmt}:{tools.key()}", compile_)
-
-
-def tool_string_tokens(max_string_tokens: int, max_tokens: int, tools) -> int:
-    """The most tokens in one string or raw value of a tool call, unless the request says:
-    the planner's `max_string_tokens`, and at most max_tokens / (2 x the most parameters a
-    tool declares), never below 4: every value of a call at its bound fills at most half of
-    max_tokens, which leaves the other half to the call around them."""
-    params = max((len(t["function"]["parameters"].get("properties") or {}) for t in tools),
-                 default=1)
-    return min(max_string_tokens, max(4, max_tokens // (2 * max(params, 1))))
 
 
 def _call_of(call: Any, i: int) -> tuple[str, dict]:

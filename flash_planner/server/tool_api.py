@@ -185,6 +185,16 @@ def control_texts(tokenizer) -> tuple[str, ...]:
     return tuple(sorted({t.content for t in decoder.values() if len(t.content) > 1}))
 
 
+def tool_string_tokens(max_string_tokens: int, max_tokens: int, tools) -> int:
+    """The most tokens in one string or raw value of a tool call, unless the request says:
+    the planner's `max_string_tokens`, and at most max_tokens / (2 x the most parameters a
+    tool declares), never below 4: every value of a call at its bound fills at most half of
+    max_tokens, which leaves the other half to the call around them."""
+    params = max((len(t["function"]["parameters"].get("properties") or {}) for t in tools),
+                 default=1)
+    return min(max_string_tokens, max(4, max_tokens // (2 * max(params, 1))))
+
+
 def call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
