@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from . import plan_tree
 from .bindings import Binding
 from .gate import GateError, check_plan
 from .parse import PlanError, loads, validate_plan
@@ -78,6 +79,8 @@ class StepEvent:
     detail: str = ""
     message: Any = None   # the goal (sent, dry_run), the server's feedback (running), the
     #                       result (succeeded, failed)
+    path: str = ""        # the step's node in the plan's tree (plan_tree.label; a flat
+    #                       plan's: the index)
 
 
 class StepRunner(Protocol):
@@ -255,8 +258,9 @@ class Execution:
                 if failed is None:
                     return out.succeed()
                 index, outcome = failed
-                skill = steps[index]["skill"]
-                out.fail(index, skill, outcome.state, f"step {index} ({skill}) "
+                leaf = plan_tree.leaves(plan_tree.tree_of(steps))[index]
+                skill, node = leaf.step["skill"], _node(leaf.path)
+                out.fail(index, skill, outcome.state, f"step {index}{node} ({skill}) "
                          f"{outcome.state}: {outcome.reason}")
             if not outcome.replannable or out.replans >= self.config.max_replans \
                     or self.cancelled.is_set() or not task:
@@ -264,65 +268,96 @@ class Execution:
                     out.error += " (a plan given as is, without a task, is not replanned)"
                 return out
             out.replans += 1
-            progress = progress_section(done, steps[index], f"{outcome.state}: "
-                                        f"{outcome.reason}")
+            progress = progress_section(
+                done, plan_tree.leaves(plan_tree.tree_of(steps))[index].step,
+                f"{outcome.state}: {outcome.reason}")
             steps = None
 
     def _dry_run(self, plan_index: int, steps, goals, away: dict[int, str]) -> None:
         """Each goal as it would be sent, and which servers are away now (a dry run does
-        not refuse them: it says so)."""
-        for i, (step, goal) in enumerate(zip(steps, goals)):
+        not refuse them: it says so); every step of a tree, in written order."""
+        for leaf in plan_tree.leaves(plan_tree.tree_of(steps)):
+            i, step, goal = leaf.index, leaf.step, goals[leaf.index]
             binding = self.catalog.bindings[step["skill"]]
             record = {"execution_id": self.id, "plan_index": plan_index, "step_index": i,
-                      "skill": step["skill"], "kind": binding.kind, "type": binding.type,
-                      "server": binding.server, "server_available": i not in away,
-                      "goal": goal}
+                      "step_path": plan_tree.label(leaf.path), "skill": step["skill"],
+                      "kind": binding.kind, "type": binding.type, "server": binding.server,
+                      "server_available": i not in away, "goal": goal}
             self.on_dry_run(record)
             note = f"; {away[i]} now" if i in away else ""
             self.on_event(StepEvent(plan_index, i, step["skill"], "dry_run",
-                                    f"would send to {binding.server} (dry run{note})", goal))
+                                    f"would send to {binding.server} (dry run{note})", goal,
+                                    plan_tree.label(leaf.path)))
 
     def _run_plan(self, plan_index: int, steps, goals, out: ExecutionResult,
                   done: list[dict[str, Any]]) -> tuple[int, StepOutcome] | None:
-        """Run the steps in order; the failed step's index and outcome, or None."""
-        for i, (step, goal) in enumerate(zip(steps, goals)):
-            skill = step["skill"]
-            binding = self.catalog.bindings[skill]
-            if self.cancelled.is_set():
-                return i, StepOutcome("canceled", "the execution was cancelled; nothing sent")
-            if binding.approve:
-                self.on_event(StepEvent(plan_index, i, skill, "waiting_approval",
-                                        f"execution {self.id} plan {plan_index} step {i}: "
-                                        f"call ~/approve "
-                                        f"(timeout {self.config.approval_timeout_s:g} s)",
-                                        goal))
-                answer = self.approvals.wait(self.id, i, skill, self.config.approval_timeout_s,
-                                             self.cancelled, plan_index)
-                if answer != "approved":
-                    why = {"denied": "the operator denied it; nothing sent",
-                           "timed_out": f"no approval within "
-                                        f"{self.config.approval_timeout_s:g} s (refused); "
-                                        "nothing sent",
-                           "canceled": "the execution was cancelled; nothing sent"}[answer]
-                    return i, StepOutcome("denied" if answer != "canceled" else "canceled",
-                                          why)
-            if self.cancelled.is_set():    # cancelled while the operator answered
-                return i, StepOutcome("canceled", "the execution was cancelled; nothing sent")
-            self.on_event(StepEvent(plan_index, i, skill, "sent",
-                                    f"{binding.kind} {binding.server}", goal))
-            outcome = self.runner.run(
-                binding, goal,
-                lambda fb, i=i, skill=skill, server=binding.server: self.on_event(
-                    StepEvent(plan_index, i, skill, "running", server, fb)),
-                self.cancelled)
-            self.on_event(StepEvent(plan_index, i, skill,
-                                    "succeeded" if outcome.ok else "failed",
-                                    outcome.reason, outcome.result))
-            if not outcome.ok:
-                return i, outcome
-            out.steps_done += 1
-            done.append(step)
-        return None
+        """Run the plan's tree (plan_tree.run: steps in order; a retry or a fallback goes on
+        past a failed step inside it); the index and outcome of the step whose failure
+        failed the plan, or None. A failure no structure may recover from (a cancel, a
+        denial, an end the runner could not confirm) stops the whole run at once."""
+        tree = plan_tree.tree_of(steps)
+        failures: list[tuple[int, StepOutcome]] = []
+
+        def run_leaf(leaf: plan_tree.Leaf) -> bool:
+            outcome = self._run_step(plan_index, leaf, goals[leaf.index])
+            if outcome.ok:
+                out.steps_done += 1
+                done.append(leaf.step)
+                return True
+            failures.append((leaf.index, outcome))
+            if not outcome.replannable:
+                raise _Stopped
+            return False
+
+        try:
+            if plan_tree.run(tree, run_leaf):
+                return None
+        except _Stopped:
+            pass
+        if failures:
+            return failures[-1]
+        last = plan_tree.leaves(tree)[-1]   # an inverted success failed the tree
+        return last.index, StepOutcome("aborted", "the plan's tree failed: a step under "
+                                       "an invert succeeded")
+
+    def _run_step(self, plan_index: int, leaf: plan_tree.Leaf, goal) -> StepOutcome:
+        """One step: its approval where the binding asks, its goal sent, its end."""
+        i, skill, path = leaf.index, leaf.step["skill"], plan_tree.label(leaf.path)
+        binding = self.catalog.bindings[skill]
+
+        def event(state: str, detail: str, message: Any = None) -> None:
+            self.on_event(StepEvent(plan_index, i, skill, state, detail, message, path))
+
+        if self.cancelled.is_set():
+            return StepOutcome("canceled", "the execution was cancelled; nothing sent")
+        if binding.approve:
+            event("waiting_approval", f"execution {self.id} plan {plan_index} step {i}: "
+                  f"call ~/approve (timeout {self.config.approval_timeout_s:g} s)", goal)
+            answer = self.approvals.wait(self.id, i, skill, self.config.approval_timeout_s,
+                                         self.cancelled, plan_index)
+            if answer != "approved":
+                why = {"denied": "the operator denied it; nothing sent",
+                       "timed_out": f"no approval within "
+                                    f"{self.config.approval_timeout_s:g} s (refused); "
+                                    "nothing sent",
+                       "canceled": "the execution was cancelled; nothing sent"}[answer]
+                return StepOutcome("denied" if answer != "canceled" else "canceled", why)
+        if self.cancelled.is_set():    # cancelled while the operator answered
+            return StepOutcome("canceled", "the execution was cancelled; nothing sent")
+        event("sent", f"{binding.kind} {binding.server}", goal)
+        outcome = self.runner.run(binding, goal,
+                                  lambda fb: event("running", binding.server, fb),
+                                  self.cancelled)
+        event("succeeded" if outcome.ok else "failed", outcome.reason, outcome.result)
+        return outcome
+
+
+class _Stopped(Exception):
+    """A step's failure that ends the whole run, whatever structure it is in."""
+
+
+def _node(path: tuple[int, ...]) -> str:
+    return f" at node {plan_tree.label(path)}" if len(path) > 1 else ""
 
 
 def service_replanner(service) -> Replanner:

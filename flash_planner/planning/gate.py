@@ -16,8 +16,10 @@ A plan passes only if every step does, before any goal exists to send:
   header's (one without a header is taken as the workspace's frame), and a coordinate the
   goal leaves out is the message's default, 0.
 
-The first step that fails raises GateError naming the step (its index in the plan, from 0),
-the field and the limit.
+A plan with structures (retry, fallback: plan_tree.py) passes only if every one of its
+steps does, in written order, whichever of them will run. The first step that fails raises
+GateError naming the step (its index among the plan's steps, from 0, and in a tree its
+node's path), the field and the limit.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from . import plan_tree
 from .bindings import Binding, Location, Workspace, fill, leaves
 from .finite import finite_number
 
@@ -49,12 +52,13 @@ class GateError(ValueError):
     """A plan the safety gate refuses before anything is sent: names the step, the field
     and the limit."""
 
-    def __init__(self, step: int, skill: str, message: str):
-        super().__init__(f"step {step} ({skill}): {message}")
-        self.step, self.skill = step, skill
+    def __init__(self, step: int, skill: str, message: str, path: tuple[int, ...] = ()):
+        node = f" at node {plan_tree.label(path)}" if len(path) > 1 else ""
+        super().__init__(f"step {step}{node} ({skill}): {message}")
+        self.step, self.skill, self.path = step, skill, path
 
 
-def check_plan(steps: list[dict[str, Any]], bindings: dict[str, Binding],
+def check_plan(plan: list[dict[str, Any]], bindings: dict[str, Binding],
                locations: dict[str, Location] | None, workspace: Workspace | None,
                available: Callable[[Binding], bool], dry_run: bool = False
                ) -> tuple[list[dict[str, Any]], dict[int, str]]:
@@ -62,27 +66,29 @@ def check_plan(steps: list[dict[str, Any]], bindings: dict[str, Binding],
     run on the robot; GateError for the first step that is unbound, whose server is away
     (unless `dry_run`, which reports it), or whose goal `gate` refuses."""
     away = {}
-    for i, step in enumerate(steps):
+    for leaf in plan_tree.leaves(plan_tree.tree_of(plan)):
+        step = leaf.step
         binding = bindings.get(step["skill"])
         if binding is None:
-            raise GateError(i, step["skill"], "the skill has no binding in the catalog "
-                            "(a plan-only skill cannot be executed)")
+            raise GateError(leaf.index, step["skill"], "the skill has no binding in the "
+                            "catalog (a plan-only skill cannot be executed)", leaf.path)
         if not available(binding):
             why = f"its {binding.kind} server {binding.server} is not on the graph"
             if not dry_run:
-                raise GateError(i, step["skill"], why)
-            away[i] = why
-    return gate(steps, bindings, locations, workspace), away
+                raise GateError(leaf.index, step["skill"], why, leaf.path)
+            away[leaf.index] = why
+    return gate(plan, bindings, locations, workspace), away
 
 
-def gate(steps: list[dict[str, Any]], bindings: dict[str, Binding],
+def gate(plan: list[dict[str, Any]], bindings: dict[str, Binding],
          locations: dict[str, Location] | None, workspace: Workspace | None
          ) -> list[dict[str, Any] | None]:
-    """Every step's goal, filled and checked, before any is sent (None: a plan-only step);
-    the first step outside the location table, a number's range, a limit or the workspace
-    raises GateError."""
+    """Every step's goal, filled and checked, before any is sent (None: a plan-only step),
+    by the step's index among the plan's steps; the first step outside the location table,
+    a number's range, a limit or the workspace raises GateError."""
     goals: list[dict[str, Any] | None] = []
-    for i, step in enumerate(steps):
+    for leaf in plan_tree.leaves(plan_tree.tree_of(plan)):
+        step = leaf.step
         binding = bindings.get(step["skill"])
         if binding is None:
             goals.append(None)
@@ -90,10 +96,10 @@ def gate(steps: list[dict[str, Any]], bindings: dict[str, Binding],
         try:
             goal = fill(binding, step.get("args", {}), locations)
         except LookupError as exc:
-            raise GateError(i, step["skill"], str(exc)) from None
+            raise GateError(leaf.index, step["skill"], str(exc), leaf.path) from None
         why = check_goal(binding, goal, workspace)
         if why:
-            raise GateError(i, step["skill"], why)
+            raise GateError(leaf.index, step["skill"], why, leaf.path)
         goals.append(goal)
     return goals
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from . import finite
+from . import finite, plan_tree
 from .grounding import RequestWords
 from .skills import Skill, SkillCatalog
 
@@ -40,8 +40,10 @@ ENVELOPE = {
         "type": "object", "required": ["skill", "args"], "additionalProperties": False,
         "properties": {"skill": {"type": "string"}, "args": {"type": "object"}}}}},
 }
-_ENVELOPE = Draft202012Validator(ENVELOPE)
 _STEP = Draft202012Validator(ENVELOPE["properties"]["plan"]["items"])
+# a plan's envelope where its nodes may be structures (plan_tree.py), each leaf then a step
+_TREE_ENVELOPE = Draft202012Validator({**ENVELOPE, "properties": {"plan": {
+    **ENVELOPE["properties"]["plan"], "items": {"type": "object"}}}})
 # The refusal shape, here and in the plan grammar. No minLength on the reason: xgrammar 0.2.8
 # turns a string with a length bound into a rule that lets raw control characters through
 # (invalid JSON); an empty reason is still a refusal.
@@ -125,8 +127,8 @@ def _where(path) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
 
 
-def _describe(error, step: int, skill: Skill) -> str:
-    at = f"step {step + 1} ({skill.name})"
+def _describe(error, name: str, skill: Skill) -> str:
+    at = f"{name} ({skill.name})"
     if error.validator == "required":
         missing = next(k for k in error.validator_value if k not in error.instance)
         return f"{at}: missing argument '{missing}'"
@@ -150,28 +152,30 @@ def _describe(error, step: int, skill: Skill) -> str:
 
 
 def validate_step(step: Any, index: int, catalog: SkillCatalog,
-                  words: RequestWords | None = None) -> dict[str, Any]:
-    """One step of a plan (0-based `index`) as the robot gets it, or PlanError naming its
-    problem. Given the request's words, a grounded argument must be a run of them, or with a
-    scene list a `grounded: scene` one a listed name (replaced by the entry's full name), or
-    with quotes in the task a `grounded: quote` one a quoted text; optional arguments left
-    out get their defaults."""
+                  words: RequestWords | None = None, called: str | None = None
+                  ) -> dict[str, Any]:
+    """One step of a plan (0-based `index`; `called` how errors name it, "step INDEX+1" unless
+    given) as the robot gets it, or PlanError naming its problem. Given the request's words,
+    a grounded argument must be a run of them, or with a scene list a `grounded: scene` one
+    a listed name (replaced by the entry's full name), or with quotes in the task a
+    `grounded: quote` one a quoted text; optional arguments left out get their defaults."""
+    called = called or f"step {index + 1}"
     error = next(iter(_STEP.iter_errors(step)), None)
     if error is not None:
-        raise PlanError(f"step {index + 1}: {error.message}")
+        raise PlanError(f"{called}: {error.message}")
     skill = catalog.get(step["skill"])
     if skill is None:
-        raise PlanError(f"step {index + 1}: unknown skill '{step['skill']}' "
+        raise PlanError(f"{called}: unknown skill '{step['skill']}' "
                         f"(known: {closest(step['skill'], catalog.names)})")
     errors = sorted(Draft202012Validator(skill.args_schema()).iter_errors(step["args"]),
                     key=lambda e: (e.validator != "required", list(e.path)))
     if errors:
-        raise PlanError(_describe(errors[0], index, skill))
+        raise PlanError(_describe(errors[0], called, skill))
     args = dict(step["args"])
     for arg in skill.args:
         if arg.type in ("number", "integer") and arg.name in args \
                 and not finite.finite_number(args[arg.name]):
-            raise PlanError(f"step {index + 1} ({skill.name}): argument '{arg.name}' must be "
+            raise PlanError(f"{called} ({skill.name}): argument '{arg.name}' must be "
                             f"a finite number, got {args[arg.name]!r}")
     for arg in skill.grounded if words is not None else ():
         if arg.name not in args:
@@ -190,7 +194,7 @@ def validate_step(step: Any, index: int, catalog: SkillCatalog,
         elif not words.contains(value):
             why = "the task and scene never mention"
         if why is not None:
-            raise PlanError(f"step {index + 1} ({skill.name}): argument '{arg.name}' is "
+            raise PlanError(f"{called} ({skill.name}): argument '{arg.name}' is "
                             f"{value!r}, which {why}")
     for arg in skill.args:
         if arg.name not in args and arg.default is not None:
@@ -200,17 +204,35 @@ def validate_step(step: Any, index: int, catalog: SkillCatalog,
 
 def validate_plan(obj: Any, catalog: SkillCatalog, words: RequestWords | None = None
                   ) -> list[dict[str, Any]]:
-    """The plan's steps, or PlanError naming the first problem (PlanRefused: a refusal);
-    given the request's words, grounded arguments are checked against them."""
+    """The plan's nodes, each step validated (a plan of plain steps: its steps; with
+    structures, plan_tree.py, the same structures around validated steps), or PlanError
+    naming the first problem (PlanRefused: a refusal); given the request's words, grounded
+    arguments are checked against them. A nested step is named by its number among the
+    plan's steps and its node's path."""
     reason = refusal_reason(obj)
     if reason is not None:
         raise PlanRefused(reason)
-    envelope = next(iter(sorted(_ENVELOPE.iter_errors(obj), key=lambda e: list(e.path))), None)
+    envelope = next(iter(sorted(_TREE_ENVELOPE.iter_errors(obj), key=lambda e: list(e.path))),
+                    None)
     if envelope is not None:
         where = _where(envelope.path) or "the plan"
         raise PlanError(f"{where}: {envelope.message} (expected "
                         '{"plan": [{"skill": NAME, "args": {...}}, ...]})')
-    return [validate_step(step, i, catalog, words) for i, step in enumerate(obj["plan"])]
+    try:
+        tree = plan_tree.tree_of(obj["plan"])
+    except plan_tree.TreeError as exc:
+        raise PlanError(str(exc)) from None
+    checked = []
+    for leaf in plan_tree.leaves(tree):
+        flat = len(leaf.path) == 1
+        shape = next(iter(sorted(_STEP.iter_errors(leaf.step), key=lambda e: list(e.path))),
+                     None)
+        if shape is not None and flat:
+            raise PlanError(f"plan[{leaf.path[0]}]{_where(shape.path)}: {shape.message} "
+                            '(expected {"skill": NAME, "args": {...}} or a retry or fallback)')
+        name = None if flat else f"step {leaf.index + 1} (node {plan_tree.label(leaf.path)})"
+        checked.append(validate_step(leaf.step, leaf.index, catalog, words, name))
+    return plan_tree.plan_of(plan_tree.with_steps(tree, checked))
 
 
 def parse_plan(text: str, catalog: SkillCatalog, truncated: bool = False,

@@ -24,6 +24,7 @@ from ..engine.inputs.grammar import (
 from ..engine.loop.constraint import Constraint
 from .grounding import RequestWords
 from .parse import REFUSAL_SCHEMA
+from .plan_tree import tree_schema
 from .skills import CatalogError, SkillCatalog
 
 # a request's words -> its compiled grammar; a robot repeats its tasks
@@ -33,23 +34,31 @@ CACHED_REQUESTS = 32
 SAMPLE_WORDS = RequestWords.of("the cup on shelf 2")
 
 
-def answer_schema(catalog: SkillCatalog, words: RequestWords | None = None
-                  ) -> dict[str, Any]:
+def answer_schema(catalog: SkillCatalog, words: RequestWords | None = None,
+                  recovery: bool = False) -> dict[str, Any]:
     """JSON-Schema of a constrained answer: a plan or a refusal (grounded arguments limited
-    to the runs of `words` when given: the request's schema)."""
+    to the runs of `words` when given: the request's schema); with `recovery`, the plan's
+    nodes may be retries and fallbacks too (plan_tree.py)."""
     plan = catalog.plan_schema(words)
-    return REFUSAL_SCHEMA if plan is None else {"anyOf": [plan, REFUSAL_SCHEMA]}
+    if plan is None:
+        return REFUSAL_SCHEMA
+    if not recovery:
+        return {"anyOf": [plan, REFUSAL_SCHEMA]}
+    plan = tree_schema(plan)
+    # the step's definition at the root, where its reference "#/$defs/step" resolves
+    return {"$defs": plan.pop("$defs"), "anyOf": [plan, REFUSAL_SCHEMA]}
 
 
 class PlanGrammar:
     """The catalog's plan grammar, and with grounded arguments one per request."""
 
-    def __init__(self, catalog: SkillCatalog, compiler: JsonGrammarCompiler):
-        self.catalog, self.compiler = catalog, compiler
+    def __init__(self, catalog: SkillCatalog, compiler: JsonGrammarCompiler,
+                 recovery: bool = False):
+        self.catalog, self.compiler, self.recovery = catalog, compiler, recovery
         try:
-            self.base = compiler.compile(answer_schema(catalog))
+            self.base = compiler.compile(answer_schema(catalog, recovery=recovery))
             if catalog.has_grounded:
-                compiler.compile(answer_schema(catalog, SAMPLE_WORDS))
+                compiler.compile(answer_schema(catalog, SAMPLE_WORDS, recovery))
         except GrammarError as exc:
             raise _catalog_error(catalog, compiler, exc) from None
         # (the request's words or None, the skills left out) -> its compiled grammar
@@ -72,7 +81,7 @@ class PlanGrammar:
                 return hit
         try:
             grammar = self.compiler.compile(answer_schema(self.catalog.without(without),
-                                                           key[0]))
+                                                           key[0], self.recovery))
         except GrammarError as exc:
             raise ValueError(f"the request's words cannot be compiled into its plan grammar: "
                              f"{exc}") from None

@@ -192,3 +192,25 @@ def run(node: Node, run_leaf) -> bool:
         return not run(node.child, run_leaf)
     run(node.child, run_leaf)
     return True
+
+
+def tree_schema(plan_schema: dict[str, Any]) -> dict[str, Any]:
+    """A plan's JSON-Schema (skills.plan_schema: its items the steps) with retry and
+    fallback nodes beside the steps, to MAX_DEPTH, the step schema written once ($defs)."""
+    items = plan_schema["properties"]["plan"]["items"]
+
+    def nodes(depth: int) -> dict[str, Any]:
+        step = {"$ref": "#/$defs/step"}
+        if depth >= MAX_DEPTH:
+            return step
+        inner = {"type": "array", "minItems": 1, "items": nodes(depth + 1)}
+        retry = {"type": "object", "required": ["retry", "plan"], "additionalProperties": False,
+                 "properties": {"retry": {"type": "integer", "minimum": 2,
+                                          "maximum": MAX_ATTEMPTS}, "plan": inner}}
+        fallback = {"type": "object", "required": ["fallback"], "additionalProperties": False,
+                    "properties": {"fallback": {"type": "array", "minItems": 2,
+                                                "maxItems": MAX_ALTERNATIVES, "items": inner}}}
+        return {"anyOf": [step, retry, fallback]}
+
+    plan = dict(plan_schema["properties"]["plan"], items=nodes(0))
+    return {**plan_schema, "$defs": {"step": items}, "properties": {"plan": plan}}

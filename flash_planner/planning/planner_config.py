@@ -43,6 +43,10 @@ class PlannerConfig:
     # the prompt names the refusal shape (prompt.REFUSAL_HINT); the CLI and the node take the
     # model preset's choice (true but for the demo, which was trained without it)
     refusal_hint: bool = False
+    # plans may retry steps and fall back to alternatives (plan_tree.py): the prompt shows
+    # the forms (prompt.RECOVERY_HINT) and the plan grammar admits them; the model preset's
+    # choice (on for the Qwen presets, off for the demo, which was never taught them)
+    recovery: bool = False
     # how requests sample unless they say: a mode (greedy | model | card) or a mapping
     # (engine.sampling.resolve_sampling); "model" = the checkpoint's generation_config.json
     sampling: Any = "greedy"

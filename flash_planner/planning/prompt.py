@@ -18,12 +18,19 @@ SYSTEM = (
 # it out (`refusal_hint: false`); the demo was trained on prompts with and without it.
 REPLAN_ASK = "Plan the remaining steps."
 REFUSAL_HINT = ', or {"refusal": REASON} if these skills cannot do the task'
+# The recovery forms (plan_tree.py), for planners with `recovery` on (a model taught them, or
+# one that follows a format it is shown); the grammar then admits them too.
+RECOVERY_HINT = ('\nWhere the task asks for it, a step may instead be {"retry": N, "plan": '
+                 '[STEPS]} (tried up to N times) or {"fallback": [[STEPS], [STEPS]]} '
+                 '(alternatives tried in order until one succeeds)')
 
 
-def system_prompt(catalog: SkillCatalog, refusal_hint: bool = False) -> str:
+def system_prompt(catalog: SkillCatalog, refusal_hint: bool = False,
+                  recovery: bool = False) -> str:
     lines = "\n".join(f"- {signature}: {s.description}"
                       for s, signature in zip(catalog.skills, catalog.signatures()))
-    return SYSTEM.format(skills=lines) + (REFUSAL_HINT if refusal_hint else "")
+    return (SYSTEM.format(skills=lines) + (REFUSAL_HINT if refusal_hint else "")
+            + (RECOVERY_HINT if recovery else ""))
 
 
 def user_prompt(task: str, context: str = "", scene=(), progress: str = "",
@@ -62,12 +69,12 @@ def progress_section(done: list[dict], failed: dict, reason: str) -> str:
 
 def build_messages(catalog: SkillCatalog, task: str, context: str = "",
                    refusal_hint: bool = False, scene=(), images: int = 0,
-                   progress: str = "") -> list[dict]:
+                   progress: str = "", recovery: bool = False) -> list[dict]:
     """Chat messages for the tokenizer's template (thinking on/off is the template's flag);
     `images` image parts open the user's message, before the task, so that the system
     prompt stays the fixed prefix."""
     text = user_prompt(task, context, scene, progress, catalog.places)
     user = text if not images else (
         [{"type": "image"}] * images + [{"type": "text", "text": text}])
-    return [{"role": "system", "content": system_prompt(catalog, refusal_hint)},
+    return [{"role": "system", "content": system_prompt(catalog, refusal_hint, recovery)},
             {"role": "user", "content": user}]

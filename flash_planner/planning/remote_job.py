@@ -33,7 +33,8 @@ def remote_job(service, ticket, deadline: float | None, telemetry: dict,
     thinking = service.thinking(request)
     max_new = request.max_new_tokens or cfg.max_new_tokens
     messages = build_messages(service.catalog, request.task, request.context,
-                              cfg.refusal_hint, request.scene, progress=request.progress)
+                              cfg.refusal_hint, request.scene, progress=request.progress,
+                              recovery=cfg.recovery)
     without = frozenset(service.unavailable)
     if without:
         telemetry["unavailable_skills"] = sorted(without)

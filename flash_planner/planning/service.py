@@ -74,7 +74,8 @@ class PlannerService:
                 raise ValueError(f"planner reasoning_effort {config.reasoning_effort!r}: "
                                  f"{exc}") from None
         # compiled once, at configure: a catalog it cannot express fails here (CatalogError)
-        self.grammar = (PlanGrammar(catalog, JsonGrammarCompiler.for_engine(engine))
+        self.grammar = (PlanGrammar(catalog, JsonGrammarCompiler.for_engine(engine),
+                                    config.recovery)
                         if config.constrain else None)
         self.remote = (RemotePlanner(config.remote) if config.backend != "local" else None)
         # what every request is checked against before it is queued; requests that do not
@@ -129,7 +130,7 @@ class PlannerService:
         the engine)."""
         def encode(images: int) -> tuple[list[int], list[int]]:
             messages = build_messages(self.catalog, task, context, self.config.refusal_hint,
-                                      scene, images, progress)
+                                      scene, images, progress, self.config.recovery)
             ids, starts = encode_chat_parts(self.engine.tokenizer, messages, thinking,
                                             {"reasoning_effort": reasoning_effort})
             return ids, ids[:starts[-1]]
@@ -459,7 +460,7 @@ class PlannerService:
         CatalogError when an argument's enum names a place the new table lacks."""
         catalog = self.catalog.with_locations(locations)
         grammar = (None if self.grammar is None
-                   else PlanGrammar(catalog, self.grammar.compiler))
+                   else PlanGrammar(catalog, self.grammar.compiler, self.config.recovery))
         self.grammar, self.catalog = grammar, catalog   # a request reads each once
 
     def set_unavailable(self, reasons: dict[str, str]) -> None:

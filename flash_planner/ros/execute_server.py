@@ -277,7 +277,8 @@ def result_fields(result: ExecutionResult) -> dict[str, Any]:
 def feedback_fields(execution_id: str, event: StepEvent) -> dict[str, Any]:
     """ExecutePlan.Feedback fields of one step event."""
     return {"execution_id": execution_id, "plan_index": int(event.plan_index),
-            "step_index": int(event.step_index), "skill": event.skill, "state": event.state,
+            "step_index": int(event.step_index), "step_path": event.path or str(event.step_index),
+            "skill": event.skill, "state": event.state,
             "detail": event.detail,
             "message_json": "" if event.message is None else json.dumps(event.message,
                                                                         sort_keys=True)}

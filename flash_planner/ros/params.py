@@ -316,7 +316,7 @@ def build_configs(values: dict[str, Any]):
         max_string_tokens=v["planner.max_string_tokens"],
         deadline_s=v["planner.deadline_s"] or None, speculative=v["speculative.enabled"],
         relaxed_thinking=v["speculative.relaxed_thinking"] or preset.relaxed_thinking,
-        refusal_hint=preset.refusal_hint,
+        refusal_hint=preset.refusal_hint, recovery=preset.recovery,
         sampling=sampling_spec(v["planner.sampling"], "planner.sampling") or preset.sampling,
         **_backend(v, preset),
         relaxed_topk=v["speculative.relaxed_topk"], relaxed_delta=v["speculative.relaxed_delta"])
