@@ -44,13 +44,18 @@ setup(
     # official client the server's tests talk through; vision: images decoded and resized
     # by Pillow (engine/inputs/images.py), the image processor's own resampling; mcp: the
     # official MCP SDK `flash-planner mcp` is built on (server/mcp_server.py); hypothesis:
-    # the safety gate's property suite (test/planning/test_gate_properties.py)
+    # the safety gate's property suite (test/planning/test_gate_properties.py); behaviortreepy:
+    # BehaviorTree.CPP v4 itself, loading and ticking our exported trees, and lxml: the
+    # catalog's XSD that BT XML trees are read against (test/planning/test_bt.py)
     extras_require={"test": ["pytest", "pytest-xdist", "onnx", "onnxruntime", "onnxscript",
                              "ruff", "compressed-tensors>=0.20", "gguf>=0.10", "openai",
                              "fastapi", "uvicorn", "prometheus_client", "pillow",
-                             "mcp>=2.3,<3", "hypothesis>=6.100"],
+                             "mcp>=2.3,<3", "hypothesis>=6.100", "behaviortreepy>=0.1.4",
+                             "lxml"],
                     "serve": ["fastapi", "uvicorn", "prometheus_client"],
                     "mcp": ["mcp>=2.3,<3"],
+                    # BehaviorTree.CPP XML trees read against the catalog's schema (bt.py)
+                    "bt": ["lxml"],
                     "vision": ["pillow"],
                     "bench": ["matplotlib", "gguf>=0.10"]},
     zip_safe=False,
