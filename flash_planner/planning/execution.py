@@ -4,6 +4,9 @@ order, behind the safety gate, replanning when a step fails. ROS-free: the sendi
 test), the planning a `Replanner`'s (the planner service), the approvals `Approvals`'.
 
 The contract (docs/ros.md, "Running plans on the robot"):
+- A plan is a tree (plan_tree.py): steps in order, retries and fallbacks among them, run with
+  BehaviorTree.CPP's semantics; a failed step inside a retry or a fallback is no failed run
+  while the structure can recover, and a plan given as BT XML (bt.py) runs the same way.
 - Nothing is sent for a plan unless all of it passes the gate first (gate.py, `check_plan`:
   every step bound, every bound server on the graph, every goal filled, finite and inside the
   catalog's limits, workspace and location table). A replanned plan passes the gate again
@@ -33,6 +36,7 @@ from typing import Any, Protocol
 
 from . import plan_tree
 from .bindings import Binding
+from .bt import BtError, from_bt_xml
 from .gate import GateError, check_plan
 from .parse import PlanError, loads, validate_plan
 from .prompt import progress_section
@@ -199,12 +203,19 @@ class Approvals:
 
 
 def steps_of(plan_json: str, catalog: SkillCatalog) -> list[dict[str, Any]]:
-    """The validated steps of a plan given as JSON ({"plan": [...]} or the list of steps);
-    PlanError names what is wrong."""
-    try:
-        obj = loads(plan_json)
-    except ValueError as exc:
-        raise PlanError(f"plan_json is not valid JSON: {exc}") from None
+    """The validated plan of a plan given as JSON ({"plan": [...]} or the list of nodes,
+    retries and fallbacks among them) or as a BehaviorTree.CPP v4 XML tree (bt.py: its
+    leaves the catalog's skills); PlanError names what is wrong."""
+    if plan_json.lstrip().startswith("<"):
+        try:
+            obj: Any = from_bt_xml(plan_json, catalog)
+        except BtError as exc:
+            raise PlanError(f"plan_json is not a tree we run: {exc}") from None
+    else:
+        try:
+            obj = loads(plan_json)
+        except ValueError as exc:
+            raise PlanError(f"plan_json is not valid JSON: {exc}") from None
     return validate_plan({"plan": obj} if isinstance(obj, list) else obj, catalog)
 
 

@@ -145,3 +145,24 @@ def test_the_grammar_holds_the_forms_only_with_recovery_on():
     assert accepts(off, {"plan": [go]}) and not accepts(off, nested)
     assert RECOVERY_HINT in system_prompt(catalog, recovery=True)
     assert RECOVERY_HINT not in system_prompt(catalog)
+
+
+def test_a_bt_xml_tree_given_as_the_plan_runs_like_its_json():
+    from flash_planner.planning.bt import to_bt_xml
+    from flash_planner.planning.execution import steps_of
+
+    plan = [_retry(2, MOVE), _fallback([SLOW], [MOVE])]
+    xml = to_bt_xml(plan, CATALOG)
+    assert steps_of(xml, CATALOG) == plan
+    runner = Recorder(ends=["aborted", "succeeded", "rejected", "succeeded"])
+    result, _, _ = _run(steps_of(xml, CATALOG), runner)
+    assert result.success and len(runner.sent) == 4
+    with pytest.raises(PlanError, match=r"not a tree we run: .*<fly>"):
+        steps_of(xml.replace("<move", "<fly", 1), CATALOG)
+    with pytest.raises(GateError, match=r"step 0 \(move\): v = 3.0 is above its limit"):
+        _gate_of(steps_of(to_bt_xml([MOVE], CATALOG).replace('"0.5"', '"3.0"'), CATALOG))
+
+
+def _gate_of(plan):
+    goals, _ = check_plan(plan, CATALOG.bindings, None, CATALOG.workspace, lambda b: True)
+    return goals
