@@ -44,6 +44,7 @@ from ..engine.inputs.tool_calls import (
     structural_tag,
     tool_call_format,
 )
+from ..planning.bt import to_bt_xml
 from ..planning.images import request_images
 from ..planning.parse import PlanError
 from ..planning.request import PlanRequest, PlanResult, RequestError
@@ -500,6 +501,17 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
         stream = body.pop("stream", False)
         if not isinstance(stream, bool):
             raise bad("stream must be true or false", "stream")
+        answer_format = body.pop("format", "json")
+        if answer_format not in ("json", "bt"):
+            raise bad(f"format must be json or bt (the plan also as a BehaviorTree.CPP v4 "
+                      f"tree), got {answer_format!r}", "format")
+
+        def answer(result: PlanResult) -> dict[str, Any]:
+            out = result.as_dict()
+            if answer_format == "bt" and result.success:
+                out["bt_xml"] = to_bt_xml(result.plan, service.catalog)
+            return out
+
         try:
             plan_request = PlanRequest.from_dict(body)
         except RequestError as exc:
@@ -511,7 +523,7 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
                                        result.error.startswith((*BUSY, "the planner"))):
                 raise _refused(result, ticket.invalid_field)
             metrics.observe("/v1/plans", 200, result.telemetry)
-            return result.as_dict()
+            return answer(result)
         relay = _Relay()
         ticket = service.submit(plan_request, lambda fb: relay.put("steps", fb.steps))
         if ticket.done() and not ticket.result().success \
@@ -528,7 +540,7 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
                             yield _sse({"index": index, "step": step})
                         continue
                     metrics.observe("/v1/plans", 200, item.telemetry)
-                    yield _sse(item.as_dict())
+                    yield _sse(answer(item))
                     yield _sse("[DONE]")
                     return
             finally:

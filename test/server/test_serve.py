@@ -163,6 +163,22 @@ def test_plans_endpoint_plans_and_streams_each_step(server):
     assert [s["index"] for s in steps] == list(range(len(final["plan"])))
 
 
+def test_a_plan_comes_as_a_behaviortree_cpp_tree_with_format_bt(server):
+    """The same plan, also as BT XML that reads back to it; a format we do not write is a
+    400 naming it."""
+    from flash_planner.planning.bt import from_bt_xml
+    from flash_planner.planning.presets import default_skills_path
+    from flash_planner.planning.skills import SkillCatalog
+
+    task = {"task": "bring the red cup from the kitchen table to the sink", "format": "bt"}
+    status, result = _http(server.url + "/v1/plans", task)
+    assert status == 200 and result["success"] and 'BTCPP_format="4"' in result["bt_xml"]
+    catalog = SkillCatalog.from_yaml(default_skills_path())
+    assert from_bt_xml(result["bt_xml"], catalog) == result["plan"]
+    status, error = _http(server.url + "/v1/plans", {**task, "format": "yaml"})
+    assert status == 400 and error["error"]["param"] == "format"
+
+
 @pytest.mark.parametrize("case,status,code_or_type", [
     ("bad_json", 400, "invalid_request_error"),
     ("n2", 400, "invalid_request_error"),
