@@ -1,9 +1,10 @@
 """`planner_mcp` (`ros2 run flash_planner planner_mcp --node /flash_planner [--execute]`):
 the MCP server (server/mcp_server.py) over a running planner node, through this door: `plan`
 as a goal of the node's `~/plan` action, `execute` as one of its `~/execute` action, each
-waited for and its result as a dict; `skills` from the catalog file the node was given. The
-node's queue, gate, limits and approvals decide what runs; this client only asks (the MCP
-server never reaches a skill's server itself).
+waited for and its result as a dict (a plan that failed is the tool's error); `skills` from
+the catalog the node publishes on `~/skills` (skills_topic.py). The node's queue, gate,
+limits and approvals decide what runs; this client only asks (the MCP server never reaches
+a skill's server itself).
 
 `execute` is a coroutine on the MCP server's event loop: a host's cancel or timeout of the
 call cancels the ExecutePlan goal on the node (whose running step's goal is then cancelled
@@ -18,10 +19,12 @@ import json
 import math
 import sys
 import threading
+import time
 from typing import Any
 
 from ..server.mcp_server import DoorError
 from .messages import to_fields
+from .skills_topic import catalog_of, latched_qos
 
 # how long the node's actions may take to appear, and one goal's result at most
 SERVER_WAIT_S = 10.0
@@ -30,12 +33,17 @@ RESULT_WAIT_S = 3600.0
 EXECUTE_WAIT_S = 600.0
 # how long the node may take to accept a cancel (and, after a timeout, to end the run)
 CANCEL_WAIT_S = 10.0
+# the door's spin loop ends within one of its 0.1 s waits; this bounds close()'s join
+SPIN_STOP_S = 5.0
 
 
 class RosDoor:
     """An rclpy node of its own, spun in a thread, with ActionClients of NODE/plan and
-    NODE/execute; `skills_file`: the catalog the node plans with (for `skills`);
-    `execute_timeout_s`: how long `execute` waits for a run before cancelling it."""
+    NODE/execute and a subscription of NODE/skills; `skills_file`: a catalog for `skills`
+    while the node publishes none (a node older than ~/skills); `execute_timeout_s`: how
+    long `execute` waits for a run before cancelling it."""
+
+    METRICS_MIME = "application/json"    # the node's /diagnostics entries
 
     def __init__(self, node_name: str, skills_file: str | None = None, context=None,
                  execute_timeout_s: float = EXECUTE_WAIT_S):
@@ -48,13 +56,13 @@ class RosDoor:
         from diagnostic_msgs.msg import DiagnosticArray
         from rclpy.action import ActionClient
         from rclpy.executors import SingleThreadedExecutor
+        from std_msgs.msg import String
 
         from flash_planner_interfaces.action import ExecutePlan, Plan
 
-        from ..planning.presets import default_skills_path
         from ..planning.skills import SkillCatalog
 
-        self.catalog = SkillCatalog.from_yaml(skills_file or default_skills_path())
+        self._fallback = SkillCatalog.from_yaml(skills_file) if skills_file else None
         self._plan_action, self._action = Plan, ExecutePlan
         self._context = context or rclpy.Context()
         if context is None:
@@ -68,12 +76,32 @@ class RosDoor:
         self._node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics,
                                        10)
         self._client = ActionClient(self._node, ExecutePlan, self.target)
+        self._catalog: SkillCatalog | None = None    # the node's, as it loaded it
+        self._catalog_seen = threading.Event()
+        self._started = time.monotonic()
+        self._node.create_subscription(String, base + "/skills", self._on_skills,
+                                       latched_qos())
+        # goals waited for: close() wakes them, so no thread waits on a node gone away
+        self._waiting: set[threading.Event] = set()
+        self._closing = False
         self._executor = SingleThreadedExecutor(context=self._context)
         self._executor.add_node(self._node)
-        self._spin = threading.Thread(target=self._executor.spin, daemon=True,
+        self._spin = threading.Thread(target=self._spin_until_closed, daemon=True,
                                       name="mcp-door-spin")
         self._spin.start()
         self._owns_context = context is None
+
+    def _spin_until_closed(self) -> None:
+        # our own loop, not executor.spin(): close() ends it and joins the thread before
+        # the executor and the node are destroyed (destroyed under a spin, the process was
+        # seen to abort at exit: "terminate called without an active exception", 134)
+        from rclpy.executors import ExternalShutdownException
+
+        while not self._closing and self._context.ok():
+            try:
+                self._executor.spin_once(timeout_sec=0.1)
+            except ExternalShutdownException:      # the context was shut down under us
+                return
 
     def _result(self, client, name: str, goal):
         """Send `goal`, wait for its result (ValueError naming why there is none)."""
@@ -82,6 +110,7 @@ class RosDoor:
                              "active?)")
         done = threading.Event()
         box: dict[str, Any] = {}
+        self._waiting.add(done)
 
         def accepted(future) -> None:
             handle = future.result()
@@ -93,8 +122,13 @@ class RosDoor:
                 lambda f: (box.update(result=f.result().result), done.set()))
 
         client.send_goal_async(goal).add_done_callback(accepted)
-        if not done.wait(RESULT_WAIT_S):
-            raise ValueError(f"{name} gave no result within {RESULT_WAIT_S:.0f} s")
+        try:
+            if not done.wait(RESULT_WAIT_S):
+                raise ValueError(f"{name} gave no result within {RESULT_WAIT_S:.0f} s")
+        finally:
+            self._waiting.discard(done)
+        if self._closing and not box:
+            raise ValueError("the MCP server is shutting down")
         if box.get("refused"):
             raise ValueError(f"{name} refused the goal (busy, or the node is not serving)")
         return box["result"]
@@ -114,10 +148,26 @@ class RosDoor:
         return {"success": r.success, "plan": plan,
                 "error": r.error, "telemetry": telemetry}
 
+    def _on_skills(self, msg) -> None:
+        try:
+            self._catalog = catalog_of(msg.data)
+        except ValueError as exc:
+            self._node.get_logger().error(f"{self.node_name}/skills not read: {exc}")
+            return
+        self._catalog_seen.set()
+
     def skills(self, scene: list[str]) -> list[dict[str, Any]]:
+        """The node's catalog as OpenAI tools (`--skills` while the node publishes none)."""
         from ..planning.skill_tools import skill_tools
 
-        return skill_tools(self.catalog, scene)
+        # a latched message arrives once the node is discovered: waited for only that long
+        self._catalog_seen.wait(max(0.0, self._started + SERVER_WAIT_S - time.monotonic()))
+        if self._catalog is not None:
+            return skill_tools(self._catalog, scene)
+        if self._fallback is not None:
+            return skill_tools(self._fallback, scene)
+        raise ValueError(f"no catalog on {self.node_name}/skills (is the node running and "
+                         "configured?)")
 
     def _on_diagnostics(self, array) -> None:
         own = self.node_name.strip("/").split("/")[-1]
@@ -207,6 +257,11 @@ class RosDoor:
         return result
 
     def close(self) -> None:
+        self._closing = True
+        for done in list(self._waiting):
+            done.set()
+        self._catalog_seen.set()
+        self._spin.join(SPIN_STOP_S)
         self._executor.shutdown()
         self._planner.destroy()
         self._client.destroy()
@@ -252,14 +307,17 @@ def _failure(r) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..server.mcp_server import add_transport_args, serve
+    """Exits 0 when the host closes stdio or on SIGINT/SIGTERM (`ros2 launch`'s stop), 2 with
+    one line on a bad option."""
+    from ..server.mcp_server import add_transport_args, check_port, serve
 
     parser = argparse.ArgumentParser(prog="planner_mcp", description="An MCP server over a "
                                      "running flash_planner node: plan, skills (and execute)")
     parser.add_argument("--node", default="/flash_planner", help="the planner node "
                         "(default: %(default)s)")
-    parser.add_argument("--skills", metavar="YAML", help="the catalog the node plans with "
-                        "(default: the package's), for the skills tool")
+    parser.add_argument("--skills", metavar="YAML", help="the skills tool's catalog while "
+                        "the node publishes none on ~/skills (a node older than ~/skills); "
+                        "the node's own, once published, always wins")
     parser.add_argument("--execute", action="store_true", help="an execute tool that runs "
                         "plans through the node's ~/execute (its safety gate)")
     parser.add_argument("--execute-timeout", type=float, default=EXECUTE_WAIT_S,
@@ -268,17 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     add_transport_args(parser)
     args = parser.parse_args(argv)
     try:
+        check_port(args.port)
         door = RosDoor(args.node, args.skills, execute_timeout_s=args.execute_timeout)
-    except (ValueError, OSError) as exc:       # a catalog that does not load
+    except (ValueError, OSError) as exc:       # a bad port, a catalog that does not load
         print(f"planner_mcp: error: {exc}", file=sys.stderr)
         return 2
-    try:
-        serve(door, args.transport, args.host, args.port, door if args.execute else None)
-    except ValueError as exc:
-        print(f"planner_mcp: error: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        door.close()
+    serve(door, args.transport, args.host, args.port, door if args.execute else None)
     return 0
 
 

@@ -1,10 +1,11 @@
 """Entry point of ``planner_node``: the ``flash_planner`` lifecycle node.
 
 Created: parameters, ``~/task``, ``~/plan`` (topic and action), ``~/telemetry``,
-``~/execute`` (action), ``~/approve`` and ``~/cancel_execution`` (services), ``~/dry_run``,
-``~/execution``, /diagnostics and the image topic's subscription (``planner.image_topic``),
-which exist in every lifecycle state (a request while not active is refused with the reason;
-a failed model load reads as ERROR on /diagnostics). configure: parameters -> configs, load
+``~/skills`` (the catalog loaded, latched), ``~/execute`` (action), ``~/approve`` and
+``~/cancel_execution`` (services), ``~/dry_run``, ``~/execution``, /diagnostics and the image
+topic's subscription (``planner.image_topic``), which exist in every lifecycle state (a
+request while not active is refused with the reason; a failed model load reads as ERROR on
+/diagnostics). configure: parameters -> configs, load
 the engine and skill catalog (its bindings checked against the installed interfaces, a client
 made for each, their servers looked up on the graph every execution.check_period_s), build
 the planner service, warm up.
@@ -81,6 +82,7 @@ def planner_node_class():
     )
     from .execute_server import ExecuteActionServer, ExecutionSetup
     from .locations import LocationTopic
+    from .skills_topic import SkillsTopic
     from .step_clients import RosStepRunner
     from .topics import PlanTopics
 
@@ -117,6 +119,7 @@ def planner_node_class():
                 self, self._execution_setup, f"{self.get_fully_qualified_name()}/execute",
                 values["planner.feedback_period_ms"] / 1000.0)
             self._locations = LocationTopic(self, self._set_locations)
+            self._skills = SkillsTopic(self)
             self._runner = self._server_check = None
             self._execution = ExecutionConfig()
             self._autostart_timer = None
@@ -166,6 +169,7 @@ def planner_node_class():
             # its bindings against the installed interfaces, then their field types (the gate
             # finds poses by them)
             catalog = typed(catalog, check_types(catalog))
+            self._skills.publish(catalog)
             self._planner = PlannerService.load(engine_config, catalog, planner_config,
                                                 progress=self.get_logger().info)
             if self._locations.latest is not None:    # sent on ~/locations before the load
@@ -322,6 +326,7 @@ def planner_node_class():
             self._execute.close()
             self._action.close()
             self._topics.close()
+            self._skills.close()
             if self._camera is not None:
                 self._camera.close()
             self._diagnostics.close()

@@ -1,22 +1,30 @@
-"""`flash-planner mcp --ros-node` (ros/mcp_door.py): the MCP server's tools reach a running
-planner node through its own actions. `plan` is a goal of ~/plan (the node's queue and
-grammar) and comes back as /v1/plans answers; `execute` is offered only when asked for and
-goes through ~/execute, whose gate refuses what the catalog does not bind (the tool's
-error). A host's cancel or timeout of `execute`, or `--execute-timeout`, cancels the run on
-the node: the skill server counts the cancel of the running step's goal."""
+"""`planner_mcp` (ros/mcp_door.py): the MCP server's tools reach a running planner node
+through its own actions. `plan` is a goal of ~/plan (the node's queue and grammar) and comes
+back as /v1/plans answers, a refused request as the tool's error; `skills` is the catalog
+the node loaded (its latched ~/skills), whatever `--skills` names; the resources are JSON
+under application/json. `execute` is offered only when asked for and goes through ~/execute,
+whose gate refuses what the catalog does not bind (the tool's error). A host's cancel or
+timeout of `execute`, or `--execute-timeout`, cancels the run on the node: the skill server
+counts the cancel of the running step's goal. SIGINT and SIGTERM end `planner_mcp` with
+exit 0 and no traceback, over stdio and HTTP."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
+from pathlib import Path
 
 import pytest
 import test_node_execute
 from live import NODE, requires_ros, wait_for
+from mcp_stop import Server, assert_clean_exit, stop_with_a_session_open
+from served import free_port
 from test_node_execute import PLAN
 
 from flash_planner.planning.parse import validate_plan
 from flash_planner.planning.presets import default_skills_path
+from flash_planner.planning.skill_tools import skill_tools
 from flash_planner.planning.skills import SkillCatalog
 
 pytestmark = requires_ros
@@ -88,6 +96,85 @@ def test_planner_mcp_over_stdio_plans_through_the_node(harness):
     plan = json.loads(planned.content[0].text)
     assert plan["success"], plan
     validate_plan({"plan": plan["plan"]}, SkillCatalog.from_yaml(default_skills_path()))
+
+
+MOBILE = Path(__file__).resolve().parents[2] / "config" / "catalogs" / "mobile_manipulator.yaml"
+
+
+def test_refusals_are_tool_errors_and_the_resources_json(harness, ros_context):
+    from mcp import Client
+
+    from flash_planner.ros.mcp_door import RosDoor
+    from flash_planner.server.mcp_server import build_server
+
+    harness().bring_up()
+    door = RosDoor(NODE, context=ros_context)
+
+    async def run():
+        async with Client(build_server(door), mode="legacy") as client:
+            bad = await client.call_tool("plan", {"task": "   "})
+            # the node's first /diagnostics status, which both resources report
+            assert await asyncio.to_thread(
+                wait_for, lambda: json.loads(door.health())["diagnostics"])
+            return bad, [(await client.read_resource(f"flash-planner://{name}")).contents[0]
+                         for name in ("health", "metrics")]
+
+    try:
+        bad, (health, metrics) = asyncio.run(asyncio.wait_for(run(), 300))
+    finally:
+        door.close()
+    assert bad.is_error and "task is empty" in _text(bad), bad
+    assert health.mime_type == metrics.mime_type == "application/json"
+    assert json.loads(health.text)["status"] == "ok", health.text
+    assert any(name.startswith(NODE) for name in json.loads(metrics.text)), metrics.text
+
+
+def test_skills_are_the_catalog_the_node_loaded_not_the_file_given(harness, ros_context):
+    """The node plans with the example catalog; `--skills` names the default one, which the
+    node's ~/skills overrides: the tools, scene grounding included, are the node's."""
+    from flash_planner.ros.mcp_door import RosDoor
+
+    harness(**{"planner.skills_file": str(MOBILE)}).bring_up()
+    door = RosDoor(NODE, str(default_skills_path()), context=ros_context)
+    scene = ["blue mug|mug", "kitchen sink|sink"]
+    try:
+        node_catalog = SkillCatalog.from_yaml(MOBILE)
+        assert door.skills([]) == skill_tools(node_catalog)
+        assert door.skills(scene) == skill_tools(node_catalog, scene)
+    finally:
+        door.close()
+    assert set(node_catalog.names) != set(SkillCatalog.from_yaml(default_skills_path()).names)
+
+
+def test_without_a_node_skills_is_the_tools_error_or_the_file_given(ros_context,
+                                                                  monkeypatch):
+    from flash_planner.ros import mcp_door
+
+    monkeypatch.setattr(mcp_door, "SERVER_WAIT_S", 0.0)   # no node at all: nothing to wait on
+    alone = mcp_door.RosDoor("/nobody", context=ros_context)
+    given = mcp_door.RosDoor("/nobody", str(MOBILE), context=ros_context)
+    try:
+        with pytest.raises(ValueError, match="no catalog on /nobody/skills"):
+            alone.skills([])
+        assert given.skills([]) == skill_tools(SkillCatalog.from_yaml(MOBILE))
+    finally:
+        alone.close()
+        given.close()
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_planner_mcp_ends_on_a_signal_with_exit_0_and_no_traceback(harness, transport, sig):
+    """As `ros2 launch ... mcp:=true` stops it (SIGINT twice: the terminal's, then
+    launch's), or SIGTERM, with a session open that read the node's skills."""
+    harness().bring_up()
+    server = Server("flash_planner.ros.mcp_door", ["--node", f"/{NODE}"], transport,
+                    free_port())
+    reply, code = stop_with_a_session_open(server, "skills", {}, sig)
+    assert_clean_exit(server, code)
+    text = reply["result"]["content"][0]["text"] if transport == "stdio" else _text(reply)
+    names = {t["function"]["name"] for t in json.loads(text)["tools"]}
+    assert names == set(SkillCatalog.from_yaml(default_skills_path()).names)
 
 
 def _call(app, tool: str, arguments: dict, **kwargs):

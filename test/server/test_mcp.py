@@ -1,7 +1,10 @@
 """`flash-planner mcp` (server/mcp_server.py) with the MCP SDK's own client, over stdio and over
-streamable HTTP, on the demo planner served in this process: the tools are listed, `plan`
-returns a valid plan for a task the demo plans, `skills` the catalog as OpenAI tools, the
-health resource reads; a bad request is the tool's error naming it, and the session goes on.
+streamable HTTP: with `--url`, on the demo planner served in this process; with `--model
+demo`, the planner loaded in its own process and nothing else started. The tools are listed,
+`plan` returns a valid plan for a task the demo plans, `skills` the catalog as OpenAI tools,
+the resources read with their MIME types; a bad request (or a plan that failed) is the
+tool's error naming it, and the session goes on. A `--url` nothing answers exits 2 with one
+line; SIGINT and SIGTERM end the server with exit 0 and no traceback.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +20,7 @@ import time
 from contextlib import closing
 
 import pytest
+from mcp_stop import Server, assert_clean_exit, stop_with_a_session_open
 from served import InProcess, free_port
 
 from flash_planner.planning.parse import validate_plan
@@ -41,10 +46,11 @@ async def _exchange(session) -> dict:
     planned = await session.call_tool("plan", {"task": TASK})
     skills = await session.call_tool("skills", {})
     health = await session.read_resource("flash-planner://health")
+    metrics = await session.read_resource("flash-planner://metrics")
     bad = await session.call_tool("plan", {"task": "   "})
     again = await session.call_tool("plan", {"task": TASK})
     return {"tools": tools, "plan": planned, "skills": skills, "health": health, "bad": bad,
-            "again": again}
+            "again": again, "metrics": metrics}
 
 
 def _json(result) -> dict:
@@ -52,7 +58,7 @@ def _json(result) -> dict:
     return json.loads(result.content[0].text)
 
 
-def _check(seen: dict) -> None:
+def _check(seen: dict, metrics_mime: str = "text/plain") -> None:
     assert seen["tools"] == {"plan", "skills"}          # no execute without --execute-node
     plan = _json(seen["plan"])
     assert plan["success"], plan
@@ -61,8 +67,13 @@ def _check(seen: dict) -> None:
     assert plan["telemetry"]["new_tokens"] > 0
     tools = _json(seen["skills"])["tools"]
     assert {t["function"]["name"] for t in tools} == set(catalog.names)
-    assert json.loads(seen["health"].contents[0].text)["status"] == "ok"
-    assert seen["bad"].is_error and "task" in seen["bad"].content[0].text, seen["bad"]
+    health, metrics = seen["health"].contents[0], seen["metrics"].contents[0]
+    assert (health.mime_type, json.loads(health.text)["status"]) == ("application/json", "ok")
+    assert metrics.mime_type == metrics_mime and metrics.text
+    if metrics_mime == "application/json":
+        assert json.loads(metrics.text)["requests"]["ok"] >= 1, metrics.text
+    assert seen["bad"].is_error, seen["bad"]
+    assert "invalid request: task is empty" in seen["bad"].content[0].text, seen["bad"]
     assert _json(seen["again"])["plan"] == plan["plan"]
 
 
@@ -80,6 +91,88 @@ def test_a_host_over_stdio_lists_the_tools_and_gets_a_valid_plan(planner):
                 return await _exchange(session)
 
     _check(asyncio.run(asyncio.wait_for(run(), TIMEOUT)))
+
+
+def test_with_a_model_it_plans_in_its_own_process_with_nothing_else_started():
+    """What a host's configuration starts: `flash-planner mcp --model demo` over stdio, no
+    server beside it; the host's first calls wait for the model to load."""
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    params = StdioServerParameters(command=sys.executable,
+                                   args=["-m", "flash_planner.cli", "mcp", "--model", "demo"],
+                                   env=dict(os.environ))
+
+    async def run() -> dict:
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as session:
+                return await _exchange(session)
+
+    _check(asyncio.run(asyncio.wait_for(run(), TIMEOUT)), "application/json")
+
+
+def test_a_url_nothing_answers_exits_2_with_one_line_naming_it():
+    url = f"http://127.0.0.1:{free_port()}"
+    for args in (["--url", url], ["--url", url, "--transport", "http"]):
+        done = subprocess.run([sys.executable, "-m", "flash_planner.cli", "mcp", *args],
+                              capture_output=True, text=True, timeout=TIMEOUT,
+                              stdin=subprocess.DEVNULL)
+        assert (done.returncode, done.stdout) == (2, ""), done
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and url in lines[0] and "cannot be reached" in lines[0], lines
+
+
+def test_model_and_url_are_one_or_the_other(capsys):
+    from flash_planner.cli import EXIT_USAGE, main
+
+    assert main(["mcp", "--model", "demo", "--url", "http://127.0.0.1:1"]) == EXIT_USAGE
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_ends_it_with_exit_0_and_no_traceback(transport, sig):
+    """With a session open and the model loaded (a plan made): SIGINT twice, as Ctrl-C
+    under `ros2 launch` delivers it, or SIGTERM."""
+    server = Server("flash_planner.cli", ["mcp", "--model", "demo"], transport, free_port())
+    reply, code = stop_with_a_session_open(server, "plan", {"task": TASK}, sig)
+    assert_clean_exit(server, code)
+    planned = (json.loads(reply["result"]["content"][0]["text"]) if transport == "stdio"
+               else _json(reply))
+    assert planned["success"], planned
+
+
+class _Failing:
+    """A door whose planner answers with a failed plan, as /v1/plans and ~/plan can."""
+
+    METRICS_MIME = "text/plain"
+
+    def plan(self, request):
+        return {"success": False, "error": "the planner refused the task: no skill flies",
+                "telemetry": {"new_tokens": 9}}
+
+
+def test_a_plan_that_failed_is_the_tools_error_never_a_result():
+    from mcp import Client
+
+    from flash_planner.server.mcp_server import build_server
+
+    async def run():
+        async with Client(build_server(_Failing()), mode="legacy") as client:
+            return await client.call_tool("plan", {"task": "fly to the moon"})
+
+    result = asyncio.run(asyncio.wait_for(run(), TIMEOUT))
+    assert result.is_error, result
+    assert "the planner refused the task: no skill flies" in result.content[0].text
+
+
+def test_health_is_json_when_the_planner_cannot_be_reached():
+    from flash_planner.server.mcp_server import HttpDoor
+
+    url = f"http://127.0.0.1:{free_port()}"
+    health = json.loads(HttpDoor(url, timeout=5).health())
+    assert health["status"] == "error" and health["url"] == url, health
+    assert "cannot be reached" in health["error"], health
 
 
 def test_a_host_over_streamable_http_gets_the_same(planner):
