@@ -4,6 +4,7 @@
     flash-planner generate --model PRESET|DIR|REPO (--prompt TEXT | --prompt-ids 1,2,3)
     flash-planner fetch PRESET|REPO[@REVISION] ...   (download into the Hugging Face cache)
     flash-planner serve [--model PRESET|DIR|REPO] [--host 127.0.0.1] [--port 8000]
+    flash-planner mcp [--model PRESET|DIR|REPO | --url URL] [--transport stdio|http]
     flash-planner build-engines --model PRESET|DIR|REPO [--backend onnxruntime|tensorrt]
     flash-planner smoke    (writes a tiny random checkpoint and generates from it)
 
@@ -24,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .cli_parser import SAMPLING_FLAGS, UsageError, build_parser
+from .cli_parser import MCP_URL, SAMPLING_FLAGS, UsageError, build_parser
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -167,6 +168,7 @@ def _plan(args: argparse.Namespace) -> int:
                           max_new_tokens=args.max_new_tokens, enable_thinking=args.thinking,
                           reasoning_effort=args.reasoning_effort
                           ).checked(MAX_TASK_CHARS, MAX_CONTEXT_CHARS)
+    from .planning.bt import to_bt_xml
     from .planning.images import ImageSource
     from .planning.presets import default_skills_path
     from .planning.service import PlannerConfig, PlannerService
@@ -181,6 +183,7 @@ def _plan(args: argparse.Namespace) -> int:
     request = replace(request, sampling=_sampling(args, engine, preset.sampling), images=images)
     service = PlannerService(engine, catalog, PlannerConfig(
         constrain=not args.no_constrain, refusal_hint=preset.refusal_hint,
+        recovery=preset.recovery,
         reasoning_effort=preset.reasoning_effort,
         **_backend(args, preset), **_spec_settings(args, preset)))
 
@@ -200,9 +203,14 @@ def _plan(args: argparse.Namespace) -> int:
     finally:
         service.stop()
     goals, refusal = _goals(catalog, result) if args.goals else (None, "")
+    tree = (to_bt_xml(result.plan, catalog) if args.format == "bt" and result.success
+            else None)
     if args.json:
         print(json.dumps({**result.as_dict(), **({} if goals is None else {"goals": goals}),
-                          **({"gate_error": refusal} if refusal else {})}))
+                          **({"gate_error": refusal} if refusal else {}),
+                          **({} if tree is None else {"bt_xml": tree})}))
+    elif tree is not None:
+        print(tree, end="")
     elif result.success and not args.stream:  # valid JSON, one step per line
         # a person reads this: names as written (still valid JSON)
         steps = ",\n".join(f"  {json.dumps(step, ensure_ascii=False)}" for step in result.plan)
@@ -230,6 +238,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _goals(catalog, result) -> tuple[list[dict] | None, str]:
     """`--goals`: each bound step's goal as the safety gate fills and checks it (a plan-only
     step has none), or the gate's refusal; nothing is sent (planning/gate.py)."""
+    from .planning import plan_tree
     from .planning.gate import GateError, gate
 
     if not result.success:
@@ -239,12 +248,27 @@ def _goals(catalog, result) -> tuple[list[dict] | None, str]:
     except GateError as exc:
         return None, str(exc)
     out = []
-    for i, (step, goal) in enumerate(zip(result.plan, filled)):
+    for leaf in plan_tree.leaves(plan_tree.tree_of(result.plan)):
+        step, goal = leaf.step, filled[leaf.index]
         b = catalog.bindings.get(step["skill"])
-        out.append({"index": i, "skill": step["skill"],
+        out.append({"index": leaf.index, "path": plan_tree.label(leaf.path),
+                    "skill": step["skill"],
                     **({} if b is None else {b.kind: b.type, "server": b.server}),
                     "goal": goal})
     return out, ""
+
+
+def _catalog(args: argparse.Namespace) -> int:
+    """`flash-planner catalog`: the skill catalog as BehaviorTree.CPP sees it (its
+    TreeNodesModel for Groot2 and a BT.CPP factory, or the XSD BT XML trees are read
+    against), after the checks a catalog passes at load."""
+    from .planning.bt import catalog_xsd, tree_nodes_model
+    from .planning.presets import default_skills_path
+    from .planning.skills import SkillCatalog
+
+    catalog = SkillCatalog.from_yaml(args.skills or default_skills_path())
+    print(catalog_xsd(catalog) if args.xsd else tree_nodes_model(catalog), end="")
+    return EXIT_OK
 
 
 SERVE_MODULES = ("fastapi", "uvicorn", "prometheus_client")
@@ -288,6 +312,7 @@ def _serve(args: argparse.Namespace) -> int:
         engine, _ = _load_engine(args, args.model)
         service = PlannerService(engine, catalog, PlannerConfig(
             queue_depth=args.queue_depth, refusal_hint=preset.refusal_hint,
+            recovery=preset.recovery,
             images=ImageLimits(allow_urls=args.allow_image_urls),
             sampling=preset.sampling, reasoning_effort=preset.reasoning_effort,
             **_spec_settings(args, preset)))
@@ -305,19 +330,62 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _mcp(args: argparse.Namespace) -> int:
-    """`flash-planner mcp`: the MCP server over a running `serve` (over a running node:
-    `planner_mcp`, ros/mcp_door.py)."""
+    """`flash-planner mcp`: the MCP server on the planner loaded in this process (--model)
+    or on a running `serve` (--url, checked first: exit 2 with one line if it does not
+    answer); over a running node: `planner_mcp`, ros/mcp_door.py. Over stdio, stdout is the
+    host's channel: every other line goes to stderr."""
     import importlib.util
     import os
 
     if importlib.util.find_spec("mcp") is None:
         raise UsageError("mcp needs the MCP SDK, which is not installed: pip install "
                          "'flash_planner[mcp]' (from a checkout: pip install -e '.[mcp]')")
-    from .server.mcp_server import HttpDoor, serve
+    from .server.mcp_server import DoorError, HttpDoor, ServiceDoor, check_port, serve
 
-    serve(HttpDoor(args.url, args.api_key or os.environ.get("FLASH_PLANNER_API_KEY")),
-          args.transport, args.host, args.port)
+    check_port(args.port)
+    if args.model is None:
+        door = HttpDoor(args.url or MCP_URL,
+                        args.api_key or os.environ.get("FLASH_PLANNER_API_KEY"))
+        try:
+            door.check()
+        except DoorError as exc:
+            raise UsageError(f"mcp: {exc} (start `flash-planner serve` there first, or "
+                             "host the planner in this process: --model PRESET)") from None
+    else:
+        door = ServiceDoor(_mcp_planner(args), args.model, _progress_to_stderr)
+    serve(door, args.transport, args.host, args.port)
     return EXIT_OK
+
+
+def _mcp_planner(args: argparse.Namespace):
+    """`mcp --model`'s load: the preset and catalog checked now (a bad one exits 2 before
+    the server starts), the engine loaded and warmed up later, in the door's thread, as
+    `serve` does it."""
+    from .planning.presets import default_skills_path, resolve_model
+    from .planning.skills import SkillCatalog
+
+    preset = resolve_model(args.model)
+    catalog = SkillCatalog.from_yaml(args.skills or default_skills_path())
+
+    def load():
+        # imported here, in the load's thread: torch takes seconds the handshake never waits
+        from .planning.service import PlannerConfig, PlannerService
+
+        engine, _ = _load_engine(args, args.model)
+        service = PlannerService(engine, catalog, PlannerConfig(
+            refusal_hint=preset.refusal_hint, recovery=preset.recovery,
+            sampling=preset.sampling,
+            reasoning_effort=preset.reasoning_effort, **_spec_settings(args, preset)))
+        service.start()
+        try:
+            service.warm_up()
+        except Exception:   # every call then says why; no idle worker is left
+            service.stop(reason="the model failed its warm-up")
+            raise
+        _progress_to_stderr(f"planner {args.model} ready")
+        return service
+
+    return load
 
 
 def _fetch(args: argparse.Namespace) -> int:
@@ -392,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(args)
         if args.command == "mcp":
             return _mcp(args)
+        if args.command == "catalog":
+            return _catalog(args)
         return _smoke(args)
     except UsageError as exc:
         print(f"flash-planner: {exc}", file=sys.stderr)

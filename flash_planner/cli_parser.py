@@ -52,6 +52,7 @@ def _add_download_arg(p: argparse.ArgumentParser) -> None:
                    "Hugging Face repo id that is not in the local cache (default: cache only)")
 
 
+MCP_URL = "http://127.0.0.1:8000"     # `flash-planner mcp` with neither --model nor --url
 MODEL_HELP = "model preset, checkpoint directory or Hugging Face repo id"
 DTYPE_HELP = "compute dtype (default: the preset's; auto = bf16 on CUDA, fp32 on CPU)"
 
@@ -171,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--goals", action="store_true", help="also print the goal each step "
                       "bound in the catalog would send (its action or service; nothing is sent), "
                       "or the safety gate's refusal of the whole plan (exit 1)")
+    plan.add_argument("--format", choices=["json", "bt"], default="json",
+                      help="how the plan is printed: JSON, or a BehaviorTree.CPP v4 XML tree "
+                      "with its skills' TreeNodesModel (with --json: both; default: "
+                      "%(default)s)")
     plan.add_argument("--backend", choices=["local", "remote", "remote_or_local"],
                       help="where the plan is made (default: the preset's, local)")
     plan.add_argument("--remote-url", metavar="URL", help="an OpenAI-compatible server's base "
@@ -238,17 +243,35 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a chat completion's default max_tokens (default: %(default)s)")
     _add_engine_args(serve)
 
-    mcp = sub.add_parser("mcp", help="an MCP server (stdio or streamable HTTP) on a running "
-                         "planner: tools plan, skills (and execute)")
-    mcp.add_argument("--url", default="http://127.0.0.1:8000", help="the `flash-planner "
-                     "serve` the tools call (default: %(default)s)")
-    mcp.add_argument("--api-key", help="its key (default: $FLASH_PLANNER_API_KEY)")
+    mcp = sub.add_parser("mcp", help="an MCP server (stdio or streamable HTTP) on the "
+                         "planner, loaded in this process (--model) or at a running serve "
+                         "(--url): tools plan, skills")
+    planner = mcp.add_mutually_exclusive_group()
+    planner.add_argument("--model", metavar="PRESET|DIR|REPO", help=f"{MODEL_HELP}: the "
+                         "planner loaded in this process (the options below as serve takes "
+                         "them)")
+    planner.add_argument("--url", help="a running `flash-planner serve` the tools call, "
+                         f"checked at start (the default without --model: {MCP_URL})")
+    mcp.add_argument("--api-key", help="the --url server's key (default: "
+                     "$FLASH_PLANNER_API_KEY)")
+    mcp.add_argument("--skills", metavar="YAML", help="skill catalog of a --model planner "
+                     "(default: config/skills.yaml)")
     from .server.mcp_server import add_transport_args
 
     add_transport_args(mcp)
+    _add_engine_args(mcp)
     # over a running ROS node instead: `planner_mcp` (ros/mcp_door.py; the cli never
     # imports the ROS layer)
 
+    catalog = sub.add_parser("catalog", help="the skill catalog as BehaviorTree.CPP sees it: "
+                             "its TreeNodesModel (Groot2's palette) or its XSD")
+    catalog.add_argument("--skills", metavar="YAML", help="skill catalog (default: "
+                         "config/skills.yaml)")
+    what = catalog.add_mutually_exclusive_group(required=True)
+    what.add_argument("--bt-model", action="store_true", help="the <TreeNodesModel>: each "
+                      "skill an Action with typed, described input ports")
+    what.add_argument("--xsd", action="store_true", help="the XML Schema BT XML trees given "
+                      "to ~/execute are read against (its ports exactly the skill's args)")
     build = sub.add_parser("build-engines", help="export (and build) every dense segment")
     build.add_argument("--model", required=True, metavar="PRESET|DIR|REPO",
                        help=MODEL_HELP)

@@ -171,6 +171,30 @@ def test_plan_stream_prints_each_step_as_a_json_line(capsys):
     assert "first step" in err
 
 
+def test_plan_format_bt_prints_the_plan_as_a_behaviortree_cpp_tree(capsys):
+    from flash_planner.planning.bt import from_bt_xml
+    from flash_planner.planning.presets import default_skills_path
+    from flash_planner.planning.skills import SkillCatalog
+
+    task = "bring the red cup from the kitchen table to the sink"
+    assert main(["plan", task, "--format", "bt"]) == 0
+    tree = capsys.readouterr().out
+    assert tree.startswith("<?xml") and "<TreeNodesModel>" in tree
+    assert main(["plan", task, "--json", "--format", "bt"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    catalog = SkillCatalog.from_yaml(default_skills_path())
+    assert answer["bt_xml"] == tree and from_bt_xml(tree, catalog) == answer["plan"]
+
+
+def test_catalog_writes_its_tree_nodes_model_and_its_xsd(capsys):
+    assert main(["catalog", "--bt-model"]) == 0
+    model = capsys.readouterr().out
+    assert '<Action ID="navigate_to">' in model and 'name="target"' in model
+    assert main(["catalog", "--xsd"]) == 0
+    assert "<xs:schema" in capsys.readouterr().out
+    assert main(["catalog"]) == 2
+
+
 def test_a_plan_a_person_reads_prints_names_as_written_and_stays_json(capsys):
     task = "open the kühlschrank"
     assert main(["plan", task]) == 0

@@ -63,6 +63,7 @@ PLAN = {
     "result": [
         ("bool", "success"),
         ("string", "plan_json"),
+        ("string", "bt_xml"),
         ("string", "error"),
         ("string", "raw_text"),
         ("PlanTelemetry", "telemetry"),  # same package: rosidl resolves the bare name
@@ -122,7 +123,8 @@ def test_plan_action_sections_and_fields():
     assert sections == PLAN
     for fields in sections.values():
         _check_rosidl_names(fields)
-    assert action_fields()["result"] == ["success", "plan_json", "error", "raw_text", "telemetry"]
+    assert action_fields()["result"] == ["success", "plan_json", "bt_xml", "error", "raw_text",
+                                         "telemetry"]
     assert "0 = the node's default" in ACTION.read_text()
 
 

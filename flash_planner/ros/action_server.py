@@ -133,7 +133,8 @@ class PlanActionServer:
             result = self._plan(goal_handle)
             getattr(goal_handle, convert.terminal_state(result.success,
                                                         goal_handle.is_cancel_requested))()
-            msg = convert.fill(self._type.Result(), convert.result_fields(result))
+            msg = convert.fill(self._type.Result(), convert.result_fields(result,
+                                                                          self._catalog()))
             msg.telemetry.stamp = self._node.get_clock().now().to_msg()
             return msg
         finally:
@@ -143,6 +144,13 @@ class PlanActionServer:
                 self._submitted.pop(request_id, None)
                 self._cancel_requests.discard(request_id)
                 self._idle.notify_all()
+
+    def _catalog(self):
+        """The catalog plans are made from now (None when the node is not serving)."""
+        try:
+            return self._service().catalog
+        except convert.NotServing:
+            return None
 
     def _plan(self, goal_handle) -> PlanResult:
         """Submit the goal and wait for its result (no polling: a wake-up costs the decoding

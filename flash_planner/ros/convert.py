@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..planning.bt import to_bt_xml
 from ..planning.request import PlanRequest, PlanResult, RequestError
 
 if TYPE_CHECKING:  # the service module pulls in the engine (torch); only its type is needed
@@ -116,11 +117,13 @@ def telemetry_fields(telemetry: dict[str, Any], finish_reason: str = "") -> dict
     return out
 
 
-def result_fields(result: PlanResult) -> dict[str, Any]:
-    """Plan result fields: success, plan_json, error, raw_text and nested telemetry."""
+def result_fields(result: PlanResult, catalog=None) -> dict[str, Any]:
+    """Plan result fields: success, plan_json, bt_xml (with the catalog the plan was made
+    from: the plan as a BehaviorTree.CPP tree), error, raw_text and nested telemetry."""
     return {
         "success": bool(result.success),
         "plan_json": json.dumps({"plan": result.plan}) if result.success else "",
+        "bt_xml": to_bt_xml(result.plan, catalog) if result.success and catalog else "",
         "error": "" if result.success else str(result.error),
         "raw_text": str(result.raw_text),
         "telemetry": telemetry_fields(result.telemetry, result.finish_reason),

@@ -97,9 +97,9 @@ class Robot:
     def send(self, task="", plan=None, **fields):
         """Send an execute goal; (goal handle, its feedback list)."""
         feedback: list = []
+        plan_json = fields.pop("plan_json", "" if plan is None else json.dumps(plan))
         goal = self.ExecutePlan.Goal(task=task, max_replans=fields.pop("max_replans", -1),
-                                     plan_json="" if plan is None else json.dumps(plan),
-                                     **fields)
+                                     plan_json=plan_json, **fields)
         handle = result_of(self.client.send_goal_async(
             goal, feedback_callback=lambda m: feedback.append(m.feedback)))
         assert handle.accepted
@@ -176,6 +176,32 @@ def test_a_plan_runs_end_to_end_with_each_goal_as_bound(robot):
     assert [m["distance_remaining"] for m in running] == [3.0, 2.0, 1.0]
     assert json.loads(result.plans_json) == [PLAN]
     assert {f.execution_id for f in feedback} == {feedback[0].execution_id}
+
+
+def test_a_tree_recovers_inside_itself_and_a_bt_xml_tree_runs_the_same(robot):
+    """A pick retried (its first goal aborted) and a fallback's second alternative taken:
+    a succeeded run, every leaf named by its path; the same tree sent as BT XML runs the
+    same goals."""
+    from flash_planner.planning.bt import to_bt_xml
+    from flash_planner.planning.presets import default_skills_path
+    from flash_planner.planning.skills import SkillCatalog
+
+    tree = [PLAN[0], {"retry": 2, "plan": [PLAN[1]]},
+            {"fallback": [[PLAN[2]], [{"skill": "say", "args": {"text": "no sink"}}]]}]
+    r = robot()
+    for plan_json in (json.dumps(tree),
+                      to_bt_xml(tree, SkillCatalog.from_yaml(default_skills_path()))):
+        picks, said = len(r.servers.manip.goals), len(r.servers.speech.goals)
+        r.servers.manip.script = ["abort"]
+        r.servers.nav.script = ["succeed", "abort"]
+        status, result, feedback = r.execute(plan_json=plan_json)
+        assert status == _succeeded(), result.error
+        assert (result.success, result.steps_done, result.replans) == (True, 3, 0)
+        assert len(r.servers.manip.goals) - picks == 2
+        assert len(r.servers.speech.goals) - said == 1
+        assert r.servers.speech.goals[-1]["text"] == "no sink"
+        sent = [(f.step_index, f.step_path) for f in feedback if f.state == "sent"]
+        assert sent == [(0, "0"), (1, "1.0"), (1, "1.0"), (2, "2.0.0"), (3, "2.1.0")]
 
 
 def test_a_task_is_planned_by_the_model_then_run(robot):

@@ -78,6 +78,12 @@ def test_goal_streams_feedback_and_succeeds_with_the_plan(harness, period_ms):
     assert response.status == GoalStatus.STATUS_SUCCEEDED, result.error
     assert result.success and result.error == ""
     steps = json.loads(result.plan_json)["plan"]
+    # the same plan as a BehaviorTree.CPP tree, from the catalog the node planned with
+    from flash_planner.planning.bt import from_bt_xml
+    from flash_planner.planning.presets import default_skills_path
+    from flash_planner.planning.skills import SkillCatalog
+
+    assert from_bt_xml(result.bt_xml, SkillCatalog.from_yaml(default_skills_path())) == steps
     assert steps and {step["skill"] for step in steps} <= _skills()
     # Feedback arrived while decoding: many messages, growing, adding up to the text (read
     # from the topic: the client's callback may miss the last, `Harness.feedback_of`).
