@@ -5,6 +5,7 @@
     flash-planner fetch PRESET|REPO[@REVISION] ...   (download into the Hugging Face cache)
     flash-planner serve [--model PRESET|DIR|REPO] [--host 127.0.0.1] [--port 8000]
     flash-planner mcp [--model PRESET|DIR|REPO | --url URL] [--transport stdio|http]
+    flash-planner catalog [--skills YAML] (--bt-model | --xsd)   (the catalog for BT.CPP)
     flash-planner build-engines --model PRESET|DIR|REPO [--backend onnxruntime|tensorrt]
     flash-planner smoke    (writes a tiny random checkpoint and generates from it)
 

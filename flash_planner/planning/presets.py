@@ -78,7 +78,7 @@ class ModelPreset:
     mtp_steps: int = 3
     relaxed_thinking: bool = False
     refusal_hint: bool = True      # tell the model the refusal shape (PlannerConfig)
-    recovery: bool = True          # plans may retry and fall back (PlannerConfig.recovery)
+    recovery: bool = False         # plans may retry and fall back (PlannerConfig.recovery)
     compile: str = "auto"          # off | on | auto (EngineConfig.compile: on CUDA by default)
     threads: int = 0               # torch CPU threads; 0 = auto (EngineConfig.threads)
     max_batch: int = 0             # requests decoded at once; 0 = auto (EngineConfig.max_batch)

@@ -122,7 +122,10 @@ def _value(raw: str, schema: Mapping[str, Any] | None) -> Any:
     if text == "null" and (admitted is None or "null" in admitted):
         return None
     if admitted is not None and "string" in admitted:
-        return text
+        # an enum's value is written as it is, blanks included ("  " is a value)
+        values = schema.get("enum", [schema.get("const")]) if isinstance(schema, Mapping) \
+            else ()
+        return next((v for v in (raw, raw.strip("\n")) if v in values), text)
     try:
         value = json.loads(text)
     except ValueError:
