@@ -253,6 +253,8 @@ class Execution:
             out.plans.append(steps)
             if self.cancelled.is_set():
                 return out.fail(-1, "", "canceled", "the execution was cancelled")
+            tree = plan_tree.tree_of(steps)     # validated: the planner's or steps_of's
+            leaves = plan_tree.leaves(tree)
             c = self.catalog
             try:
                 goals, away = check_plan(steps, c.bindings, c.locations, c.workspace,
@@ -263,15 +265,15 @@ class Execution:
                 out.fail(index, exc.skill, "gate", outcome.reason)
             else:
                 if self.config.dry_run:
-                    self._dry_run(plan_index, steps, goals, away)
+                    self._dry_run(plan_index, leaves, goals, away)
                     return out.succeed()
-                failed = self._run_plan(plan_index, steps, goals, out, done)
+                failed = self._run_plan(plan_index, tree, goals, out, done)
                 if failed is None:
                     return out.succeed()
                 index, outcome = failed
-                leaf = plan_tree.leaves(plan_tree.tree_of(steps))[index]
-                skill, node = leaf.step["skill"], _node(leaf.path)
-                out.fail(index, skill, outcome.state, f"step {index}{node} ({skill}) "
+                skill = leaves[index].step["skill"]
+                out.fail(index, skill, outcome.state, f"step {index}"
+                         f"{plan_tree.at_node(leaves[index].path)} ({skill}) "
                          f"{outcome.state}: {outcome.reason}")
             if not outcome.replannable or out.replans >= self.config.max_replans \
                     or self.cancelled.is_set() or not task:
@@ -279,15 +281,15 @@ class Execution:
                     out.error += " (a plan given as is, without a task, is not replanned)"
                 return out
             out.replans += 1
-            progress = progress_section(
-                done, plan_tree.leaves(plan_tree.tree_of(steps))[index].step,
-                f"{outcome.state}: {outcome.reason}")
+            progress = progress_section(done, leaves[index].step, f"{outcome.state}: "
+                                        f"{outcome.reason}")
             steps = None
 
-    def _dry_run(self, plan_index: int, steps, goals, away: dict[int, str]) -> None:
+    def _dry_run(self, plan_index: int, leaves: list[plan_tree.Leaf], goals,
+                  away: dict[int, str]) -> None:
         """Each goal as it would be sent, and which servers are away now (a dry run does
         not refuse them: it says so); every step of a tree, in written order."""
-        for leaf in plan_tree.leaves(plan_tree.tree_of(steps)):
+        for leaf in leaves:
             i, step, goal = leaf.index, leaf.step, goals[leaf.index]
             binding = self.catalog.bindings[step["skill"]]
             record = {"execution_id": self.id, "plan_index": plan_index, "step_index": i,
@@ -300,13 +302,13 @@ class Execution:
                                     f"would send to {binding.server} (dry run{note})", goal,
                                     plan_tree.label(leaf.path)))
 
-    def _run_plan(self, plan_index: int, steps, goals, out: ExecutionResult,
-                  done: list[dict[str, Any]]) -> tuple[int, StepOutcome] | None:
+    def _run_plan(self, plan_index: int, tree: plan_tree.Sequence, goals,
+                  out: ExecutionResult, done: list[dict[str, Any]]
+                  ) -> tuple[int, StepOutcome] | None:
         """Run the plan's tree (plan_tree.run: steps in order; a retry or a fallback goes on
         past a failed step inside it); the index and outcome of the step whose failure
         failed the plan, or None. A failure no structure may recover from (a cancel, a
         denial, an end the runner could not confirm) stops the whole run at once."""
-        tree = plan_tree.tree_of(steps)
         failures: list[tuple[int, StepOutcome]] = []
 
         def run_leaf(leaf: plan_tree.Leaf) -> bool:
@@ -365,10 +367,6 @@ class Execution:
 
 class _Stopped(Exception):
     """A step's failure that ends the whole run, whatever structure it is in."""
-
-
-def _node(path: tuple[int, ...]) -> str:
-    return f" at node {plan_tree.label(path)}" if len(path) > 1 else ""
 
 
 def service_replanner(service) -> Replanner:

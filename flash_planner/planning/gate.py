@@ -53,8 +53,7 @@ class GateError(ValueError):
     and the limit."""
 
     def __init__(self, step: int, skill: str, message: str, path: tuple[int, ...] = ()):
-        node = f" at node {plan_tree.label(path)}" if len(path) > 1 else ""
-        super().__init__(f"step {step}{node} ({skill}): {message}")
+        super().__init__(f"step {step}{plan_tree.at_node(path)} ({skill}): {message}")
         self.step, self.skill, self.path = step, skill, path
 
 
@@ -66,7 +65,8 @@ def check_plan(plan: list[dict[str, Any]], bindings: dict[str, Binding],
     run on the robot; GateError for the first step that is unbound, whose server is away
     (unless `dry_run`, which reports it), or whose goal `gate` refuses."""
     away = {}
-    for leaf in plan_tree.leaves(plan_tree.tree_of(plan)):
+    steps = plan_tree.leaves(plan_tree.tree_of(plan))
+    for leaf in steps:
         step = leaf.step
         binding = bindings.get(step["skill"])
         if binding is None:
@@ -77,7 +77,7 @@ def check_plan(plan: list[dict[str, Any]], bindings: dict[str, Binding],
             if not dry_run:
                 raise GateError(leaf.index, step["skill"], why, leaf.path)
             away[leaf.index] = why
-    return gate(plan, bindings, locations, workspace), away
+    return _goals(steps, bindings, locations, workspace), away
 
 
 def gate(plan: list[dict[str, Any]], bindings: dict[str, Binding],
@@ -86,8 +86,14 @@ def gate(plan: list[dict[str, Any]], bindings: dict[str, Binding],
     """Every step's goal, filled and checked, before any is sent (None: a plan-only step),
     by the step's index among the plan's steps; the first step outside the location table,
     a number's range, a limit or the workspace raises GateError."""
+    return _goals(plan_tree.leaves(plan_tree.tree_of(plan)), bindings, locations, workspace)
+
+
+def _goals(steps: list[plan_tree.Leaf], bindings: dict[str, Binding],
+           locations: dict[str, Location] | None, workspace: Workspace | None
+           ) -> list[dict[str, Any] | None]:
     goals: list[dict[str, Any] | None] = []
-    for leaf in plan_tree.leaves(plan_tree.tree_of(plan)):
+    for leaf in steps:
         step = leaf.step
         binding = bindings.get(step["skill"])
         if binding is None:

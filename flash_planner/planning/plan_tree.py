@@ -73,6 +73,12 @@ def label(path: tuple[int, ...]) -> str:
     return ".".join(str(i) for i in path)
 
 
+def at_node(path: tuple[int, ...]) -> str:
+    """" at node 1.0.2" for a nested step, "" for a step of the plan's own list (its index
+    says where it is): how errors name a step beside its index."""
+    return f" at node {label(path)}" if len(path) > 1 else ""
+
+
 def is_flat(plan: list[Any]) -> bool:
     return all(isinstance(n, dict) and not set(n) & set(STRUCTURES) for n in plan)
 

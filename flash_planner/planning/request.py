@@ -216,18 +216,18 @@ class PlanRequest:
 class RequestRules:
     """What a plan request must satisfy on one planner; the service builds it once, from its
     config and engine, and every door's request passes `checked` before it is queued."""
-    max_task_chars: int = MAX_TASK_CHARS
-    max_context_chars: int = MAX_CONTEXT_CHARS
+    max_task_chars: int
+    max_context_chars: int
     # the planner's own sampling (an engine Sampling) and the checkpoint's
     # generation_config.json, which a request's sampling spec is resolved over
-    base_sampling: Any = None
-    generation_defaults: Any = None
-    relaxed_thinking: bool = False        # defined for greedy decoding only
-    enable_thinking: bool = False         # a request's default
-    backend: str = "local"                # a remote-only planner leaves templates to the remote
-    tokenizer: Any = None                 # the local model's: its template takes the variables
-    engine: Any = None                    # the local engine, whose vision tower reads images
-    image_limits: ImageLimits | None = None
+    base_sampling: Any
+    generation_defaults: Any
+    relaxed_thinking: bool                # defined for greedy decoding only
+    enable_thinking: bool                 # a request's default
+    backend: str                          # a remote-only planner leaves templates to the remote
+    tokenizer: Any                        # the local model's: its template takes the variables
+    engine: Any                           # the local engine, whose vision tower reads images
+    image_limits: ImageLimits
 
     def checked(self, request: PlanRequest) -> tuple[PlanRequest, float | None]:
         """(the request checked: its text stripped, its sampling resolved, its images read

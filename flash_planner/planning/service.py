@@ -81,11 +81,13 @@ class PlannerService:
         # what every request is checked against before it is queued; requests that do not
         # say sample the planner's way ("model" read from the checkpoint)
         self.rules: RequestRules = RequestRules(
-            config.max_task_chars, config.max_context_chars,
-            resolve_sampling(config.sampling, Sampling(), engine.generation_defaults,
-                             "planner.sampling"),
-            engine.generation_defaults, config.relaxed_thinking, config.enable_thinking,
-            config.backend, engine.tokenizer, engine, config.images)
+            max_task_chars=config.max_task_chars, max_context_chars=config.max_context_chars,
+            base_sampling=resolve_sampling(config.sampling, Sampling(),
+                                           engine.generation_defaults, "planner.sampling"),
+            generation_defaults=engine.generation_defaults,
+            relaxed_thinking=config.relaxed_thinking, enable_thinking=config.enable_thinking,
+            backend=config.backend, tokenizer=engine.tokenizer, engine=engine,
+            image_limits=config.images)
         # the local model's requests decode in one batch (none for a remote-only planner)
         self.batch = Batch(engine) if config.backend != "remote" else None
         self.max_batch = (self.batch.max_batch if self.batch is not None
