@@ -159,6 +159,7 @@ TYPED = [
     ("[1, 2]", {"type": "string"}, "[1, 2]"),
     ("  the kitchen \n", {"type": "string"}, "the kitchen"),
     ("3", {"const": "3"}, "3"),
+    ("  ", {"enum": [" "]}, " "),           # the value's own blank, the grammar's around it
     ("3", {}, 3),
     ("three", {}, "three"),
 ]

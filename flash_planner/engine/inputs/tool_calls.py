@@ -122,10 +122,12 @@ def _value(raw: str, schema: Mapping[str, Any] | None) -> Any:
     if text == "null" and (admitted is None or "null" in admitted):
         return None
     if admitted is not None and "string" in admitted:
-        # an enum's value is written as it is, blanks included ("  " is a value)
+        # an enum's value keeps its own blanks (" " is a value); the grammar's blanks around
+        # it are not part of it: the longest value inside the text that strips to the same
         values = schema.get("enum", [schema.get("const")]) if isinstance(schema, Mapping) \
             else ()
-        return next((v for v in (raw, raw.strip("\n")) if v in values), text)
+        fits = [v for v in values if isinstance(v, str) and v in raw and v.strip() == text]
+        return max(fits, key=len) if fits else text
     try:
         value = json.loads(text)
     except ValueError:
