@@ -6,6 +6,7 @@
     flash-planner serve [--model PRESET|DIR|REPO] [--host 127.0.0.1] [--port 8000]
     flash-planner mcp [--model PRESET|DIR|REPO | --url URL] [--transport stdio|http]
     flash-planner catalog [--skills YAML] (--bt-model | --xsd)   (the catalog for BT.CPP)
+    flash-planner compile --model PRESET|DIR|REPO [--compile-cache DIR]   (fill the cache)
     flash-planner build-engines --model PRESET|DIR|REPO [--backend onnxruntime|tensorrt]
     flash-planner smoke    (writes a tiny random checkpoint and generates from it)
 
@@ -83,6 +84,7 @@ def _load_engine(args: argparse.Namespace, model: str, progress=_progress_to_std
         segment_cache=args.segment_cache,
         prefix_cache=False if getattr(args, "no_prefix_cache", False) else None,
         compile=getattr(args, "compile", None), threads=getattr(args, "threads", None),
+        compile_cache=getattr(args, "compile_cache", None),
         max_batch=getattr(args, "max_batch", None))
     return Engine.load(config, progress=progress), preset
 
@@ -428,6 +430,23 @@ def _build_engines(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _compile(args: argparse.Namespace) -> int:
+    """Load the model with its forwards compiled: every graph compiled (or already in the
+    cache) and stored, so that the next start reads them."""
+    if args.compile == "off":
+        raise UsageError("compile --no-compile compiles nothing; leave the flag out")
+    args.compile = "on"
+    engine, _ = _load_engine(args, args.model)
+    report = engine.compile_report
+    if args.json:
+        print(json.dumps(report.as_dict()))
+    else:
+        print(f"{report.graphs} graphs ready in {report.cache_dir} ({report.read} were "
+              f"already there, {report.graphs - report.read} compiled in "
+              f"{report.seconds:.1f} s)")
+    return EXIT_OK
+
+
 def _smoke(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
@@ -463,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
             return _mcp(args)
         if args.command == "catalog":
             return _catalog(args)
+        if args.command == "compile":
+            return _compile(args)
         return _smoke(args)
     except UsageError as exc:
         print(f"flash-planner: {exc}", file=sys.stderr)

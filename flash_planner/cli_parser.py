@@ -272,6 +272,15 @@ def build_parser() -> argparse.ArgumentParser:
                       "skill an Action with typed, described input ports")
     what.add_argument("--xsd", action="store_true", help="the XML Schema BT XML trees given "
                       "to ~/execute are read against (its ports exactly the skill's args)")
+    comp = sub.add_parser("compile", help="compile the engine's graphs into the compile "
+                          "cache ahead of time (a robot image can ship the cache)")
+    comp.add_argument("--model", required=True, metavar="PRESET|DIR|REPO", help=MODEL_HELP)
+    comp.add_argument("--compile-cache", metavar="DIR", help="where the compiled graphs go "
+                      "(default: $TORCHINDUCTOR_CACHE_DIR, else "
+                      "~/.cache/flash_planner/torch_compile)")
+    _add_engine_args(comp)
+    _add_json_arg(comp)
+
     build = sub.add_parser("build-engines", help="export (and build) every dense segment")
     build.add_argument("--model", required=True, metavar="PRESET|DIR|REPO",
                        help=MODEL_HELP)

@@ -122,6 +122,26 @@ def make_engine():
 
     return make
 
+@pytest.fixture
+def graphs_obtained(monkeypatch):
+    """Call to start counting: the names of the compiled graphs obtained (compiled, or read
+    from the on-disk store) from then on, in a list that grows."""
+    from flash_planner.engine.models.graphs.direct import DirectGraph
+
+    def start() -> list[str]:
+        obtained: list[str] = []
+        obtain = DirectGraph._obtain
+
+        def counted(self, *args):
+            obtained.append(self.name)
+            return obtain(self, *args)
+
+        monkeypatch.setattr(DirectGraph, "_obtain", counted)
+        return obtained
+
+    return start
+
+
 @pytest.fixture(scope="session")
 def vl_chat_dir(checkpoints, tmp_path_factory):
     """A tiny vision-language checkpoint a planner can chat with (vision_chat.py): the chat

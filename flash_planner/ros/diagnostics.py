@@ -253,14 +253,16 @@ def load_values(report: dict[str, int], tokens_per_s: float) -> KeyValues:
 def node_status(state: str, load_error: str, window: LatencyWindow | None, budgets: Budgets,
                 queue_depth: int, model: str = "", compiled: str = "",
                 backend: KeyValues = (), threads: str = "", load: KeyValues = (),
-                execution: KeyValues = ()) -> tuple[int, str, KeyValues]:
+                execution: KeyValues = (), startup: KeyValues = ()
+                ) -> tuple[int, str, KeyValues]:
     """The node's status: ERROR after a failed model load, OK while not serving, else `status`.
     compiled: whether forwards run as compiled graphs, and what compiling them took;
     backend: `remote_values`; threads: the engine's torch threads (`Threads`); load:
-    `load_values` (in every state once a model is loaded); execution: `execution_values`."""
+    `load_values` (in every state once a model is loaded); execution: `execution_values`;
+    startup: while configuring, `StartupProgress.values` (phase, steps, seconds)."""
     head = [("state", state), ("model", model)] + ([("compiled", compiled)] if compiled else [])
     head += [("threads", threads)] if threads else []
-    head += list(backend) + list(load) + list(execution)
+    head += list(startup) + list(backend) + list(load) + list(execution)
     if load_error:
         return ERROR, f"model failed to load: {load_error}", head
     if state != "active" or window is None:

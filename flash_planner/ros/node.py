@@ -67,6 +67,7 @@ def planner_node_class():
 
     from ..planning.execution import ExecutionConfig
     from ..planning.skills import CatalogError
+    from ..planning.startup import StartupCancelled, StartupProgress
     from . import convert, params
     from .action_server import PlanActionServer
     from .camera import LatestFrame
@@ -101,6 +102,7 @@ def planner_node_class():
             self._planner = self._window = None
             self._phase, self._load_error, self._model = "unconfigured", "", ""
             self._compiled = ""
+            self._startup: StartupProgress | None = None   # set while configuring
             self._rate = BatchRate()
             values = params.read(self)
             depths = {k: values[f"qos.{k}_depth"] for k in ("plan", "task", "telemetry")}
@@ -146,17 +148,35 @@ def planner_node_class():
             return request if self._camera is None else self._camera.attach(request)
 
         def on_configure(self, state):
+            self._startup = StartupProgress(self.get_logger().info)
             self._phase = "configuring"
             try:
-                self._load()
+                self._load(self._startup)
+            except StartupCancelled:
+                self._release()
+                self.get_logger().info("configure stopped: the node is shutting down")
+                return failure
             except Exception as exc:  # bad parameter, missing model, failed warm-up, ...
                 self._release()
                 self._load_error = convert.error_line(exc)
                 self.get_logger().error(f"configure failed: {self._load_error}")
                 return failure
+            finally:
+                self._startup = None
             return ok
 
-        def _load(self) -> None:
+        def stop_startup(self, timeout: float) -> bool:
+            """Cancel a configure in progress (its load stops at its next progress line)
+            and wait, bounded, for it to end -> whether it did (or none was running)."""
+            startup = self._startup
+            if startup is not None:
+                startup.cancel()
+            deadline = time.monotonic() + timeout
+            while self._phase == "configuring" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return self._phase != "configuring"
+
+        def _load(self, startup: StartupProgress) -> None:
             from ..planning.service import PlannerService
             from ..planning.skills import SkillCatalog
             from .binding_types import check_types, typed
@@ -171,7 +191,7 @@ def planner_node_class():
             catalog = typed(catalog, check_types(catalog))
             self._skills.publish(catalog)
             self._planner = PlannerService.load(engine_config, catalog, planner_config,
-                                                progress=self.get_logger().info)
+                                                progress=startup)
             if self._locations.latest is not None:    # sent on ~/locations before the load
                 try:
                     self._planner.set_locations(self._locations.latest)
@@ -188,7 +208,9 @@ def planner_node_class():
                 self._server_check = self.create_timer(
                     values["execution.check_period_s"], self._check_servers,
                     callback_group=MutuallyExclusiveCallbackGroup())
+            startup.enter("warming up the planner")
             warm_ms = self._planner.warm_up()
+            startup.check()
             self._planner.on_result = self._on_result
             self._window = LatencyWindow(values["diagnostics.window"])
             # measured from now: the first status after configure counts the first goals
@@ -342,7 +364,10 @@ def planner_node_class():
         def _diagnose(self):
             budgets = Budgets(self.get_parameter("diagnostics.ttft_budget_ms").value,
                               self.get_parameter("diagnostics.latency_budget_ms").value)
-            service = self._planner
+            service, startup = self._planner, self._startup
+            if startup is not None:           # configuring: loading, compiling, warming up
+                return node_status("warming up", "", None, budgets, 0, self._model,
+                                   startup=startup.values())
             if service is None:
                 return node_status(self._phase, self._load_error, self._window, budgets, 0,
                                    self._model, self._compiled)
@@ -392,6 +417,14 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.wait(0.2):  # a timed wait, so the signal handler runs promptly
         pass
     node.get_logger().info("shutting down: ending goals in flight")
+    if not node.stop_startup(SHUTDOWN_GRACE_S):
+        # a graph still compiling (minutes when cold) cannot be interrupted; nothing of
+        # it is worth keeping but the cache entries, which are written whole or not at all
+        node.get_logger().warning(f"the warm-up did not stop within {SHUTDOWN_GRACE_S:g} s "
+                                  "(a graph still compiling); exiting without it")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     if node.phase != "finalized":  # not already shut down through the lifecycle service
         node.trigger_shutdown()
     if node.wait_goals_done(SHUTDOWN_GRACE_S):

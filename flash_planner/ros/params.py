@@ -373,7 +373,12 @@ def declare(node) -> list[str]:
         try:
             node.declare_parameter(param.name, param.default, descriptor(param))
         except Exception as exc:  # rclpy's InvalidParameter{Type,Value}Exception and kin
-            errors.append(f"{param.name}: {exc}")
+            hint = ""
+            if "'BOOL'" in str(exc) and {"on", "off"} & set(param.choices or ()):
+                hint = (f" (ROS reads a bare on or off as a boolean: quote it, "
+                        f"-p \"{param.name}:='on'\" or {param.name.split('.')[-1]}: \"on\" "
+                        "in a parameter file)")
+            errors.append(f"{param.name}: {exc}{hint}")
             node.declare_parameter(param.name, param.default, descriptor(param),
                                    ignore_override=True)
     return errors

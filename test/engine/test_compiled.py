@@ -5,8 +5,9 @@ prefix restore and cancel, on the hybrid, the dense and the MoE target. With bf1
 the two round differently (fused kernels keep float32 where eager rounds to bf16, sums run
 in another order), so there a flip is tolerated only at a genuine tie: eager's top-2
 logits at the first divergence within one bf16 step of each other. No graph break
-(`fullgraph=True` raises on one) and no recompile after warm-up over varied requests
-(dynamo's own counters). Engines here hold blocks of up to 4 rows (buckets 1, 2, 4) and
+(`fullgraph=True` raises on one) and no graph compiled or read after warm-up over varied
+requests; a second engine reads every graph from the on-disk store and gives the same
+tokens. Engines here hold blocks of up to 4 rows (buckets 1, 2, 4) and
 targets of two layers, which keeps the compiling short; bench/overhead.py measures the
 default buckets.
 """
@@ -260,10 +261,11 @@ def test_compiled_forwards_read_only_the_rows_in_use(pairs):
     assert head.calls > head_calls
 
 
-def test_varied_requests_never_recompile_nor_break_the_graph(pairs):
+def test_varied_requests_never_recompile_nor_break_the_graph(pairs, graphs_obtained):
     eager, compiled = pairs("hybrid")
     vocab = compiled.model_config.vocab_size
     _generate(compiled, "none", 4)
+    obtained = graphs_obtained()
     graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
     grammar = JsonGrammarCompiler.for_engine(compiled).compile(SCHEMA)
     tok = compiled.tokenizer
@@ -281,6 +283,7 @@ def test_varied_requests_never_recompile_nor_break_the_graph(pairs):
             assert got.token_ids == ref
         generate(compiled, prompt, GenerationSettings(64, method="dflash"),
                  constraint=grammar.constraint())
+    assert obtained == []
     assert counters["stats"]["unique_graphs"] == graphs
     assert sum(counters["graph_break"].values()) == breaks
 
@@ -389,6 +392,34 @@ def test_direct_calls_that_disagree_with_dynamo_are_not_used(checkpoints, make_e
     settings = GenerationSettings(24, ignore_eos=True, speculative=False)
     got = generate(compiled, prompt, settings)
     assert got.token_ids == generate(eager, prompt, settings).token_ids and got.stats.compiled
+
+
+def test_a_second_engine_reads_every_graph_from_the_store(checkpoints, make_engine,
+                                                          compile_cache, graphs_obtained):
+    """A start with the graphs on disk compiles none (torch.compile is never called): each
+    is read back, called directly after its check, and the tokens are eager's."""
+    path = checkpoints("hybrid", init=0.25, layers=LAYERS)
+    common = dict(max_batch=1, max_block=2, mtp_steps=1, compile_cache=compile_cache)
+    eager = make_engine(path, compile="off", **common)
+    make_engine(path, compile="on", **common)          # compiles, or reads an earlier run's
+    obtained = graphs_obtained()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "compile", _no_compile)
+        again = make_engine(path, compile="on", **common)
+    report = again.compile_report
+    assert report.read == report.graphs == len(obtained) > 0
+    assert "target" in report.parts and again.model.static.direct
+    prompt = eager.tokenizer.encode(PROMPT, add_special_tokens=False)
+    settings = GenerationSettings(24, ignore_eos=True, speculative=False)
+    ref = generate(eager, prompt, settings).token_ids
+    assert generate(again, prompt, settings).token_ids == ref
+    replay = ReplayProposer(ref, again.model_config.vocab_size, block_size=2, seed=2)
+    got = generate(again, prompt, GenerationSettings(24, ignore_eos=True), proposer=replay)
+    assert got.token_ids == ref and got.stats.compiled and got.stats.accepted > 0
+
+
+def _no_compile(*args, **kwargs):
+    raise AssertionError("a graph stored on disk was compiled again")
 
 
 def test_weights_quantized_at_load_run_compiled(checkpoints, make_engine, compile_cache):

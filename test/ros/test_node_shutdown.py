@@ -1,7 +1,11 @@
-"""The real `planner_node` process: SIGINT with a goal in flight ends the goal, then exits."""
+"""The real `planner_node` process: SIGINT with a goal in flight ends the goal, then exits;
+SIGINT while the node still warms up (compiling its graphs into an empty cache) exits 0
+without a traceback."""
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,13 +25,79 @@ pytestmark = requires_ros
 EXIT_S = 10.0  # "within a few seconds" of the signal
 
 
-def _node_process(endless_dir) -> subprocess.Popen:
+def _node_process(endless_dir, env: dict | None = None, **extra) -> subprocess.Popen:
     overrides = {"model.path": str(endless_dir), "model.device": "cpu",
-                 "model.dtype": "fp32", "engine.max_context": 8192}
+                 "model.dtype": "fp32", "engine.max_context": 8192, **extra}
     args = [arg for k, v in overrides.items() for arg in ("-p", f"{k}:={v}")]
     return subprocess.Popen([sys.executable, "-m", "flash_planner.ros.node", "--ros-args",
                              *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, env=env)
+
+
+def _warming_up(values: dict[str, str]) -> bool:
+    return values.get("state") == "warming up" and values.get("startup phase") == "compiling"
+
+
+def test_sigint_during_the_warm_up_exits_0_without_a_traceback(endless_dir, tmp_path):
+    """While the node compiles, /diagnostics says it is warming up and how far; a cold
+    compile cannot be interrupted inside a graph, so on SIGINT the node waits for its
+    warm-up to stop (bounded), then exits 0 with one line instead of the lifecycle's
+    RCLError."""
+    import rclpy
+    from diagnostic_msgs.msg import DiagnosticArray
+    from rclpy.context import Context
+
+    from flash_planner.ros.node import SHUTDOWN_GRACE_S
+
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "empty_cache"))
+    # quoted: ROS reads a bare on as a boolean
+    proc = _node_process(endless_dir, env, **{"engine.compile": "'on'"})
+    lines: list[str] = []
+    compiling = threading.Event()
+
+    def read() -> None:          # readline blocks: a thread, so the wait below is bounded
+        for line in proc.stdout:
+            lines.append(line)
+            if "compiling the target's forwards" in line:
+                compiling.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    context = Context()
+    rclpy.init(context=context)
+    watcher = rclpy.create_node("startup_watcher", context=context)
+    seen: list[dict[str, str]] = []
+    watcher.create_subscription(
+        DiagnosticArray, "/diagnostics",
+        lambda msg: seen.extend({kv.key: kv.value for kv in status.values}
+                                for status in msg.status), 10)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(watcher)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    try:
+        assert compiling.wait(TIMEOUT), "".join(lines)
+        assert wait_for(lambda: any(_warming_up(v) for v in seen), TIMEOUT), seen[-3:]
+        status = next(v for v in seen if _warming_up(v))
+        # of buckets 1, 2, 4, 8, 16 (the tiny target's one span: a graph each)
+        assert re.fullmatch(r"[0-4] of 5", status["startup steps"]), status
+        assert float(status["startup seconds"]) >= 0
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=SHUTDOWN_GRACE_S + EXIT_S) == 0
+        reader.join(EXIT_S)
+        output = "".join(lines)
+        assert "Traceback" not in output, output
+        assert "RCLError" not in output
+        assert ("exiting without it" in output
+                or "configure stopped: the node is shutting down" in output), output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        executor.shutdown()
+        spinner.join(5)
+        watcher.destroy_node()
+        rclpy.shutdown(context=context)
 
 
 def test_sigint_with_a_goal_in_flight_aborts_it_and_exits(endless_dir):

@@ -26,7 +26,7 @@ compiled graph. A span's parameters and buffers are packed into one flat tensor 
 (`pack_layers`), which the graph takes with the span's state views: a few inputs per call
 instead of fifteen per layer. The 27B's 64 layers are 16 calls of one graph on CUDA (8 on a
 CPU); a model of one span runs embedding, layers and head as one graph. On a CPU warm
-graphs are called without dynamo (direct.py). Prefill chunks stay eager (their own, larger
+graphs are called directly (direct.py). Prefill chunks stay eager (their own, larger
 shapes).
 """
 
@@ -264,12 +264,11 @@ class StaticForward(StaticGraphs):
         self.model = model
         self.spans_of = _packed_spans(model, state, self.batches)
         self.spans = len(self.spans_of)
-        templates = len({id(span.steps) for span in self.spans_of})
         if self.spans == 1:
             self.whole = self._compile(whole_forward)
         else:
             self.entry = self._compile(_entry)
-            self.span = self._compile(packed_span_forward, templates)
+            self.span = self._compile(packed_span_forward)
             self.head = self._compile(_head)
         self.ids = {key: torch.zeros(key, dtype=torch.long, device=self.device)
                     for key in self.keys}

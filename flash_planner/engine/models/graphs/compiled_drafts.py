@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from ...progress import ProgressLine
 from ...state.cache import InferenceState
 from ..qwen.layers import rope_cos_sin
 from .compiled import span_forward
@@ -132,9 +133,9 @@ class StaticHead(StaticGraphs):
 
     def _warm_extra(self, progress: Callable[[str], None] | None) -> None:
         """The chain's graph per batch bucket, from the empty state (on CUDA captured per
-        key bucket; on a CPU run through dynamo, then checked by direct calls)."""
+        key bucket; on a CPU run through its entry, then checked by direct calls)."""
         kv = self.state.kv
-        for bb in self.batches if self.chain else ():
+        for i, bb in enumerate(self.batches if self.chain else ()):
             t0 = time.perf_counter()
             valid, window_rows = self.padding(bb, 1, bb, 1)
             for kb in self.key_buckets or (self.chain,):
@@ -153,8 +154,9 @@ class StaticHead(StaticGraphs):
                     forward()
             if progress is not None:
                 rows = "" if bb == 1 else f"{bb} x "
-                progress(f"compiled the {self.part}'s {rows}{self.chain}-draft chain "
-                         f"({time.perf_counter() - t0:.1f} s)")
+                progress(ProgressLine(f"compiled the {self.part}'s {rows}{self.chain}-draft "
+                                      f"chain ({time.perf_counter() - t0:.1f} s)", "compiling",
+                                      i + 1, len(self.batches)))
 
 
 def _mtp_head(head: nn.Module, caches: tuple[tuple[torch.Tensor, ...], ...],
@@ -214,8 +216,9 @@ class StaticDrafter:
         if batches:
             self.part = f"batch of {batches[-1]}'s DFlash drafter"
         self.inputs = {bb: self._inputs(bb) for bb in self.keys}
-        self.graph = compile_graph(_dflash_drafts_rows if batches else _dflash_drafts,
-                                   self.cuda_graphs, 2 * len(self.keys), block_size)
+        fn = _dflash_drafts_rows if batches else _dflash_drafts
+        self.graph = compile_graph(fn, self.cuda_graphs, block_size, self.cache_dir,
+                                   f"{self.part} {fn.__name__}")
         self.captured: dict[int, CapturedGraph] = {}
         self.report: CompileReport | None = None
         self.calls = 0
@@ -286,22 +289,25 @@ class StaticDrafter:
 
     def warm_up(self, progress: Callable[[str], None] | None = None) -> CompileReport:
         def every_key() -> None:
-            for bb in self.keys:
+            for i, bb in enumerate(self.keys):
                 t0 = time.perf_counter()
                 forward = partial(self._forward, bb)
                 if self.cuda_graphs:
                     self.captured[bb] = CapturedGraph(forward)
-                elif self.graph.direct:   # a block twice: through dynamo, then directly
+                elif self.graph.direct:   # a block twice: through its entry, then directly
                     check_direct([self.graph], self.part, forward(), forward)
                 else:
                     forward()
                 if progress is not None:
                     rows = f"{bb} x " if bb else ""
-                    progress(f"compiled the {self.part}'s {rows}{self.block_size}-row block "
-                             f"({time.perf_counter() - t0:.1f} s)")
+                    progress(ProgressLine(
+                        f"compiled the {self.part}'s {rows}{self.block_size}-row block "
+                        f"({time.perf_counter() - t0:.1f} s)", "compiling", i + 1,
+                        len(self.keys)))
 
-        report = warm_up_report(every_key, self.part, self.cuda_graphs, (self.block_size,),
-                                1, self.cache_dir, tuple(b or 1 for b in self.keys))
+        report = warm_up_report(every_key, [self.graph], self.part, self.cuda_graphs,
+                                (self.block_size,), 1, self.cache_dir,
+                                tuple(b or 1 for b in self.keys))
         self.report = replace(report, captured=len(self.captured))
         return self.report
 

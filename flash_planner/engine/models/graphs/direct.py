@@ -1,20 +1,20 @@
-"""Compiled graphs called without dynamo once their call sites are known.
+"""Compiled graphs called without their entry's Python once their call sites are known.
 
-Why: on a CPU a torch.compile'd call pays ~35 us of Python before its code runs, guards
-skipped or not (the frame hook, the cache lookup, the compile wrapper, the stance's config
-patch); a small model's whole decode step computes for less than that. The static forwards
-call each graph from a few fixed places (a site: one bucket, one span) with the engine's own
-tensors, so after the first call of a site, its inputs are known: the graph's tensors that
-the site's arguments hold, the rest the very tensors dynamo read when it compiled. A direct
-call hands those to the compiled code itself (~10 us).
+Why: on a CPU a compiled function's own entry pays 35-180 us of Python before its code runs
+(dynamo's frame hook and cache lookup; an AOT function's bytecode, which takes every tensor
+out of the arguments again); a small model's whole decode step computes for less than that.
+The static forwards call each graph from a few fixed places (a site: one bucket, one span)
+with the engine's own tensors, so after the first call of a site its inputs are known. A
+direct call hands those to the compiled code itself (~10 us).
 
-How: the graph is compiled with inductor through a backend that keeps what it compiled and
-the tensors it was compiled with. A site's first call goes through dynamo; when the backend
-ran during it, each of the graph's inputs is located in the call's arguments (by identity;
-its tensors are the engine's own, which never move). A site that reuses a graph compiled
-for another (spans of one kind share one) finds it by the shapes and objects of its
-arguments. The caller checks a whole forward once against dynamo's (`check_direct`);
-anything unexpected (another torch whose backend sees other inputs) keeps dynamo's path.
+How: each graph is compiled by torch's AOT compile (a fullgraph trace, inductor's code,
+stored on disk by graph_store.py), one per kind of arguments. A site's first call runs the
+AOT function with its compiled code wrapped to record the inputs it is handed: the graph's
+tensors that the site's arguments hold (its top-level tensor arguments change from call to
+call; the rest, state views and packed weights, are the same tensors at every call) and the
+modules' own tensors. A direct call hands those to the compiled code itself. The caller
+checks a whole forward once against the AOT function's (`check_direct`); anything
+unexpected (another torch whose code is called otherwise) keeps the AOT function's entry.
 """
 
 from __future__ import annotations
@@ -26,13 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils import _pytree as pytree
 
+from .graph_store import GraphStore, entry_key
+
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Compiled:
-    fn: Callable[..., object]         # inductor's compiled code: fn(*inputs) -> outputs
-    sources: tuple[object, ...]       # per input: its leaf index in the arguments, or a tensor
 
 
 def _layout(out: object, leaves: list[int]) -> object:
@@ -77,9 +73,10 @@ class _Site:
 
 
 def _signature(leaves: list[object], spec) -> tuple[object, ...]:
-    """What decides which compiled graph dynamo picks for these arguments: their structure,
-    tensors by shape, stride, dtype and which leaves are the same tensor, modules by
-    identity, other values as they are."""
+    """Within this process, what tells one compiled graph of a function from another: the
+    arguments' structure, tensors by shape, stride, dtype and which leaves are the same
+    tensor, modules by identity, other values as they are (`graph_store.entry_key` is the
+    same on disk, modules by what they hold)."""
     out: list[object] = [repr(spec)]
     first: dict[int, int] = {}
     for i, x in enumerate(leaves):
@@ -92,77 +89,108 @@ def _signature(leaves: list[object], spec) -> tuple[object, ...]:
     return tuple(out)
 
 
+class _Entry:
+    """One compiled graph of the function: torch's AOTCompiledFunction (guards off: the
+    signature chose it) and the inductor code its bytecode calls, which can record the
+    inputs it is called with."""
+
+    def __init__(self, graph):
+        graph.disable_guard_check()
+        self.graph = graph
+        self._globals = graph.fn.__globals__
+        self._backend_id = graph._artifacts.backend_id
+        self.compiled = self._globals[self._backend_id]
+
+    def recorded_call(self, args: tuple[object, ...]) -> tuple[object, list[tuple]]:
+        """The graph on `args` -> (its result, the inputs its compiled code was called
+        with: one tuple per call)."""
+        calls: list[tuple] = []
+
+        def recorder(*inputs):
+            calls.append(inputs)
+            return self.compiled(*inputs)
+
+        self._globals[self._backend_id] = recorder
+        try:
+            return self.graph(*args), calls
+        finally:
+            self._globals[self._backend_id] = self.compiled
+
+
 class DirectGraph:
-    """A graph function compiled by inductor, called through dynamo (`graph(*args)`) or by
-    site (`graph.call(site, *args)`): a site's first call goes through dynamo and teaches
-    the site its inputs; later calls go straight to the compiled code."""
+    """A graph function compiled by inductor through torch's AOT compile, one compiled
+    graph per kind of arguments, each read from or written to the on-disk `store`; called
+    as `graph(*args)` (the AOT function's own entry) or by site (`graph.call(site,
+    *args)`): a site's first call records the compiled code's inputs, later calls hand
+    them to the code directly."""
 
-    def __init__(self, fn: Callable[..., object], options: dict[str, object], direct: bool):
-        """direct: whether calls by site may skip dynamo (False: plain torch.compile)."""
-        # what the backend compiled during the current first call: (code, example inputs)
-        self._fresh: list[tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = []
-        self._by_signature: dict[tuple[object, ...], _Compiled] = {}
-        self._sites: dict[Hashable, _Site | None] = {}
+    def __init__(self, fn: Callable[..., object], options: dict[str, object], direct: bool,
+                 store: GraphStore | None = None, name: str = ""):
+        """direct: whether calls by site may skip the AOT function's entry (False: CUDA
+        graphs replay what it ran)."""
+        self._fn = fn
+        self.name = name or fn.__name__
+        self.options = options
+        self.store = store
         self.direct = direct
-        if direct:
-            self._inductor = torch._TorchCompileInductorWrapper(None, options, False)
-            self._dynamo = torch.compile(fn, backend=self._backend, fullgraph=True,
-                                         dynamic=False)
-        else:
-            self._dynamo = torch.compile(fn, fullgraph=True, dynamic=False, options=options)
-
-    def _backend(self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
-        fn = self._inductor(gm, example_inputs)
-        self._fresh.append((fn, tuple(example_inputs)))
-        return fn
+        self._by_signature: dict[tuple[object, ...], _Entry] = {}
+        self._sites: dict[Hashable, _Site | None] = {}
+        self.compiled_now = 0          # graphs compiled in this process
+        self.read = 0                  # graphs read from the store
 
     def __call__(self, *args: object):
-        return self._dynamo(*args)
+        leaves, spec = pytree.tree_flatten(args)
+        return self._entry(args, leaves, spec).graph(*args)
+
+    def _entry(self, args: tuple[object, ...], leaves: list[object], spec) -> _Entry:
+        signature = _signature(leaves, spec)
+        entry = self._by_signature.get(signature)
+        if entry is None:
+            entry = self._by_signature[signature] = _Entry(self._obtain(args, leaves, spec))
+        return entry
+
+    def _obtain(self, args: tuple[object, ...], leaves: list[object], spec):
+        """The compiled graph for these arguments: from the store, else compiled (and
+        stored)."""
+        device = next((x.device for x in leaves if isinstance(x, torch.Tensor)),
+                      torch.device("cpu"))
+        key = entry_key(self.name, leaves, spec, self.options, device)
+        graph = self.store.load(key) if self.store is not None else None
+        if graph is not None:
+            self.read += 1
+            return graph
+        backend = torch._TorchCompileInductorWrapper(None, self.options, False)
+        graph = torch.compile(self._fn, backend=backend, fullgraph=True,
+                              dynamic=False).aot_compile((args, {}))
+        self.compiled_now += 1
+        if self.store is not None:
+            self.store.save(key, graph)
+        return graph
 
     def call(self, site: Hashable, *args: object):
         """The graph on `args`, from a call site whose arguments hold the same tensors at
         every call except its top-level tensor arguments."""
-        if not self.direct:
-            return self(*args)
         known = self._sites.get(site, False)
         if known is False:
             return self._learn(site, args)
-        return self(*args) if known is None else known(args)
+        return self(*args) if known is None or not self.direct else known(args)
 
     def _learn(self, site: Hashable, args: tuple[object, ...]):
         leaves, spec = pytree.tree_flatten(args)
-        signature = _signature(leaves, spec)
-        self._fresh.clear()
-        with torch.compiler.set_stance("default"):     # guards on: a new site may recompile
-            out = self._dynamo(*args)
-        if len(self._fresh) == 1:
-            fn, examples = self._fresh[0]
-            where = {id(x): i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)}
-            self._by_signature[signature] = _Compiled(
-                fn, tuple(where.get(id(x), x) for x in examples))
-        compiled = self._by_signature.get(signature)
-        self._sites[site] = None if compiled is None else self._site(compiled, args, leaves,
-                                                                      out)
+        entry = self._entry(args, leaves, spec)
+        out, calls = entry.recorded_call(args)
+        self._sites[site] = (self._site(entry.compiled, calls[0], args, out)
+                             if len(calls) == 1 else None)
         return out
 
     @staticmethod
-    def _site(compiled: _Compiled, args: tuple[object, ...], leaves: list[object],
-              out: object) -> _Site:
-        # the leaf index of each top-level argument that is itself a tensor
-        top, index = {}, 0
-        for j, arg in enumerate(args):
-            if isinstance(arg, torch.Tensor):
-                top[index] = j
-            index += len(pytree.tree_leaves(arg))
-        inputs, slots = [], []
-        for i, source in enumerate(compiled.sources):
-            if isinstance(source, int):
-                inputs.append(leaves[source])
-                if source in top:
-                    slots.append((i, top[source]))
-            else:
-                inputs.append(source)
-        return _Site(boxed(compiled.fn), inputs, tuple(slots), _layout(out, [0]))
+    def _site(compiled: Callable[..., object], inputs: tuple[object, ...],
+              args: tuple[object, ...], out: object) -> _Site:
+        # which of the code's inputs are the site's top-level tensor arguments: those
+        # change from call to call, every other input is the same tensor at every call
+        top = {id(arg): j for j, arg in enumerate(args) if isinstance(arg, torch.Tensor)}
+        slots = tuple((i, top[id(x)]) for i, x in enumerate(inputs) if id(x) in top)
+        return _Site(boxed(compiled), list(inputs), slots, _layout(out, [0]))
 
 
 def same_results(first: object, again: object) -> bool:
@@ -176,19 +204,20 @@ def same_results(first: object, again: object) -> bool:
 
 def check_direct(graphs: list[DirectGraph], part: str, first: object,
                  again: Callable[[], object]) -> bool:
-    """Run `again` (the same work as the dynamo run that gave `first`, from the same
-    start, now by direct calls) and compare; on any difference or error every graph of
-    `part` goes back to dynamo's path, with a warning. Returns whether direct calls stay."""
+    """Run `again` (the same work as the run through the graphs' own entries that gave
+    `first`, from the same start, now by direct calls) and compare; on any difference or
+    error every graph of `part` goes back to its entry, with a warning. Returns whether
+    direct calls stay."""
     expected = [x.clone() if isinstance(x, torch.Tensor) else x
                 for x in pytree.tree_leaves(first)]
     try:
         same = same_results(expected, again())
-        reason = "their results differ from dynamo's"
+        reason = "their results differ from the graphs' own entries'"
     except Exception as exc:       # another torch whose backend sees other inputs
         same, reason = False, f"{type(exc).__name__}: {exc}"
     if not same:
-        log.warning("the %s's compiled graphs are called through dynamo: direct calls "
-                    "failed their check (%s)", part, reason)
+        log.warning("the %s's compiled graphs are called through their own entries: direct "
+                    "calls failed their check (%s)", part, reason)
         for graph in graphs:
             graph.direct = False
     return same

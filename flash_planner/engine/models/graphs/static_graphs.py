@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import types
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -22,9 +21,11 @@ import torch
 
 from ....kernels.toolchain import toolchain_error
 from ...config import cache_home
+from ...progress import ProgressLine
 from ...state.cache import InferenceState
 from ..qwen.moe import RoutingRecord
 from .direct import DirectGraph, check_direct
+from .graph_store import GraphStore
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +70,6 @@ def compile_cache_dir(configured: str | None = None) -> Path:
 
 
 
-def _own_copy(fn):
-    """fn with a code object of its own. Dynamo keeps compiled graphs, and the guards that
-    choose among them, per code object: each engine's stay its own (two engines in one
-    process neither share entries nor exhaust each other's recompile limit)."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
-
-
 @contextmanager
 def quiet_inductor():
     """Compiling with the C++ wrapper warns, once per op, that ops without a C shim (the
@@ -89,13 +83,12 @@ def quiet_inductor():
         logger.setLevel(level)
 
 
-def compile_graph(fn, cuda_graphs: bool, variants: int, rows: int = 1) -> DirectGraph:
-    """torch.compile of one graph function, static shapes, no graph break allowed; rows:
-    the most rows a GEMM of it multiplies. On a CPU its sites may be called directly
-    (direct.py); on CUDA the captured graph is replayed instead."""
-    # dynamo's per-code limit must admit every variant (bucket x recording x graph kind)
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
-                                               variants)
+def compile_graph(fn, cuda_graphs: bool, rows: int = 1, cache_dir: Path | None = None,
+                  name: str = "") -> DirectGraph:
+    """One graph function compiled ahead of time, static shapes, no graph break allowed,
+    each of its graphs read from (or written to) the store under `cache_dir`; rows: the most
+    rows a GEMM of it multiplies. On a CPU its sites may be called directly (direct.py); on
+    CUDA the captured graph is replayed instead."""
     # On a CPU the graph's host wrapper in C++ (not Python) halves what a call costs; on
     # CUDA the captured graph is replayed and the wrapper runs only at capture. Rounding to
     # the compute dtype where eager does keeps bf16 close to eager.
@@ -108,7 +101,8 @@ def compile_graph(fn, cuda_graphs: bool, variants: int, rows: int = 1) -> Direct
         options.update(size_asserts=False, memory_planning=True, memory_pool="combined",
                        post_grad_fusion_options={"decompose_mm_pass": {}})
         _decompose_small_gemms(rows)
-    return DirectGraph(_own_copy(fn), options, direct=not cuda_graphs)
+    store = GraphStore(cache_dir) if cache_dir is not None else None
+    return DirectGraph(fn, options, not cuda_graphs, store, name or fn.__name__)
 
 
 def _decompose_small_gemms(rows: int) -> None:
@@ -136,18 +130,21 @@ class CompileReport:
     cache_dir: str
     batches: tuple[int, ...] = (1,)   # batch buckets (a batch of slots' forwards)
     captured: int = 0         # CUDA graphs captured (per bucket, and per key bucket)
+    read: int = 0             # of `graphs`, those read from the store (not compiled)
 
     def plus(self, other: CompileReport) -> CompileReport:
         return replace(self, parts=self.parts + other.parts, graphs=self.graphs + other.graphs,
                        seconds=self.seconds + other.seconds,
                        captured=self.captured + other.captured,
+                       read=self.read + other.read,
                        batches=max(self.batches, other.batches, key=len))
 
     def as_dict(self) -> dict[str, object]:
         return {"backend": self.backend, "buckets": list(self.buckets),
                 "batches": list(self.batches),
                 "parts": list(self.parts), "spans": self.spans, "graphs": self.graphs,
-                "captured": self.captured, "seconds": round(self.seconds, 3),
+                "captured": self.captured, "read": self.read,
+                "seconds": round(self.seconds, 3),
                 "cache_dir": self.cache_dir}
 
     def __str__(self) -> str:
@@ -155,8 +152,8 @@ class CompileReport:
         captured = f", {self.captured} CUDA graphs captured" if self.captured else ""
         return (f"compiled {' + '.join(self.parts)} ({self.backend}): buckets "
                 f"{list(self.buckets)}{batches}, {self.spans} layer graph calls per target "
-                f"forward, {self.graphs} graphs{captured} in {self.seconds:.1f} s (cache "
-                f"{self.cache_dir})")
+                f"forward, {self.graphs} graphs ({self.read} read from the cache){captured} "
+                f"in {self.seconds:.1f} s (cache {self.cache_dir})")
 
 
 def layer_cache(state: InferenceState, layer: int, record: bool) -> tuple[torch.Tensor, ...]:
@@ -218,11 +215,11 @@ class StaticGraphs:
         # seconds of each key's forward, measured at warm-up (`best_rows` reads them)
         self.seconds: dict[tuple[int, int], float] = {}
         self.compiled: list[DirectGraph] = []
-        self.direct = False                 # calls skip dynamo (checked at warm-up)
+        self.direct = False                 # calls skip the graphs' entries (warm-up checks)
 
-    def _compile(self, fn, kinds: int = 1) -> DirectGraph:
-        graph = compile_graph(fn, self.cuda_graphs, 2 * len(self.keys) * kinds,
-                              self.buckets[-1])
+    def _compile(self, fn) -> DirectGraph:
+        graph = compile_graph(fn, self.cuda_graphs, self.buckets[-1], self.cache_dir,
+                              f"{self.part} {fn.__name__}")
         self.compiled.append(graph)
         return graph
 
@@ -300,7 +297,7 @@ class StaticGraphs:
               rows: int, valid: torch.Tensor, window_rows: torch.Tensor):
         """One compiled forward of `key` reading `rows` cache rows: called directly, the
         CUDA graph captured for its key bucket (`graphs`, by key and key bucket) replayed,
-        or through dynamo."""
+        or through the graph's own entry."""
         if self.direct:
             return forward(valid, window_rows)
         captured = graphs[(*key, self.key_bucket(rows))] if graphs else None
@@ -342,6 +339,10 @@ class StaticGraphs:
         on the state, which is left empty."""
 
         def every_bucket() -> None:
+            if progress is not None:
+                progress(ProgressLine(f"compiling the {self.part}'s forwards: {len(self.keys)} "
+                                      f"buckets, or reading them from {self.cache_dir}",
+                                      "compiling", 0, len(self.keys)))
             for i, key in enumerate(self.keys):
                 t1 = time.perf_counter()
                 if self.cuda_graphs:     # one graph per key bucket, all of one compiled code
@@ -358,12 +359,15 @@ class StaticGraphs:
                 if progress is not None:
                     bb, tb = key
                     rows = f"{tb}-row" if bb == 1 else f"{bb} x {tb}-row"
-                    progress(f"compiled the {self.part}'s {rows} forward ({i + 1}/"
-                             f"{len(self.keys)}, {time.perf_counter() - t1:.1f} s)")
+                    progress(ProgressLine(
+                        f"compiled the {self.part}'s {rows} forward ({i + 1}/{len(self.keys)}, "
+                        f"{time.perf_counter() - t1:.1f} s)", "compiling", i + 1,
+                        len(self.keys)))
             self._warm_extra(progress)
             self.state.reset()
 
-        self.report = replace(warm_up_report(every_bucket, self.part, self.cuda_graphs,
+        self.report = replace(warm_up_report(every_bucket, self.compiled, self.part,
+                                             self.cuda_graphs,
                                              self.buckets, self.spans, self.cache_dir,
                                              self.batches), captured=len(self.graphs))
         self.direct = all(graph.direct for graph in self.compiled)
@@ -409,7 +413,8 @@ class StaticGraphs:
 
     def _check_direct(self, key: tuple[int, int], first: object) -> None:
         """The bucket's forward again from the same empty state, now by direct calls: it
-        must give what dynamo's first calls gave (outputs, recurrent state), bit for bit."""
+        must give what the first calls through the graphs' entries gave (outputs, recurrent
+        state), bit for bit."""
         gdn = self.state.gdn
 
         def again() -> object:
@@ -420,15 +425,19 @@ class StaticGraphs:
 
 @torch.inference_mode()
 @quiet_inductor()
-def warm_up_report(run: Callable[[], None], part: str, cuda_graphs: bool,
-                   buckets: tuple[int, ...], spans: int, cache_dir: Path,
+def warm_up_report(run: Callable[[], None], graphs: Sequence[DirectGraph], part: str,
+                   cuda_graphs: bool, buckets: tuple[int, ...], spans: int, cache_dir: Path,
                    batches: tuple[int, ...] = (1,)) -> CompileReport:
-    """Run `run` (the first call of every graph: compiling, or reading the on-disk cache
-    at `cache_dir`) and report what it took."""
-    # process-wide: inductor reads the variable whenever it looks for a cached graph
+    """Run `run` (the first call of every graph: compiled, or read from the store at
+    `cache_dir`) and report what it took."""
+    # process-wide: inductor reads the variable whenever it looks for a compiled module (a
+    # graph read from the store finds its C++ wrapper there instead of building it again)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
-    counters = torch._dynamo.utils.counters["stats"]
-    before, t0 = counters["unique_graphs"], time.perf_counter()
+
+    def counts() -> tuple[int, int]:
+        return sum(g.compiled_now for g in graphs), sum(g.read for g in graphs)
+
+    (compiled, read), t0 = counts(), time.perf_counter()
     try:
         run()
     except Exception as exc:    # a compiled graph calls the kernels unguarded (dispatch.py)
@@ -436,9 +445,11 @@ def warm_up_report(run: Callable[[], None], part: str, cuda_graphs: bool,
         if clear is None:
             raise
         raise clear from exc
+    compiled_after, read_after = counts()
     report = CompileReport("inductor + CUDA graphs" if cuda_graphs else "inductor", buckets,
-                           (part,), spans, counters["unique_graphs"] - before,
-                           time.perf_counter() - t0, str(cache_dir), batches)
+                           (part,), spans, compiled_after - compiled + read_after - read,
+                           time.perf_counter() - t0, str(cache_dir), batches,
+                           read=read_after - read)
     log.info("%s", report)
     return report
 
