@@ -10,7 +10,7 @@ LINT_PATHS := flash_planner test bench launch tools setup.py
 
 DEMO_TASK  ?= bring the red cup from the kitchen table to the sink
 
-.PHONY: all venv ros-env thor-deps thor-image test check test-gpu demo demo-model bench bench-peer bench-ros bench-batch bench-vision bench-gpu kernels-report lint lint-fix clean distclean
+.PHONY: all venv ros-env thor-deps thor-image test check test-gpu demo demo-model bench bench-peer bench-ros bench-batch bench-vision bench-startup bench-gpu kernels-report lint lint-fix clean distclean
 
 all: test
 
@@ -130,6 +130,10 @@ bench-batch: $(STAMP)
 
 bench-vision: $(STAMP)
 	$(VENV)/bin/python bench/vision.py
+
+# Start-up of the compiled engines, cold and warm cache, each start a new process (~15 min).
+bench-startup: $(STAMP)
+	$(VENV)/bin/python bench/startup.py
 
 # Every declared Triton kernel specialization compiled for sm_90 and sm_110 (no GPU needed):
 # registers, spills, shared memory, cubin size, tensor-core instructions.

@@ -85,6 +85,7 @@ def _load_engine(args: argparse.Namespace, model: str, progress=_progress_to_std
         prefix_cache=False if getattr(args, "no_prefix_cache", False) else None,
         compile=getattr(args, "compile", None), threads=getattr(args, "threads", None),
         compile_cache=getattr(args, "compile_cache", None),
+        compile_lazy=getattr(args, "compile_lazy", None),
         max_batch=getattr(args, "max_batch", None))
     return Engine.load(config, progress=progress), preset
 
@@ -435,7 +436,7 @@ def _compile(args: argparse.Namespace) -> int:
     cache) and stored, so that the next start reads them."""
     if args.compile == "off":
         raise UsageError("compile --no-compile compiles nothing; leave the flag out")
-    args.compile = "on"
+    args.compile, args.compile_lazy = "on", False     # every bucket now, none deferred
     engine, _ = _load_engine(args, args.model)
     report = engine.compile_report
     if args.json:

@@ -113,10 +113,13 @@ def dense_dir(checkpoints):
 
 @pytest.fixture(scope="session")
 def make_engine():
-    """Load an Engine from a checkpoint directory; keyword arguments override EngineConfig."""
+    """Load an Engine from a checkpoint directory; keyword arguments override EngineConfig.
+    A compiled engine compiles every bucket at warm-up here (compile_lazy False), so that a
+    test's forwards are all compiled; test_compiled.py tests the deferred ones."""
 
     def make(path, **overrides) -> Engine:
-        settings = dict(model_path=str(path), device="cpu", dtype="fp32", max_context=512)
+        settings = dict(model_path=str(path), device="cpu", dtype="fp32", max_context=512,
+                        compile_lazy=False)
         settings.update(overrides)
         return Engine.load(EngineConfig(**settings))
 

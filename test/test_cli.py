@@ -404,3 +404,8 @@ def test_plan_goals_reports_the_gates_refusal_and_fails(tmp_path, capsys):
     err = capsys.readouterr().err
     assert ("flash-planner: the safety gate refuses the plan: step 0 (navigate_to): pose "
             "(9.0, 0.0) is outside the workspace x [-5.0, 5.0]") in err
+
+
+def test_compile_without_compiling_is_a_usage_error(hybrid_dir, capsys):
+    assert main(["compile", "--model", str(hybrid_dir), "--no-compile"]) == 2
+    assert "compile --no-compile compiles nothing" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,7 +27,7 @@ from .methods import METHODS
 from .models.graphs.compiled import CompileReport, StaticForward
 from .models.graphs.compiled_drafts import StaticDrafter, StaticHead
 from .models.graphs.compiled_flash_next import StaticFlashNext
-from .models.graphs.static_graphs import row_buckets
+from .models.graphs.static_graphs import StaticGraphs, row_buckets
 from .state.cache import ContextOverflowError, InferenceState
 from .state.kv_scales import kv_scales_label
 from .state.prefix import PrefixCache
@@ -99,6 +100,8 @@ class Engine:
         self.proposers = proposers or {}
         self.extra_bytes = extra_bytes or ProposerBytes(0, 0)
         self.compile_report: CompileReport | None = None   # None: every forward is eager
+        self.statics: list[StaticGraphs] = []    # the compiled models (wait_compiled)
+        self._later: threading.Thread | None = None    # compile_in_background
         self._batch_slots: dict[int, SlotStates] = {}      # batch.py's, by max_batch
         self.threads: Threads | None = None   # set by `load`; None: as the process had it
         self.gemm = None     # set by `load`: the device's GemmContext (kernels/gemm/context.py)
@@ -182,6 +185,7 @@ class Engine:
             max_batch = config.resolve_max_batch(device)
             if max_batch > 1:         # the batch's forwards too: no request compiles
                 engine.batch_slots(max_batch, progress)
+            engine.compile_in_background()
         log.info("loaded %s on %s (%s, weights %s, %s, dense segments: %s, proposers: %s): %s",
                  config.model_path, device, dtype, engine.weights_label, engine.kv_scales_label,
                  checkpoint.model.dense.name, ", ".join(proposers) or "none", engine.memory)
@@ -219,6 +223,7 @@ class Engine:
             slots.heads = None if mtp is None else mtp.head_slots(max_batch)
             if self.compile_report is not None:
                 self._compile_slots(slots, max_batch, mtp, dflash, progress)
+                self.compile_in_background()
             self._batch_slots[max_batch] = slots
         self.model.batch_static = slots.static
         if dflash is not None:
@@ -244,18 +249,42 @@ class Engine:
             return                   # a Flash-Next batch's forwards run eager
         slots.static = StaticForward(self.model, slots.whole, config.max_block,
                                      config.compile_cache, row_buckets(max_batch))
-        report = slots.static.warm_up(progress)
+        report = slots.static.warm_up(progress, first_rows(self))
+        self.statics.append(slots.static)
         if slots.heads is not None:
             slots.heads.static = StaticHead(mtp.head, slots.heads.whole, config.max_block,
                                             config.compile_cache, row_buckets(max_batch),
                                             *mtp.chain_parts())
-            report = report.plus(slots.heads.static.warm_up(progress))
+            report = report.plus(slots.heads.static.warm_up(progress, first_rows(self)))
+            self.statics.append(slots.heads.static)
         if dflash is not None:
             slots.drafts = StaticDrafter(dflash.drafter, dflash.embed, dflash.lm_head_weight,
                                          dflash.block_size, dflash.window.capacity,
                                          config.compile_cache, row_buckets(max_batch)[1:])
             report = report.plus(slots.drafts.warm_up(progress))
         self.compile_report = self.compile_report.plus(report)
+
+    def compile_in_background(self) -> None:
+        """Start compiling the buckets the warm-ups deferred (`EngineConfig.compile_lazy`):
+        one thread, after every warm-up (two compiles at once are not safe), the parts in
+        the order they were warmed up."""
+        if self._later is not None and self._later.is_alive():
+            return                    # it looks for more parts before it ends
+
+        def run() -> None:
+            while pending := [static for static in self.statics if static.later]:
+                pending[0].compile_later()
+
+        if any(static.later for static in self.statics):
+            self._later = threading.Thread(target=run, name="compile later", daemon=True)
+            self._later.start()
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Wait (bounded by `timeout`) for the buckets compiling in the background ->
+        whether every bucket of every compiled part is compiled now."""
+        if self._later is not None:
+            self._later.join(timeout)
+        return all(static.ready == set(static.keys) for static in self.statics)
 
     @property
     def memory(self) -> MemoryReport:
@@ -306,6 +335,21 @@ def flash_next_config(config: EngineConfig) -> EngineConfig:
     return replace(config, dense_backend="torch")
 
 
+def first_rows(engine: Engine) -> tuple[int, ...] | None:
+    """The verify blocks the first requests run, whose buckets the warm-up compiles before
+    the others (`compile_lazy`; None: every bucket at warm-up): 1 (plain decoding), the
+    DFlash drafter's block, the MTP head's chain plus its anchor. A block of other rows (a
+    grammar's forced tokens, a short draft) runs eager until its bucket is ready."""
+    if not engine.config.compile_lazy:
+        return None
+    rows = [1]
+    if "dflash" in engine.proposers:
+        rows.append(engine.proposers["dflash"].block_size)
+    if "mtp" in engine.proposers:
+        rows.append(engine.config.mtp_steps + 1)
+    return tuple(rows)
+
+
 def compile_forwards(engine: Engine, progress: Callable[[str], None] | None = None
                      ) -> CompileReport:
     """Compile the target's decode and verify forwards, the MTP head's and the DFlash
@@ -314,13 +358,15 @@ def compile_forwards(engine: Engine, progress: Callable[[str], None] | None = No
     flash_next = engine.model_config.flash_next is not None
     kind = StaticFlashNext if flash_next else StaticForward
     static = kind(engine.model, engine.state, config.max_block, config.compile_cache)
-    report = static.warm_up(progress)
+    report = static.warm_up(progress, None if flash_next else first_rows(engine))
+    engine.statics.append(static)
     engine.model.set_static(static)
     mtp = engine.proposers.get("mtp")
     if mtp is not None and not flash_next:       # Flash-Next's MTP module runs eager
         head = StaticHead(mtp.head, mtp.state, config.max_block, config.compile_cache,
                           (1,), *mtp.chain_parts())
-        report = report.plus(head.warm_up(progress))
+        report = report.plus(head.warm_up(progress, first_rows(engine)))
+        engine.statics.append(head)
         mtp.head.static = head
     dflash = engine.proposers.get("dflash")
     if dflash is not None:

@@ -59,7 +59,7 @@ TRITON_OPS, TRITON_MISSING = _triton_ops()
 # what it read, so the swap made by the first run of a compiled forward failed the guards of
 # its second run, which recompiled inside the CUDA-graph capture and broke it (seen on an
 # H200: every compiled engine on CUDA failed to load). A toolchain failure while compiling
-# is made clear by the compiled forwards' warm-up instead (models/compiled.warm_up_report).
+# is made clear by the compiled forwards' warm-up instead (models/graphs/warm_up_report.py).
 LAUNCHERS = {name: fn.__wrapped__ for name, fn in TRITON_OPS.items()}
 
 

@@ -418,6 +418,36 @@ def test_a_second_engine_reads_every_graph_from_the_store(checkpoints, make_engi
     assert got.token_ids == ref and got.stats.compiled and got.stats.accepted > 0
 
 
+def test_rarer_buckets_compile_in_the_background_then_serve(checkpoints, make_engine,
+                                                            compile_cache, graphs_obtained):
+    """compile_lazy: the warm-up compiles the target's and the MTP head's buckets of plain
+    decoding and of the head's block (1 and 2 rows), their 4-row buckets in the background
+    without running them; once ready, verifies run their graphs (none compiled then) with
+    eager's tokens, and their cost is measured on their first calls."""
+    path = checkpoints("hybrid", init=0.25, layers=LAYERS, mtp=True)
+    common = dict(max_batch=1, max_block=BLOCK, mtp_steps=1, compile_cache=compile_cache)
+    eager = make_engine(path, compile="off", **common)
+    compiled = make_engine(path, compile="on", compile_lazy=True, **common)
+    static, head = compiled.model.static, compiled.proposers["mtp"].head.static
+    assert compiled.compile_report.deferred == 2          # the target's and the head's
+    assert compiled.wait_compiled(timeout=600)
+    assert static.ready == set(static.keys) and head.ready == set(head.keys)
+    obtained = graphs_obtained()
+    prompt = eager.tokenizer.encode(PROMPT, add_special_tokens=False)
+    ref = generate(eager, prompt, GenerationSettings(30, ignore_eos=True,
+                                                     speculative=False)).token_ids
+    calls = static.calls
+    replay = ReplayProposer(ref, compiled.model_config.vocab_size, block_size=BLOCK, seed=5)
+    got = generate(compiled, prompt, GenerationSettings(30, ignore_eos=True),
+                   proposer=replay)
+    assert got.token_ids == ref and static.calls - calls == got.stats.cycles
+    assert (1, BLOCK) in static.seconds
+    mtp = GenerationSettings(30, ignore_eos=True, method="mtp")
+    assert (generate(compiled, prompt, mtp).token_ids
+            == generate(eager, prompt, mtp).token_ids)
+    assert obtained == []
+
+
 def _no_compile(*args, **kwargs):
     raise AssertionError("a graph stored on disk was compiled again")
 

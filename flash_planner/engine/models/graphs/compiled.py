@@ -42,13 +42,13 @@ from ...state.cache import InferenceState
 from ..qwen.layers import rope_cos_sin
 from ..qwen.moe import RoutingRecord, SparseMoeBlock
 from .static_graphs import (
-    CompileReport,
     StaticGraphs,
     batch_rows,
     compile_cache_dir,
     layer_cache,
     row_buckets,
 )
+from .warm_up_report import CompileReport
 
 __all__ = ["CompileReport", "StaticForward", "compile_cache_dir", "row_buckets",
            "span_bounds"]
@@ -311,6 +311,30 @@ class StaticForward(StaticGraphs):
             shifts.zero_()
             shifts[:len(rows), 0].copy_(torch.tensor(rows))
             self._shifted[bb] = any(rows)
+
+    def _prepare(self, key: tuple[int, int]) -> None:
+        """The graphs of `key`'s forward compiled without running them (a deferred bucket):
+        the entry's outputs, computed eagerly (embedding and rotary tables touch no state),
+        stand for the spans' and the head's inputs, which have their shapes."""
+        model, positions = self.model, self.positions[key]
+        rope = model.cfg.rope
+        bb, tb = key
+        valid, window_rows = self.padding(bb, tb, bb, tb)
+        caches = (bb, tb > 1)
+        entry = (model.embed_tokens, self.ids[key], positions, self.shifts[bb],
+                 rope.rotary_dim, rope.theta)
+        if self.spans == 1:
+            span = self.spans_of[0]
+            self.whole.prepare(*entry, span.steps, span.flats, span.caches[caches],
+                               self.key_rows, valid, window_rows, model.norm,
+                               model.output_weight)
+            return
+        self.entry.prepare(*entry)
+        x, cos, sin = _entry(*entry)
+        for span in self.spans_of:       # one graph unless a span's packing differs
+            self.span.prepare(span.steps, span.flats, span.caches[caches], x, cos, sin,
+                              positions, self.key_rows, valid, window_rows)
+        self.head.prepare(model.norm, model.output_weight, x)
 
     def _forward(self, key: tuple[int, int], valid: torch.Tensor,
                  window_rows: torch.Tensor):

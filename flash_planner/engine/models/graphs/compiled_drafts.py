@@ -16,19 +16,17 @@ from torch.utils._pytree import tree_map
 from ...progress import ProgressLine
 from ...state.cache import InferenceState
 from ..qwen.layers import rope_cos_sin
+from .captured import CapturedGraph, run_graph
 from .compiled import span_forward
 from .direct import check_direct
 from .static_graphs import (
-    CapturedGraph,
-    CompileReport,
     StaticGraphs,
     batch_rows,
     compile_cache_dir,
     compile_graph,
     layer_cache,
-    run_graph,
-    warm_up_report,
 )
+from .warm_up_report import CompileReport, warm_up_report
 
 
 class StaticHead(StaticGraphs):
@@ -97,6 +95,13 @@ class StaticHead(StaticGraphs):
         return self.graph.call(key, self.head, self.caches[key[0]], *self.inputs[key],
                                self.positions[key], self.key_rows, rope.rotary_dim,
                                rope.theta, valid, window_rows)
+
+    def _prepare(self, key: tuple[int, int]) -> None:
+        """`key`'s graph compiled without running it (a deferred bucket)."""
+        rope = self.head.cfg.rope
+        self.graph.prepare(self.head, self.caches[key[0]], *self.inputs[key],
+                           self.positions[key], self.key_rows, rope.rotary_dim, rope.theta,
+                           *self.padding(*key, *key))
 
     def accepts_chain(self, state: object, batch: int) -> bool:
         """Whether `run_chain` takes a proposal over these `batch` rows of `state` (the

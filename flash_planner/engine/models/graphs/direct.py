@@ -20,6 +20,7 @@ unexpected (another torch whose code is called otherwise) keeps the AOT function
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ from torch.utils import _pytree as pytree
 from .graph_store import GraphStore, entry_key
 
 log = logging.getLogger(__name__)
+_OBTAINING = threading.Lock()
 
 
 def _layout(out: object, leaves: list[int]) -> object:
@@ -151,7 +153,12 @@ class DirectGraph:
 
     def _obtain(self, args: tuple[object, ...], leaves: list[object], spec):
         """The compiled graph for these arguments: from the store, else compiled (and
-        stored)."""
+        stored); one at a time in the process (dynamo's and inductor's compile state is
+        global: a deferred bucket compiles in a thread of its own)."""
+        with _OBTAINING:
+            return self._obtain_now(args, leaves, spec)
+
+    def _obtain_now(self, args: tuple[object, ...], leaves: list[object], spec):
         device = next((x.device for x in leaves if isinstance(x, torch.Tensor)),
                       torch.device("cpu"))
         key = entry_key(self.name, leaves, spec, self.options, device)
@@ -166,6 +173,12 @@ class DirectGraph:
         if self.store is not None:
             self.store.save(key, graph)
         return graph
+
+    def prepare(self, *args: object) -> None:
+        """Compile (or read) the graph for arguments like these without running it: shapes
+        and structure are all it takes (a deferred bucket, compiled while others serve)."""
+        leaves, spec = pytree.tree_flatten(args)
+        self._entry(args, leaves, spec)
 
     def call(self, site: Hashable, *args: object):
         """The graph on `args`, from a call site whose arguments hold the same tensors at

@@ -1,8 +1,9 @@
 """What every compiled static-shape model shares (compiled.py's target, compiled_drafts.py's
 MTP head and DFlash drafter): the row and batch buckets, compiling a graph function with
-the options a CPU or CUDA wants, the on-disk cache, warm-up and its report, padding and
-positions per (batch bucket, row bucket) key, the state views a layer's graph takes, and
-one CUDA graph captured per key. compiled.py's docstring says why the forwards are compiled
+the options a CPU or CUDA wants, the on-disk cache, warm-up (its report: warm_up_report.py)
+and the buckets compiled after it, padding and positions per (batch bucket, row bucket)
+key, the state views a layer's graph takes, and one CUDA graph captured per key
+(captured.py). compiled.py's docstring says why the forwards are compiled
 and how their static shapes are kept.
 """
 
@@ -12,20 +13,20 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from ....kernels.toolchain import toolchain_error
 from ...config import cache_home
 from ...progress import ProgressLine
 from ...state.cache import InferenceState
 from ..qwen.moe import RoutingRecord
+from .captured import CapturedGraph, run_graph
 from .direct import DirectGraph, check_direct
 from .graph_store import GraphStore
+from .warm_up_report import CompileReport, quiet_inductor, warm_up_report
 
 log = logging.getLogger(__name__)
 
@@ -70,19 +71,6 @@ def compile_cache_dir(configured: str | None = None) -> Path:
 
 
 
-@contextmanager
-def quiet_inductor():
-    """Compiling with the C++ wrapper warns, once per op, that ops without a C shim (the
-    triangular solve of the GDN verify) run through a proxy: correct, and not for users."""
-    logger = logging.getLogger("torch._inductor.ir")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def compile_graph(fn, cuda_graphs: bool, rows: int = 1, cache_dir: Path | None = None,
                   name: str = "") -> DirectGraph:
     """One graph function compiled ahead of time, static shapes, no graph break allowed,
@@ -115,45 +103,6 @@ def _decompose_small_gemms(rows: int) -> None:
     small_gemms.cpu_max_first_dimension_decomposition = max(
         small_gemms.cpu_max_first_dimension_decomposition, rows)
 
-
-
-@dataclass(frozen=True)
-class CompileReport:
-    """What warm-up did: telemetry and the node's summary show it."""
-
-    backend: str              # "inductor" (CPU) or "inductor + CUDA graphs"
-    buckets: tuple[int, ...]
-    parts: tuple[str, ...]    # the models compiled: target, and the MTP head where loaded
-    spans: int                # graph calls per target forward for its layers
-    graphs: int               # graphs compiled (or read from the cache) at warm-up
-    seconds: float
-    cache_dir: str
-    batches: tuple[int, ...] = (1,)   # batch buckets (a batch of slots' forwards)
-    captured: int = 0         # CUDA graphs captured (per bucket, and per key bucket)
-    read: int = 0             # of `graphs`, those read from the store (not compiled)
-
-    def plus(self, other: CompileReport) -> CompileReport:
-        return replace(self, parts=self.parts + other.parts, graphs=self.graphs + other.graphs,
-                       seconds=self.seconds + other.seconds,
-                       captured=self.captured + other.captured,
-                       read=self.read + other.read,
-                       batches=max(self.batches, other.batches, key=len))
-
-    def as_dict(self) -> dict[str, object]:
-        return {"backend": self.backend, "buckets": list(self.buckets),
-                "batches": list(self.batches),
-                "parts": list(self.parts), "spans": self.spans, "graphs": self.graphs,
-                "captured": self.captured, "read": self.read,
-                "seconds": round(self.seconds, 3),
-                "cache_dir": self.cache_dir}
-
-    def __str__(self) -> str:
-        batches = f" x batches {list(self.batches)}" if self.batches != (1,) else ""
-        captured = f", {self.captured} CUDA graphs captured" if self.captured else ""
-        return (f"compiled {' + '.join(self.parts)} ({self.backend}): buckets "
-                f"{list(self.buckets)}{batches}, {self.spans} layer graph calls per target "
-                f"forward, {self.graphs} graphs ({self.read} read from the cache){captured} "
-                f"in {self.seconds:.1f} s (cache {self.cache_dir})")
 
 
 def layer_cache(state: InferenceState, layer: int, record: bool) -> tuple[torch.Tensor, ...]:
@@ -211,10 +160,13 @@ class StaticGraphs:
         self._padding: dict[tuple[int, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.graphs: dict[tuple[int, int, int], CapturedGraph] = {}   # + key bucket
         self.report: CompileReport | None = None
+        self.ready: set[tuple[int, int]] = set()   # keys whose graphs are compiled
+        self.later: tuple[tuple[int, int], ...] = ()   # keys warm-up left to compile_later
         self.calls = 0                      # forwards run compiled since warm-up
         # seconds of each key's forward, measured at warm-up (`best_rows` reads them)
         self.seconds: dict[tuple[int, int], float] = {}
         self.compiled: list[DirectGraph] = []
+        self._first_calls: dict[tuple[int, int], bool] = {}   # deferred keys not yet called
         self.direct = False                 # calls skip the graphs' entries (warm-up checks)
 
     def _compile(self, fn) -> DirectGraph:
@@ -257,7 +209,7 @@ class StaticGraphs:
         sequence's cache, and an FP8 cache already calibrated (the first prefill chunk does
         that, eagerly)."""
         tb = self.bucket(rows)
-        if tb is None or self.report is None:
+        if tb is None or (self._batch_of.get(batch), tb) not in self.ready:
             return False
         slots = self._slots(state, batch)
         return (slots is not None and all(s.length + tb <= s.capacity for s in slots)
@@ -290,8 +242,21 @@ class StaticGraphs:
         return next(b for b in self.key_buckets if b >= rows)
 
     def _run(self, key: tuple[int, int], valid: torch.Tensor, window_rows: torch.Tensor):
+        if key not in self.seconds:        # compiled after warm-up: timed on real calls
+            return self._timed_call(key, valid, window_rows)
         return self._call(partial(self._forward, key), self.graphs, key,
                           int(self.key_rows[0]), valid, window_rows)
+
+    def _timed_call(self, key: tuple[int, int], valid: torch.Tensor,
+                    window_rows: torch.Tensor):
+        """A deferred key's forward, timed: its second call gives `best_rows` its cost (the
+        first includes learning its call sites)."""
+        t0 = time.perf_counter()
+        out = self._call(partial(self._forward, key), self.graphs, key,
+                         int(self.key_rows[0]), valid, window_rows)
+        if self._first_calls.pop(key, None) is None:
+            self.seconds[key] = time.perf_counter() - t0
+        return out
 
     def _call(self, forward: Callable[..., object], graphs: dict, key: tuple[int, ...],
               rows: int, valid: torch.Tensor, window_rows: torch.Tensor):
@@ -334,16 +299,27 @@ class StaticGraphs:
         self.key_rows[0] = tb
         return self.padding(bb, tb, bb, tb)
 
-    def warm_up(self, progress: Callable[[str], None] | None = None) -> CompileReport:
-        """Compile (or read from the on-disk cache) every bucket's graphs, running each once
-        on the state, which is left empty."""
+    def warm_up(self, progress: Callable[[str], None] | None = None,
+                first_rows: Sequence[int] | None = None) -> CompileReport:
+        """Compile (or read from the on-disk cache) the buckets' graphs, running each once
+        on the state, which is left empty. With `first_rows` (the blocks the first requests
+        verify: 1 for plain decoding, each loaded proposer's block) on a CPU, only their
+        buckets now: the others (`later`) are compiled afterwards without running
+        (`compile_later`), their forwards eager until each is ready (`fits`)."""
+        keys = self.keys
+        if first_rows is not None and not self.cuda_graphs:
+            wanted = {self.bucket(min(r, self.buckets[-1])) for r in first_rows}
+            keys = tuple(k for k in self.keys if k[1] in wanted)
+        later = tuple(k for k in self.keys if k not in keys)
 
         def every_bucket() -> None:
             if progress is not None:
-                progress(ProgressLine(f"compiling the {self.part}'s forwards: {len(self.keys)} "
-                                      f"buckets, or reading them from {self.cache_dir}",
-                                      "compiling", 0, len(self.keys)))
-            for i, key in enumerate(self.keys):
+                deferred = f", {len(later)} more in the background" if later else ""
+                buckets = "bucket" if len(keys) == 1 else "buckets"
+                progress(ProgressLine(f"compiling the {self.part}'s forwards: {len(keys)} "
+                                      f"{buckets}{deferred}, or reading them from "
+                                      f"{self.cache_dir}", "compiling", 0, len(keys)))
+            for i, key in enumerate(keys):
                 t1 = time.perf_counter()
                 if self.cuda_graphs:     # one graph per key bucket, all of one compiled code
                     for kb in self.key_buckets:
@@ -356,22 +332,53 @@ class StaticGraphs:
                 else:
                     self._forward(key, *self._warm_state(key))
                 self.seconds[key] = self._timed(key)
+                self.ready.add(key)
                 if progress is not None:
-                    bb, tb = key
-                    rows = f"{tb}-row" if bb == 1 else f"{bb} x {tb}-row"
                     progress(ProgressLine(
-                        f"compiled the {self.part}'s {rows} forward ({i + 1}/{len(self.keys)}, "
-                        f"{time.perf_counter() - t1:.1f} s)", "compiling", i + 1,
-                        len(self.keys)))
+                        f"compiled the {self.part}'s {self._rows(key)} forward ({i + 1}/"
+                        f"{len(keys)}, {time.perf_counter() - t1:.1f} s)", "compiling", i + 1,
+                        len(keys)))
             self._warm_extra(progress)
             self.state.reset()
 
         self.report = replace(warm_up_report(every_bucket, self.compiled, self.part,
                                              self.cuda_graphs,
                                              self.buckets, self.spans, self.cache_dir,
-                                             self.batches), captured=len(self.graphs))
+                                             self.batches), captured=len(self.graphs),
+                              deferred=len(later))
         self.direct = all(graph.direct for graph in self.compiled)
+        self.later = later
         return self.report
+
+    @staticmethod
+    def _rows(key: tuple[int, int]) -> str:
+        bb, tb = key
+        return f"{tb}-row" if bb == 1 else f"{bb} x {tb}-row"
+
+    def compile_later(self) -> None:
+        """The keys warm-up deferred, compiled (or read) one after another without running
+        (the engine's background thread, `compile_in_background`); each serves from its
+        next forward on. A key that fails stays eager, with a warning."""
+        with torch.inference_mode(), quiet_inductor():
+            for i, key in enumerate(self.later):
+                t0 = time.perf_counter()
+                try:
+                    self._prepare(key)
+                except Exception as exc:     # the key's forwards stay eager, and say why
+                    log.warning("the %s's %s forward stays eager: compiling it failed (%s: "
+                                "%s)", self.part, self._rows(key), type(exc).__name__, exc)
+                    continue
+                self._first_calls[key] = True
+                self.ready.add(key)
+                log.info("compiled the %s's %s forward in the background (%d/%d, %.1f s)",
+                         self.part, self._rows(key), i + 1, len(self.later),
+                         time.perf_counter() - t0)
+        self.later = ()
+
+    def _prepare(self, key: tuple[int, int]) -> None:
+        """Compile (or read) the graphs of `key`'s forward without running them: the state
+        is serving meanwhile. Subclasses that defer keys define it."""
+        raise NotImplementedError
 
     def _warm_extra(self, progress: Callable[[str], None] | None) -> None:
         """Graphs a subclass compiles besides one forward per key, warmed up here."""
@@ -406,6 +413,8 @@ class StaticGraphs:
         for tb in self.buckets:
             if tb > longest:
                 break
+            if (bb, tb) not in self.seconds:     # not compiled yet, or not yet timed
+                continue
             r = sum(min(n, tb) for n in lengths) / (overhead + self.seconds[(bb, tb)])
             if r >= rate:
                 best, rate = tb, r
@@ -423,77 +432,9 @@ class StaticGraphs:
         check_direct(self.compiled, self.part, (first, gdn.state, gdn.conv), again)
 
 
-@torch.inference_mode()
-@quiet_inductor()
-def warm_up_report(run: Callable[[], None], graphs: Sequence[DirectGraph], part: str,
-                   cuda_graphs: bool, buckets: tuple[int, ...], spans: int, cache_dir: Path,
-                   batches: tuple[int, ...] = (1,)) -> CompileReport:
-    """Run `run` (the first call of every graph: compiled, or read from the store at
-    `cache_dir`) and report what it took."""
-    # process-wide: inductor reads the variable whenever it looks for a compiled module (a
-    # graph read from the store finds its C++ wrapper there instead of building it again)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
-
-    def counts() -> tuple[int, int]:
-        return sum(g.compiled_now for g in graphs), sum(g.read for g in graphs)
-
-    (compiled, read), t0 = counts(), time.perf_counter()
-    try:
-        run()
-    except Exception as exc:    # a compiled graph calls the kernels unguarded (dispatch.py)
-        clear = toolchain_error(exc)
-        if clear is None:
-            raise
-        raise clear from exc
-    compiled_after, read_after = counts()
-    report = CompileReport("inductor + CUDA graphs" if cuda_graphs else "inductor", buckets,
-                           (part,), spans, compiled_after - compiled + read_after - read,
-                           time.perf_counter() - t0, str(cache_dir), batches,
-                           read=read_after - read)
-    log.info("%s", report)
-    return report
-
-
-def run_graph(captured: CapturedGraph | None, forward: Callable[..., object],
-              *inputs: torch.Tensor):
-    """One compiled forward: the CUDA graph replayed with `inputs` copied in, or on a CPU
-    the compiled code called. Every call after warm-up matches a graph compiled for these
-    modules and state tensors, so only the guards that tell those graphs apart (bucket,
-    recording, layer kinds) are checked: a third of a call's cost saved."""
-    if captured is not None:
-        return captured.replay(*inputs)
-    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-        return forward(*inputs)
-
-
-
 def batch_rows(views: tuple[torch.Tensor, ...], bb: int, batch: int
                ) -> tuple[torch.Tensor, ...]:
     """The first bb of a state's `batch` rows of a layer's state views (the views
     themselves when that is all of them: a one-sequence state's FP8 scales have no batch
     dimension)."""
     return views if bb == batch else tuple(x[:bb] for x in views)
-
-
-
-
-class CapturedGraph:
-    """A forward as a CUDA graph: run once to compile and warm up, captured, and replayed
-    with its per-call inputs copied into the static tensors it was captured with."""
-
-    def __init__(self, forward: Callable[..., object], *inputs: torch.Tensor):
-        self.inputs = tuple(x.clone() for x in inputs)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            forward(*self.inputs)                                  # compile and autotune
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.outputs = forward(*self.inputs)
-
-    def replay(self, *inputs: torch.Tensor):
-        for static, x in zip(self.inputs, inputs):
-            static.copy_(x)
-        self.graph.replay()
-        return self.outputs
