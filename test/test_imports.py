@@ -37,6 +37,9 @@ NEVER = {
     # a request's checks come before any queue: the service calls them, never the reverse
     "planning/request.py": ("flash_planner.ros", "flash_planner.planning.service",
                             "flash_planner.planning.ticket"),
+    # writing a tree needs the standard library only (lxml is the `bt` extra, for reading
+    # one back): the node and the server export trees without it
+    "planning/bt_write.py": ("lxml", "flash_planner.planning.bt"),
     "ros": ("flash_planner.engine",),
     "cli.py": ("flash_planner.ros",),
     "server": ("flash_planner.ros", "flash_planner.cli"),

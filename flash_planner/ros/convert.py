@@ -9,11 +9,12 @@ int32, float for float32/float64, str for string) because generated setters chec
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..planning.bt import to_bt_xml
+from ..planning.bt import BtError, to_bt_xml
 from ..planning.request import PlanRequest, PlanResult, RequestError
 
 if TYPE_CHECKING:  # the service module pulls in the engine (torch); only its type is needed
@@ -117,13 +118,26 @@ def telemetry_fields(telemetry: dict[str, Any], finish_reason: str = "") -> dict
     return out
 
 
+def plan_as_bt(result: PlanResult, catalog) -> str:
+    """A successful plan as a BehaviorTree.CPP tree, or "" (no catalog, a failed plan, or
+    a plan BT.CPP cannot hold: an argument it would read as a blackboard entry, logged)."""
+    if not result.success or catalog is None:
+        return ""
+    try:
+        return to_bt_xml(result.plan, catalog)
+    except BtError as exc:
+        logging.getLogger(__name__).warning("plan %s given without bt_xml: %s",
+                                            result.request_id or "", exc)
+        return ""
+
+
 def result_fields(result: PlanResult, catalog=None) -> dict[str, Any]:
     """Plan result fields: success, plan_json, bt_xml (with the catalog the plan was made
     from: the plan as a BehaviorTree.CPP tree), error, raw_text and nested telemetry."""
     return {
         "success": bool(result.success),
         "plan_json": json.dumps({"plan": result.plan}) if result.success else "",
-        "bt_xml": to_bt_xml(result.plan, catalog) if result.success and catalog else "",
+        "bt_xml": plan_as_bt(result, catalog),
         "error": "" if result.success else str(result.error),
         "raw_text": str(result.raw_text),
         "telemetry": telemetry_fields(result.telemetry, result.finish_reason),

@@ -1,10 +1,10 @@
 """`planner_mcp` (`ros2 run flash_planner planner_mcp --node /flash_planner [--execute]`):
 the MCP server (server/mcp_server.py) over a running planner node, through this door: `plan`
-as a goal of the node's `~/plan` action, `execute` as one of its `~/execute` action, each
-waited for and its result as a dict (a plan that failed is the tool's error); `skills` from
-the catalog the node publishes on `~/skills` (skills_topic.py). The node's queue, gate,
-limits and approvals decide what runs; this client only asks (the MCP server never reaches
-a skill's server itself).
+as a goal of the node's `~/plan` action (`format` "bt": its result's `bt_xml` too),
+`execute` as one of its `~/execute` action, each waited for and its result as a dict (a
+plan that failed is the tool's error); `skills` from the catalog the node publishes on
+`~/skills` (skills_topic.py). The node's queue, gate, limits and approvals decide what runs;
+this client only asks (the MCP server never reaches a skill's server itself).
 
 `execute` is a coroutine on the MCP server's event loop: a host's cancel or timeout of the
 call cancels the ExecutePlan goal on the node (whose running step's goal is then cancelled
@@ -134,7 +134,8 @@ class RosDoor:
         return box["result"]
 
     def plan(self, request: dict[str, Any]) -> dict[str, Any]:
-        """A plan from the node's ~/plan (its queue and grammar), as /v1/plans answers."""
+        """A plan from the node's ~/plan (its queue and grammar), as /v1/plans answers;
+        `format` "bt" adds the result's `bt_xml` (the tree the node wrote with its catalog)."""
         goal = self._plan_action.Goal(task=request["task"],
                                       context=request.get("context", ""),
                                       scene=list(request.get("scene", [])),
@@ -145,8 +146,10 @@ class RosDoor:
         r = self._result(self._planner, self.node_name + "/plan", goal)
         telemetry = to_fields(r.telemetry)
         plan = json.loads(r.plan_json)["plan"] if r.plan_json else []
-        return {"success": r.success, "plan": plan,
-                "error": r.error, "telemetry": telemetry}
+        answer = {"success": r.success, "plan": plan, "error": r.error, "telemetry": telemetry}
+        if request.get("format") == "bt" and r.success:
+            answer["bt_xml"] = r.bt_xml
+        return answer
 
     def _on_skills(self, msg) -> None:
         try:

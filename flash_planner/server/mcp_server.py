@@ -8,9 +8,10 @@ Its tools reach the planner through a door, each the same service every other do
 node (its ~/plan action and ~/skills topic: ros/mcp_door.py), whose `~/execute` action runs
 plans with `--execute` (its safety gate, approvals and limits included: this server never
 sends a goal to a skill's server itself). Tools: `plan` (task, optional scene, context and
-images -> the validated plan and its telemetry), `skills` (the catalog as OpenAI tools)
-and, with `--execute`, `execute`. Resources: the planner's health (JSON, always) and metrics
-(the door's `METRICS_MIME`).
+images -> the validated plan and its telemetry; `format="bt"` adds the plan as a
+BehaviorTree.CPP v4 tree, `bt_xml`), `skills` (the catalog as OpenAI tools) and, with
+`--execute`, `execute`. Resources: the planner's health (JSON, always) and metrics (the
+door's `METRICS_MIME`).
 
 A refusal (a rejected request, a busy queue, a plan that failed, a refused or failed
 execution, a planner that cannot be reached) comes back as the tool's error (`isError`) with
@@ -44,6 +45,10 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 HEALTH_TIMEOUT_S = 5.0
 # how long open HTTP sessions may hold the server once a signal asked it to stop
 HTTP_GRACE_S = 3
+# the `plan` tool's answers: the plan as JSON, or that and the plan as a BehaviorTree.CPP v4
+# tree (`bt_xml`), as /v1/plans's `format` takes them; a door's request carries `format`
+# only when it is "bt"
+PLAN_FORMATS = ("json", "bt")
 
 
 class DoorError(RuntimeError):
@@ -104,6 +109,8 @@ class HttpDoor:
             raise
 
     def plan(self, request: dict[str, Any]) -> dict[str, Any]:
+        """/v1/plans's answer: its `format` ("bt": `bt_xml` beside the plan) is the
+        request's."""
         return self._call("/v1/plans", request)
 
     def skills(self, scene: list[str]) -> list[dict[str, Any]]:
@@ -181,9 +188,13 @@ class ServiceDoor:
         return self._service
 
     def plan(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The service's result as /v1/plans answers it, `format` "bt" included."""
+        from ..planning.bt import to_bt_xml
         from ..planning.request import PlanRequest, RequestError
 
         service = self._ready()
+        request = dict(request)
+        bt = request.pop("format", "json") == "bt"
         try:
             result = service.plan(PlanRequest.from_dict(request))
         except RequestError as exc:
@@ -192,7 +203,10 @@ class ServiceDoor:
             self._counts["ok" if result.success else
                          "rejected" if result.rejected else "failed"] += 1
             self._counts["new_tokens"] += int(result.telemetry.get("new_tokens", 0))
-        return result.as_dict()
+        answer = result.as_dict()
+        if bt and result.success:
+            answer["bt_xml"] = to_bt_xml(result.plan, service.catalog)
+        return answer
 
     def skills(self, scene: list[str]) -> list[dict[str, Any]]:
         from ..planning.skill_tools import skill_tools
@@ -251,11 +265,16 @@ def build_server(door, executor=None):
 
     @app.tool()
     async def plan(task: str, scene: list[str] | None = None, context: str = "",
-                   images: list[str] | None = None) -> dict[str, Any]:
+                   images: list[str] | None = None, format: str = "json") -> dict[str, Any]:
         """Plan a robot task: a validated JSON plan of the robot's skills, with the
         planner's latency telemetry; a task the skills cannot do, or a request the planner
         refuses, is the tool's error naming why. `scene`: the names of what the robot sees;
-        `images`: data URLs of camera frames."""
+        `images`: data URLs of camera frames; `format`: "json" (the default) or "bt", which
+        adds the plan as a BehaviorTree.CPP v4 XML tree (`bt_xml`, with the TreeNodesModel of
+        its skills: what Nav2's bt_navigator runs and Groot2 opens)."""
+        if format not in PLAN_FORMATS:
+            raise ToolError("invalid request: format must be json or bt (the plan also as a "
+                            f"BehaviorTree.CPP v4 tree), got {format!r}")
         request: dict[str, Any] = {"task": task}
         if scene:
             request["scene"] = scene
@@ -263,6 +282,8 @@ def build_server(door, executor=None):
             request["context"] = context
         if images:
             request["images"] = images
+        if format != "json":
+            request["format"] = format
         result = await _in_thread(door.plan, request)
         if not result.get("success", False):
             raise ToolError(result.get("error") or "the planner returned no plan")

@@ -1,12 +1,12 @@
 """`planner_mcp` (ros/mcp_door.py): the MCP server's tools reach a running planner node
 through its own actions. `plan` is a goal of ~/plan (the node's queue and grammar) and comes
-back as /v1/plans answers, a refused request as the tool's error; `skills` is the catalog
-the node loaded (its latched ~/skills), whatever `--skills` names; the resources are JSON
-under application/json. `execute` is offered only when asked for and goes through ~/execute,
-whose gate refuses what the catalog does not bind (the tool's error). A host's cancel or
-timeout of `execute`, or `--execute-timeout`, cancels the run on the node: the skill server
-counts the cancel of the running step's goal. SIGINT and SIGTERM end `planner_mcp` with
-exit 0 and no traceback, over stdio and HTTP."""
+back as /v1/plans answers (`format: "bt"` with the node's tree), a refused request as the
+tool's error; `skills` is the catalog the node loaded (its latched ~/skills), whatever
+`--skills` names; the resources are JSON under application/json. `execute` is offered only
+when asked for and goes through ~/execute, whose gate refuses what the catalog does not bind
+(the tool's error). A host's cancel or timeout of `execute`, or `--execute-timeout`, cancels
+the run on the node: the skill server counts the cancel of the running step's goal. SIGINT
+and SIGTERM end `planner_mcp` with exit 0 and no traceback, over stdio and HTTP."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from mcp_stop import Server, assert_clean_exit, stop_with_a_session_open
 from served import free_port
 from test_node_execute import PLAN
 
+from flash_planner.planning.bt import from_bt_xml
 from flash_planner.planning.parse import validate_plan
 from flash_planner.planning.presets import default_skills_path
 from flash_planner.planning.skill_tools import skill_tools
@@ -51,6 +52,13 @@ def test_plan_and_execute_go_through_the_nodes_own_actions(harness, ros_context)
             return {t.name for t in await app.list_tools()}
 
         assert asyncio.run(names(build_server(door))) == {"plan", "skills"}
+        # `format: "bt"`: the tree the node wrote beside the plan, which reads back to it
+        assert "bt_xml" not in planned, planned
+        tree = json.loads(_text(_call(build_server(door), "plan",
+                                      {"task": TASK, "format": "bt"})))
+        assert tree["success"] and tree["plan"], tree
+        assert from_bt_xml(tree["bt_xml"], SkillCatalog.from_yaml(default_skills_path())) \
+            == tree["plan"], tree
         assert asyncio.run(names(build_server(door, door))) == {"plan", "skills", "execute"}
         # the default catalog binds no skill to a server: the node refuses the run, which
         # is the tool's error

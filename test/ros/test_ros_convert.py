@@ -229,3 +229,21 @@ def test_error_line():
     assert convert.error_line(RuntimeError("CUDA out of memory")) == \
         "RuntimeError: CUDA out of memory"
     assert convert.error_line(KeyError()) == "KeyError"
+
+
+def test_a_plan_bt_cpp_cannot_hold_keeps_its_json_and_logs_why(caplog):
+    """An argument BT.CPP would read as a blackboard entry ({x}) cannot be a port value:
+    the result still carries the plan as JSON, its bt_xml is empty, and the log says why."""
+    from flash_planner.planning.presets import default_skills_path
+    from flash_planner.planning.skills import SkillCatalog
+
+    catalog = SkillCatalog.from_yaml(default_skills_path())
+    skill, arg = next((s, a.name) for s in catalog.skills for a in s.args
+                      if a.type == "string")
+    plan = [{"skill": skill.name, "args": {arg: "{x}"}}]
+    with caplog.at_level("WARNING"):
+        fields = convert.result_fields(PlanResult("r3", "t", True, plan=plan), catalog)
+    assert json.loads(fields["plan_json"]) == {"plan": plan} and fields["bt_xml"] == ""
+    assert "blackboard" in caplog.text and "r3" in caplog.text
+    good = [{"skill": skill.name, "args": {arg: "cup"}}]
+    assert convert.result_fields(PlanResult("r4", "t", True, plan=good), catalog)["bt_xml"]

@@ -142,6 +142,42 @@ def test_a_signal_ends_it_with_exit_0_and_no_traceback(transport, sig):
     assert planned["success"], planned
 
 
+def test_format_bt_adds_the_plan_as_a_tree_that_reads_back_to_it_through_each_door(planner):
+    """`format: "bt"`, described in the tool's schema, through the planner in this process
+    and through `serve`: `bt_xml` beside the plan, which bt.py reads back to that plan; a
+    format of neither kind is the tool's error naming it, and nothing is planned."""
+    from mcp import Client
+
+    from flash_planner.planning.bt import from_bt_xml
+    from flash_planner.server.mcp_server import HttpDoor, ServiceDoor, build_server
+
+    catalog = SkillCatalog.from_yaml(default_skills_path())
+
+    async def run(door):
+        async with Client(build_server(door), mode="legacy") as client:
+            tool = next(t for t in (await client.list_tools()).tools if t.name == "plan")
+            tree = await client.call_tool("plan", {"task": TASK, "format": "bt"})
+            bad = await client.call_tool("plan", {"task": TASK, "format": "xml"})
+            return tool, tree, bad
+
+    in_process = ServiceDoor(lambda: planner.service, "demo")
+    for door in (in_process, HttpDoor(planner.url, timeout=TIMEOUT)):
+        tool, tree, bad = asyncio.run(asyncio.wait_for(run(door), TIMEOUT))
+        assert tool.input_schema["properties"]["format"]["default"] == "json", tool
+        assert '"bt"' in tool.description, tool.description
+        answer = _json(tree)
+        assert answer["success"] and answer["plan"], answer
+        validate_plan({"plan": answer["plan"]}, catalog)
+        assert answer["bt_xml"].startswith("<?xml"), answer
+        assert from_bt_xml(answer["bt_xml"], catalog) == answer["plan"], answer
+        assert bad.is_error, bad
+        assert "format must be json or bt" in bad.content[0].text, bad
+        assert "got 'xml'" in bad.content[0].text, bad
+    # the bad format was refused before the planner saw it: one plan made, nothing refused
+    assert json.loads(in_process.metrics())["requests"] == {"ok": 1, "failed": 0,
+                                                            "rejected": 0}
+
+
 class _Failing:
     """A door whose planner answers with a failed plan, as /v1/plans and ~/plan can."""
 
