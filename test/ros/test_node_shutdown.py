@@ -79,8 +79,9 @@ def test_sigint_during_the_warm_up_exits_0_without_a_traceback(endless_dir, tmp_
         assert compiling.wait(TIMEOUT), "".join(lines)
         assert wait_for(lambda: any(_warming_up(v) for v in seen), TIMEOUT), seen[-3:]
         status = next(v for v in seen if _warming_up(v))
-        # of buckets 1, 2, 4, 8, 16 (the tiny target's one span: a graph each)
-        assert re.fullmatch(r"[0-4] of 5", status["startup steps"]), status
+        # the buckets compiled at warm-up (compile_lazy: plain decoding's, the rest later)
+        done, total = map(int, re.fullmatch(r"(\d+) of (\d+)", status["startup steps"]).groups())
+        assert 0 <= done < total, status
         assert float(status["startup seconds"]) >= 0
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=SHUTDOWN_GRACE_S + EXIT_S) == 0
