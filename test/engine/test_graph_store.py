@@ -1,6 +1,7 @@
 """Compiled graphs on disk (engine/models/graphs/graph_store.py) through DirectGraph: a graph
 compiled once is read back by a new DirectGraph without compiling; an entry that is
-corrupt or was written for another key is compiled again with one log line, never a crash.
+corrupt or was written for another key is compiled again and replaced, with one log line,
+never a crash.
 
 The graph here is a small function with a module and an in-place state update, compiled
 with inductor's Python wrapper (a few seconds each); test_compiled.py reads the engine's
@@ -105,6 +106,7 @@ def _corrupt_and_rerun(store, damage, caplog) -> DirectGraph:
     assert str(path) in records[0].getMessage()
     assert "compiling it again" in records[0].getMessage()
     assert (graph.compiled_now, graph.read) == (1, 0)
+    assert list(store.root.glob("*.aot")) == [path]      # replaced where it was
     reread = _graph(store)           # the entry compiled again was stored whole
     state.zero_()
     _check(_run(reread, scale, x, state), expected)

@@ -7,12 +7,13 @@ the traced function with its compiled code, which serializes whole; read back, i
 without tracing (about 0.05 s a graph once inductor's cache in the same directory holds its
 compiled module; without that module the C++ wrapper is built again, seconds a graph).
 
-An entry is named by the hash of everything that decides its code (`entry_key`): the graph
-function, its arguments' structure (tensors by shape, stride, dtype and aliasing; modules by
-their type, attributes and tensor shapes), the compile options, this package's engine
-sources, the torch, Triton and Python versions and the device. Each file starts with that
-key in full: a file whose key differs (copied from another machine, another build) or that
-cannot be read is compiled again, with one log line, never a crash.
+An entry's key is everything that decides its code (`entry_key`): the graph function, its
+arguments' structure (tensors by shape, stride, dtype and aliasing; modules by their type,
+attributes and tensor shapes), the compile options, this package's engine sources, the
+torch, Triton and Python versions and the device. The file is named by what the graph is
+(function and arguments) and starts with the whole key: a file whose key differs (another
+torch, another build, copied from another machine) or that cannot be read is compiled again
+and replaced, with one log line, never a crash; an upgrade leaves no stale entry behind.
 """
 
 from __future__ import annotations
@@ -148,7 +149,10 @@ class GraphStore:
         self.root = Path(cache_dir) / SUBDIR
 
     def path(self, key: dict[str, str]) -> Path:
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+        """Where the graph of `key` lives: by its function and arguments only, so that one
+        built for another torch, device or build is found, reported and replaced."""
+        what = {k: key[k] for k in ("graph", "arguments")}
+        digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
         safe = "".join(c if c.isalnum() else "_" for c in key["graph"])[:60]
         return self.root / f"{safe}-{digest}.aot"
 
