@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(0)
     if node.phase != "finalized":  # not already shut down through the lifecycle service
-        node.trigger_shutdown()
+        _trigger_shutdown(node)
     if node.wait_goals_done(SHUTDOWN_GRACE_S):
         time.sleep(RESULT_SEND_S)  # the executor sends the goals' results meanwhile
     executor.shutdown(timeout_sec=SHUTDOWN_GRACE_S)
@@ -435,6 +435,21 @@ def main(argv: list[str] | None = None) -> int:
     if rclpy.ok():
         rclpy.shutdown()
     return 0
+
+
+def _trigger_shutdown(node, tries: int = 20) -> None:
+    """The lifecycle's shutdown; retried briefly while a transition that just returned (a
+    configure ending as the signal came) is still being completed by rclpy, which refuses
+    a shutdown from a transition state."""
+    for attempt in range(tries):
+        try:
+            node.trigger_shutdown()
+            return
+        except Exception as exc:  # rclpy's RCLError: "Shutdown transition not possible"
+            if attempt == tries - 1:
+                node.get_logger().warning(f"lifecycle shutdown refused ({exc}); exiting")
+                return
+            time.sleep(0.1)
 
 
 def _spin(executor, stop: threading.Event) -> None:
