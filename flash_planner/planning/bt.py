@@ -41,4 +41,14 @@ from .bt_write import (
 )
 
 __all__ = ["BUILTIN", "CONTROLS", "DECORATORS", "FORMAT", "PORT_TYPES", "RESERVED", "BtError",
-           "catalog_xsd", "from_bt_xml", "to_bt_xml", "tree_nodes_model"]
+           "catalog_xsd", "from_bt_xml", "to_bt_xml", "tree_nodes_model", "xml_or_why"]
+
+
+def xml_or_why(plan, catalog) -> tuple[str, str]:
+    """(the plan as BT.CPP XML, "") or ("", why BT.CPP cannot hold it: a value it would
+    read as a blackboard entry): every door that answers a plan with its tree says so the
+    same way, and keeps the plan's JSON."""
+    try:
+        return to_bt_xml(plan, catalog), ""
+    except BtError as exc:
+        return "", str(exc)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..planning.bt import BtError, to_bt_xml
+from ..planning.bt import xml_or_why
 from ..planning.request import PlanRequest, PlanResult, RequestError
 
 if TYPE_CHECKING:  # the service module pulls in the engine (torch); only its type is needed
@@ -123,12 +123,11 @@ def plan_as_bt(result: PlanResult, catalog) -> str:
     a plan BT.CPP cannot hold: an argument it would read as a blackboard entry, logged)."""
     if not result.success or catalog is None:
         return ""
-    try:
-        return to_bt_xml(result.plan, catalog)
-    except BtError as exc:
+    xml, why = xml_or_why(result.plan, catalog)
+    if why:
         logging.getLogger(__name__).warning("plan %s given without bt_xml: %s",
-                                            result.request_id or "", exc)
-        return ""
+                                            result.request_id, why)
+    return xml
 
 
 def result_fields(result: PlanResult, catalog=None) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from ..engine.inputs.tool_calls import (
     structural_tag,
     tool_call_format,
 )
-from ..planning.bt import BtError, to_bt_xml
+from ..planning.bt import xml_or_why
 from ..planning.images import request_images
 from ..planning.parse import PlanError
 from ..planning.request import PlanRequest, PlanResult, RequestError
@@ -509,10 +509,10 @@ def create_app(state: ServerState, load: Callable[[], PlannerService] | None = N
         def answer(result: PlanResult) -> dict[str, Any]:
             out = result.as_dict()
             if answer_format == "bt" and result.success:
-                try:
-                    out["bt_xml"] = to_bt_xml(result.plan, service.catalog)
-                except BtError as exc:   # a value BT.CPP would read as a blackboard entry
-                    out["bt_xml"], out["bt_error"] = None, str(exc)
+                xml, why = xml_or_why(result.plan, service.catalog)
+                out["bt_xml"] = xml or None
+                if why:
+                    out["bt_error"] = why
             return out
 
         try:
