@@ -92,13 +92,7 @@ def test_sigint_during_the_warm_up_exits_0_without_a_traceback(endless_dir, tmp_
         assert ("exiting without it" in output
                 or "configure stopped: the node is shutting down" in output), output
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        executor.shutdown()
-        spinner.join(5)
-        watcher.destroy_node()
-        rclpy.shutdown(context=context)
+        _stop(proc, executor, spinner, watcher, context)
 
 
 def test_sigint_with_a_goal_in_flight_aborts_it_and_exits(endless_dir):
@@ -142,13 +136,20 @@ def test_sigint_with_a_goal_in_flight_aborts_it_and_exits(endless_dir):
         assert "shutting down: ending goals in flight" in output
         assert "Traceback" not in output, output
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        executor.shutdown()
-        spinner.join(5)
-        client_node.destroy_node()
-        rclpy.shutdown(context=context)
+        _stop(proc, executor, spinner, client_node, context)
+
+
+def _stop(proc: subprocess.Popen, executor, spinner: threading.Thread, node, context) -> None:
+    """The node process killed if it still runs; the test's own client torn down."""
+    import rclpy
+
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    executor.shutdown()
+    spinner.join(5)
+    node.destroy_node()
+    rclpy.shutdown(context=context)
 
 
 def _output(proc: subprocess.Popen) -> str:
