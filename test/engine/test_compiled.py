@@ -331,13 +331,7 @@ def test_spans_share_one_graph_and_read_packed_tensors(checkpoints, make_engine,
         for t in tensors:
             assert t.untyped_storage().data_ptr() in owners[i // 2]
             assert t.data_ptr() % compiled_mod.ALIGN_BYTES == 0
-    prompt = eager.tokenizer.encode(PROMPT, add_special_tokens=False)
-    settings = GenerationSettings(24, ignore_eos=True, speculative=False)
-    ref = generate(eager, prompt, settings).token_ids
-    assert generate(compiled, prompt, settings).token_ids == ref
-    replay = ReplayProposer(ref, compiled.model_config.vocab_size, block_size=2, seed=1)
-    got = generate(compiled, prompt, GenerationSettings(24, ignore_eos=True), proposer=replay)
-    assert got.token_ids == ref and got.stats.compiled
+    _plain_and_verified_as_eager(eager, compiled, seed=1)
 
 
 def test_decode_and_verify_call_the_compiled_code_without_dynamo(pairs, monkeypatch):
@@ -409,13 +403,7 @@ def test_a_second_engine_reads_every_graph_from_the_store(checkpoints, make_engi
     report = again.compile_report
     assert report.read == report.graphs == len(obtained) > 0
     assert "target" in report.parts and again.model.static.direct
-    prompt = eager.tokenizer.encode(PROMPT, add_special_tokens=False)
-    settings = GenerationSettings(24, ignore_eos=True, speculative=False)
-    ref = generate(eager, prompt, settings).token_ids
-    assert generate(again, prompt, settings).token_ids == ref
-    replay = ReplayProposer(ref, again.model_config.vocab_size, block_size=2, seed=2)
-    got = generate(again, prompt, GenerationSettings(24, ignore_eos=True), proposer=replay)
-    assert got.token_ids == ref and got.stats.compiled and got.stats.accepted > 0
+    assert _plain_and_verified_as_eager(eager, again, seed=2).stats.accepted > 0
 
 
 def test_rarer_buckets_compile_in_the_background_then_serve(checkpoints, make_engine,
@@ -446,6 +434,19 @@ def test_rarer_buckets_compile_in_the_background_then_serve(checkpoints, make_en
     assert (generate(compiled, prompt, mtp).token_ids
             == generate(eager, prompt, mtp).token_ids)
     assert obtained == []
+
+
+def _plain_and_verified_as_eager(eager, compiled, seed: int):
+    """Plain decoding and 2-row verifies of eager's tokens on `compiled` give eager's tokens,
+    compiled -> the verified run."""
+    prompt = eager.tokenizer.encode(PROMPT, add_special_tokens=False)
+    settings = GenerationSettings(24, ignore_eos=True, speculative=False)
+    ref = generate(eager, prompt, settings).token_ids
+    assert generate(compiled, prompt, settings).token_ids == ref
+    replay = ReplayProposer(ref, compiled.model_config.vocab_size, block_size=2, seed=seed)
+    got = generate(compiled, prompt, GenerationSettings(24, ignore_eos=True), proposer=replay)
+    assert got.token_ids == ref and got.stats.compiled
+    return got
 
 
 def _no_compile(*args, **kwargs):

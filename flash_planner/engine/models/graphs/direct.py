@@ -136,7 +136,8 @@ class DirectGraph:
         self.store = store
         self.direct = direct
         self._by_signature: dict[tuple[object, ...], _Entry] = {}
-        self._sites: dict[Hashable, _Site | None] = {}
+        # per site: its direct call (None: its code is called otherwise) and its graph
+        self._sites: dict[Hashable, tuple[_Site | None, _Entry]] = {}
         self.compiled_now = 0          # graphs compiled in this process
         self.read = 0                  # graphs read from the store
 
@@ -183,17 +184,18 @@ class DirectGraph:
     def call(self, site: Hashable, *args: object):
         """The graph on `args`, from a call site whose arguments hold the same tensors at
         every call except its top-level tensor arguments."""
-        known = self._sites.get(site, False)
-        if known is False:
+        known = self._sites.get(site)
+        if known is None:
             return self._learn(site, args)
-        return self(*args) if known is None or not self.direct else known(args)
+        direct, entry = known
+        return direct(args) if direct is not None and self.direct else entry.graph(*args)
 
     def _learn(self, site: Hashable, args: tuple[object, ...]):
         leaves, spec = pytree.tree_flatten(args)
         entry = self._entry(args, leaves, spec)
         out, calls = entry.recorded_call(args)
-        self._sites[site] = (self._site(entry.compiled, calls[0], args, out)
-                             if len(calls) == 1 else None)
+        direct = self._site(entry.compiled, calls[0], args, out) if len(calls) == 1 else None
+        self._sites[site] = (direct, entry)
         return out
 
     @staticmethod

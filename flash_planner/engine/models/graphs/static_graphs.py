@@ -166,7 +166,7 @@ class StaticGraphs:
         # seconds of each key's forward, measured at warm-up (`best_rows` reads them)
         self.seconds: dict[tuple[int, int], float] = {}
         self.compiled: list[DirectGraph] = []
-        self._first_calls: dict[tuple[int, int], bool] = {}   # deferred keys not yet called
+        self._uncalled: set[tuple[int, int]] = set()   # deferred keys not yet called
         self.direct = False                 # calls skip the graphs' entries (warm-up checks)
 
     def _compile(self, fn) -> DirectGraph:
@@ -254,7 +254,9 @@ class StaticGraphs:
         t0 = time.perf_counter()
         out = self._call(partial(self._forward, key), self.graphs, key,
                          int(self.key_rows[0]), valid, window_rows)
-        if self._first_calls.pop(key, None) is None:
+        if key in self._uncalled:
+            self._uncalled.discard(key)
+        else:
             self.seconds[key] = time.perf_counter() - t0
         return out
 
@@ -368,7 +370,7 @@ class StaticGraphs:
                     log.warning("the %s's %s forward stays eager: compiling it failed (%s: "
                                 "%s)", self.part, self._rows(key), type(exc).__name__, exc)
                     continue
-                self._first_calls[key] = True
+                self._uncalled.add(key)
                 self.ready.add(key)
                 log.info("compiled the %s's %s forward in the background (%d/%d, %.1f s)",
                          self.part, self._rows(key), i + 1, len(self.later),
