@@ -32,7 +32,7 @@ from ..qwen.attention import Attention
 from ..qwen.context import ForwardContext
 from ..qwen.gdn import GatedDeltaNet
 from ..qwen.inference import inference
-from ..qwen.layers import apply_rope
+from ..qwen.layers import apply_rope, embedding
 from ..qwen.moe import RoutingRecord, SparseMoeBlock
 from ..qwen.target import ForwardOutput, TorchDense
 from .hyper import HyperMixer, inject
@@ -135,7 +135,7 @@ class FlashNextModel(nn.Module):
         super().__init__()
         fn = cfg.flash_next
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(FlashNextLayer(cfg, i) for i in range(cfg.num_layers))
         self.hyper_connection_mixer = HyperMixer(cfg.hidden_size, fn.hc_count, fn.hc_lowrank,
                                                  cfg.rms_norm_eps, gates=False)

@@ -23,7 +23,7 @@ from .attention import Attention
 from .context import ForwardContext
 from .gdn import GatedDeltaNet
 from .inference import inference
-from .layers import MLP, RMSNorm
+from .layers import MLP, RMSNorm, embedding
 from .moe import RoutingRecord, SparseMoeBlock
 from .packing import PackedRows
 from .segments import build_segments, layer_arity
@@ -87,7 +87,7 @@ class TargetModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centred_norm)
         self.lm_head = (None if cfg.tie_word_embeddings

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...config import ConfigError
+from .layers import embedding
 
 VISION_PREFIX = "model.visual."
 
@@ -202,7 +203,7 @@ class VisionTower(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.patch_embed = PatchEmbed(cfg)
-        self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
+        self.pos_embed = embedding(cfg.num_position_embeddings, cfg.hidden_size)
         self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
         self.merger = PatchMerger(cfg)
 
