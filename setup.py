@@ -46,12 +46,14 @@ setup(
     # official MCP SDK `flash-planner mcp` is built on (server/mcp_server.py); hypothesis:
     # the safety gate's property suite (test/planning/test_gate_properties.py); behaviortreepy:
     # BehaviorTree.CPP v4 itself, loading and ticking our exported trees, and lxml: the
-    # catalog's XSD that BT XML trees are read against (test/planning/test_bt.py)
+    # catalog's XSD that BT XML trees are read against (test/planning/test_bt.py);
+    # ml_dtypes (onnx needs it) below 0.7: xgrammar's tvm_ffi imports it whenever it is
+    # installed, and 0.7.0 takes 0.6 s to import against 0.01-0.1 s for 0.5.4-0.6.0
     extras_require={"test": ["pytest", "pytest-xdist", "onnx", "onnxruntime", "onnxscript",
                              "ruff", "compressed-tensors>=0.20", "gguf>=0.10", "openai",
                              "fastapi", "uvicorn", "prometheus_client", "pillow",
                              "mcp>=2.3,<3", "hypothesis>=6.100", "behaviortreepy>=0.1.4",
-                             "lxml"],
+                             "lxml", "ml_dtypes>=0.5.4,<0.7"],
                     "serve": ["fastapi", "uvicorn", "prometheus_client"],
                     "mcp": ["mcp>=2.3,<3"],
                     # BehaviorTree.CPP XML trees read against the catalog's schema (bt.py)
