@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ....kernels.toolchain import toolchain_error
+from .cpu_isa import record_probe, trust_recorded_probe
 from .direct import DirectGraph
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,8 @@ def warm_up_report(run: Callable[[], None], graphs: Sequence[DirectGraph], part:
     # process-wide: inductor reads the variable whenever it looks for a compiled module (a
     # graph read from the store finds its C++ wrapper there instead of building it again)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    if not cuda_graphs:
+        trust_recorded_probe(cache_dir)
 
     def counts() -> tuple[int, int]:
         return sum(g.compiled_now for g in graphs), sum(g.read for g in graphs)
@@ -98,6 +101,8 @@ def warm_up_report(run: Callable[[], None], graphs: Sequence[DirectGraph], part:
         if clear is None:
             raise
         raise clear from exc
+    if not cuda_graphs:
+        record_probe(cache_dir)
     compiled_after, read_after = counts()
     report = CompileReport("inductor + CUDA graphs" if cuda_graphs else "inductor", buckets,
                            (part,), spans, compiled_after - compiled + read_after - read,
