@@ -100,7 +100,8 @@ class Engine:
         self.proposers = proposers or {}
         self.extra_bytes = extra_bytes or ProposerBytes(0, 0)
         self.compile_report: CompileReport | None = None   # None: every forward is eager
-        self.statics: list[StaticGraphs] = []    # the compiled models (wait_compiled)
+        # the compiled models and drafters (compile_in_background, wait_compiled)
+        self.statics: list[StaticGraphs | StaticDrafter] = []
         self._later: threading.Thread | None = None    # compile_in_background
         self._batch_slots: dict[int, SlotStates] = {}      # batch.py's, by max_batch
         self.threads: Threads | None = None   # set by `load`; None: as the process had it
@@ -261,7 +262,8 @@ class Engine:
             slots.drafts = StaticDrafter(dflash.drafter, dflash.embed, dflash.lm_head_weight,
                                          dflash.block_size, dflash.window.capacity,
                                          config.compile_cache, row_buckets(max_batch)[1:])
-            report = report.plus(slots.drafts.warm_up(progress))
+            report = report.plus(slots.drafts.warm_up(progress, first_rows(self) is not None))
+            self.statics.append(slots.drafts)
         self.compile_report = self.compile_report.plus(report)
 
     def compile_in_background(self) -> None:
@@ -284,7 +286,7 @@ class Engine:
         whether every bucket of every compiled part is compiled now."""
         if self._later is not None:
             self._later.join(timeout)
-        return all(static.ready == set(static.keys) for static in self.statics)
+        return all(static.compiled_all() for static in self.statics)
 
     @property
     def memory(self) -> MemoryReport:
@@ -374,5 +376,6 @@ def compile_forwards(engine: Engine, progress: Callable[[str], None] | None = No
                                 dflash.block_size, dflash.window.capacity,
                                 config.compile_cache)
         report = report.plus(drafter.warm_up(progress))
+        engine.statics.append(drafter)
         dflash.drafter.static = drafter
     return report

@@ -14,6 +14,8 @@ default buckets.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from poisoned_cache import poison
@@ -21,6 +23,7 @@ from torch._dynamo.utils import counters
 
 from flash_planner.engine.batch import Batch, BatchRequest
 from flash_planner.engine.config import ConfigError, EngineConfig, cache_home
+from flash_planner.engine.engine import Engine
 from flash_planner.engine.generate import CancelToken, GenerationSettings, generate
 from flash_planner.engine.inputs.grammar import JsonGrammarCompiler
 from flash_planner.engine.loop.proposer import ReplayProposer
@@ -419,7 +422,7 @@ def test_rarer_buckets_compile_in_the_background_then_serve(checkpoints, make_en
     static, head = compiled.model.static, compiled.proposers["mtp"].head.static
     assert compiled.compile_report.deferred == 2          # the target's and the head's
     assert compiled.wait_compiled(timeout=600)
-    assert static.ready == set(static.keys) and head.ready == set(head.keys)
+    assert static.compiled_all() and head.compiled_all()
     obtained = graphs_obtained()
     prompt = eager.tokenizer.encode(PROMPT, add_special_tokens=False)
     ref = generate(eager, prompt, GenerationSettings(30, ignore_eos=True,
@@ -434,6 +437,45 @@ def test_rarer_buckets_compile_in_the_background_then_serve(checkpoints, make_en
     assert (generate(compiled, prompt, mtp).token_ids
             == generate(eager, prompt, mtp).token_ids)
     assert obtained == []
+
+
+def test_a_batch_of_several_compiles_in_the_background_and_runs_eager_until_then(
+        pairs, graphs_obtained, monkeypatch):
+    """compile_lazy: a batch's graphs for one request (target, MTP head and its chain)
+    compile when the batch's slots are made; those for 2 requests (the forwards, the
+    chain, the DFlash drafter's group) are left to the background. Until they are
+    ready a batch of two runs them eager; then every cycle runs compiled, nothing
+    compiled then; the tokens are the eager batch's both times."""
+    eager, compiled = pairs("hybrid")
+    tok = eager.tokenizer
+    prompts = [tok.encode(text, add_special_tokens=False)
+               for text in (PROMPT, "pick the red cup", PROMPT + " and wait", "wait")]
+
+    def requests():   # two drafting with DFlash together, then two with MTP
+        return [BatchRequest(p, GenerationSettings(24 + 4 * i, ignore_eos=True, method=m))
+                for i, (p, m) in enumerate(zip(prompts, ("dflash", "dflash", "mtp", "mtp")))]
+
+    ref = [r.token_ids for r in Batch(eager, max_batch=2).run(requests())]
+    with monkeypatch.context() as held:            # the background thread held back
+        held.setattr(Engine, "compile_in_background", lambda self: None)
+        lazy = Engine.load(replace(compiled.config, compile_lazy=True))
+        batch = Batch(lazy, max_batch=2)
+    static, head, drafts = batch.slots.static, batch.slots.heads.static, batch.slots.drafts
+    assert static.ready == {(1, 1), (1, BLOCK)}
+    assert set(static.later) == set(static.keys) - static.ready
+    assert ("chain", 1) in head.ready and ("chain", 2) in head.later
+    assert drafts.ready == set() and drafts.later == (2,) and not drafts.compiled_all()
+    assert [g.token_ids for g in batch.run(requests())] == ref
+    assert drafts.calls == 0 and batch.stats.cycles > static.calls
+    lazy.compile_in_background()
+    assert lazy.wait_compiled(timeout=600)
+    assert static.compiled_all() and head.compiled_all() and drafts.compiled_all()
+    obtained = graphs_obtained()
+    calls, chains = static.calls, head.chain_calls
+    batch = Batch(lazy, max_batch=2)
+    assert [g.token_ids for g in batch.run(requests())] == ref
+    assert static.calls - calls == batch.stats.cycles and obtained == []
+    assert drafts.calls > 0 and head.chain_calls > chains
 
 
 def _plain_and_verified_as_eager(eager, compiled, seed: int):

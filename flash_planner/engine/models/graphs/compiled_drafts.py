@@ -24,6 +24,7 @@ from .static_graphs import (
     batch_rows,
     compile_cache_dir,
     compile_graph,
+    compile_in_turn,
     layer_cache,
 )
 from .warm_up_report import CompileReport, warm_up_report
@@ -96,17 +97,34 @@ class StaticHead(StaticGraphs):
                                self.positions[key], self.key_rows, rope.rotary_dim,
                                rope.theta, valid, window_rows)
 
-    def _prepare(self, key: tuple[int, int]) -> None:
-        """`key`'s graph compiled without running it (a deferred bucket)."""
+    def _prepare(self, key: tuple) -> None:
+        """`key`'s graph compiled without running it (a deferred bucket or chain)."""
         rope = self.head.cfg.rope
+        if key[0] == "chain":
+            bb = key[1]
+            self.chain_graph.prepare(self.head, self.embed, self.lm_head_weight,
+                                     self.caches[bb], *self.chain_inputs[bb], self.chain_rows,
+                                     rope.rotary_dim, rope.theta, *self.padding(bb, 1, bb, 1))
+            return
         self.graph.prepare(self.head, self.caches[key[0]], *self.inputs[key],
                            self.positions[key], self.key_rows, rope.rotary_dim, rope.theta,
                            *self.padding(*key, *key))
 
+    def what(self, key: tuple) -> str:
+        if key[0] != "chain":
+            return super().what(key)
+        rows = "" if key[1] == 1 else f"{key[1]} x "
+        return f"{rows}{self.chain}-draft chain"
+
+    def _extra_keys(self) -> tuple[tuple[str, int], ...]:
+        return tuple(("chain", bb) for bb in self.batches) if self.chain else ()
+
     def accepts_chain(self, state: object, batch: int) -> bool:
         """Whether `run_chain` takes a proposal over these `batch` rows of `state` (the
         chain's rows, written past each row's length, fit its cache)."""
-        slots = self._slots(state, batch) if self.chain and self.report is not None else None
+        if ("chain", self._batch_of.get(batch)) not in self.ready:
+            return False                  # no chain, or its graph not compiled yet
+        slots = self._slots(state, batch)
         return slots is not None and all(s.length + self.chain <= s.capacity for s in slots)
 
     def run_chain(self, now: torch.Tensor, state: object) -> torch.Tensor:
@@ -136,11 +154,13 @@ class StaticHead(StaticGraphs):
                                      *self.chain_inputs[bb], self.chain_rows,
                                      rope.rotary_dim, rope.theta, valid, window_rows)
 
-    def _warm_extra(self, progress: Callable[[str], None] | None) -> None:
-        """The chain's graph per batch bucket, from the empty state (on CUDA captured per
-        key bucket; on a CPU run through its entry, then checked by direct calls)."""
+    def _warm_extra(self, progress: Callable[[str], None] | None,
+                    keys: tuple[tuple[str, int], ...]) -> None:
+        """The chain's graph per batch bucket of `keys`, from the empty state (on CUDA
+        captured per key bucket; on a CPU run through its entry, then checked by direct
+        calls)."""
         kv = self.state.kv
-        for i, bb in enumerate(self.batches if self.chain else ()):
+        for i, (_, bb) in enumerate(keys):
             t0 = time.perf_counter()
             valid, window_rows = self.padding(bb, 1, bb, 1)
             for kb in self.key_buckets or (self.chain,):
@@ -157,11 +177,11 @@ class StaticHead(StaticGraphs):
                                  lambda again=forward: (again(), kv.k, kv.v))
                 else:
                     forward()
+            self.ready.add(("chain", bb))
             if progress is not None:
-                rows = "" if bb == 1 else f"{bb} x "
-                progress(ProgressLine(f"compiled the {self.part}'s {rows}{self.chain}-draft "
-                                      f"chain ({time.perf_counter() - t0:.1f} s)", "compiling",
-                                      i + 1, len(self.batches)))
+                progress(ProgressLine(f"compiled the {self.part}'s {self.what(('chain', bb))} "
+                                      f"({time.perf_counter() - t0:.1f} s)", "compiling",
+                                      i + 1, len(keys)))
 
 
 def _mtp_head(head: nn.Module, caches: tuple[tuple[torch.Tensor, ...], ...],
@@ -205,7 +225,9 @@ class StaticDrafter:
     capacity, its empty rows at a position no block precedes (so the drafter's own mask
     hides them). With `batches` (group sizes, e.g. 2, 4, 8), the blocks of several requests
     drafted together instead (`propose_rows`; a batch's `propose_together`), each at its own
-    start over its own window, a group padded to the smallest size that holds it."""
+    start over its own window, a group padded to the smallest size that holds it; on a CPU
+    with `lazy` warm-ups, those groups' graphs compile in the background (a first request
+    drafts alone)."""
 
     part = "DFlash drafter"
 
@@ -226,6 +248,8 @@ class StaticDrafter:
                                    f"{self.part} {fn.__name__}")
         self.captured: dict[int, CapturedGraph] = {}
         self.report: CompileReport | None = None
+        self.ready: set[int] = set()        # keys whose graphs are compiled
+        self.later: tuple[int, ...] = ()    # keys warm-up left to compile_later
         self.calls = 0
 
     def _inputs(self, bb: int) -> tuple[torch.Tensor, torch.Tensor, list, torch.Tensor]:
@@ -246,7 +270,8 @@ class StaticDrafter:
 
     def accepts_rows(self, blocks: list) -> bool:
         """Whether `propose_rows` takes these (ids, start, ctx_kv, ctx_pos) blocks."""
-        return (self.report is not None and len(blocks) <= self.keys[-1]
+        bb = next((b for b in self.keys if b >= len(blocks)), None)
+        return (self.report is not None and bb in self.ready
                 and all(self.accepts(ids, pos.shape[0]) for ids, _, _, pos in blocks))
 
     def propose(self, ids: torch.Tensor, start: int, ctx_kv, ctx_pos: torch.Tensor):
@@ -292,9 +317,26 @@ class StaticDrafter:
         return self.graph.call(bb, self.drafter, self.embed, self.lm_head_weight, ids, start,
                                ctx_kv, ctx_pos)
 
-    def warm_up(self, progress: Callable[[str], None] | None = None) -> CompileReport:
+    def what(self, bb: int) -> str:
+        """What a key's graph computes, for progress lines: e.g. "2 x 16-row block"."""
+        rows = f"{bb} x " if bb else ""
+        return f"{rows}{self.block_size}-row block"
+
+    def warm_up(self, progress: Callable[[str], None] | None = None,
+                lazy: bool = False) -> CompileReport:
+        """Compile (or read) each key's graph and run it once; `lazy` (on a CPU): a group
+        of several requests' blocks only afterwards (`compile_later`), drafted eagerly
+        until its graph is ready."""
+        keys = self.keys
+        if lazy and not self.cuda_graphs:
+            keys = tuple(bb for bb in self.keys if bb <= 1)
+        later = tuple(bb for bb in self.keys if bb not in keys)
+        if progress is not None and later:
+            progress(f"the {self.part}'s {len(later)} blocks of several requests compile "
+                     "in the background")
+
         def every_key() -> None:
-            for i, bb in enumerate(self.keys):
+            for i, bb in enumerate(keys):
                 t0 = time.perf_counter()
                 forward = partial(self._forward, bb)
                 if self.cuda_graphs:
@@ -303,18 +345,33 @@ class StaticDrafter:
                     check_direct([self.graph], self.part, forward(), forward)
                 else:
                     forward()
+                self.ready.add(bb)
                 if progress is not None:
-                    rows = f"{bb} x " if bb else ""
                     progress(ProgressLine(
-                        f"compiled the {self.part}'s {rows}{self.block_size}-row block "
-                        f"({time.perf_counter() - t0:.1f} s)", "compiling", i + 1,
-                        len(self.keys)))
+                        f"compiled the {self.part}'s {self.what(bb)} "
+                        f"({time.perf_counter() - t0:.1f} s)", "compiling", i + 1, len(keys)))
 
         report = warm_up_report(every_key, [self.graph], self.part, self.cuda_graphs,
                                 (self.block_size,), 1, self.cache_dir,
                                 tuple(b or 1 for b in self.keys))
-        self.report = replace(report, captured=len(self.captured))
+        self.report = replace(report, captured=len(self.captured), deferred=len(later))
+        self.later = later
         return self.report
+
+    def compiled_all(self) -> bool:
+        return set(self.keys) <= self.ready
+
+    def compile_later(self) -> None:
+        """The groups warm-up deferred, compiled (or read) without running (the engine's
+        background thread); each serves from its next proposal on."""
+        for bb in compile_in_turn(self.part, self.later, self._prepare, self.what):
+            self.ready.add(bb)
+        self.later = ()
+
+    def _prepare(self, bb: int) -> None:
+        ids, start, ctx_kv, ctx_pos = self.inputs[bb]
+        self.graph.prepare(self.drafter, self.embed, self.lm_head_weight, ids, start, ctx_kv,
+                           ctx_pos)
 
 
 # A context row at this position follows every block, so the drafter's mask hides it.

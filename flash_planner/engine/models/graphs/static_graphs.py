@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -306,13 +306,15 @@ class StaticGraphs:
         """Compile (or read from the on-disk cache) the buckets' graphs, running each once
         on the state, which is left empty. With `first_rows` (the blocks the first requests
         verify: 1 for plain decoding, each loaded proposer's block) on a CPU, only their
-        buckets now: the others (`later`) are compiled afterwards without running
+        buckets of one sequence now (a first request runs alone; batches of several come
+        later, if at all): the others (`later`) are compiled afterwards without running
         (`compile_later`), their forwards eager until each is ready (`fits`)."""
-        keys = self.keys
+        keys, extra = self.keys, self._extra_keys()
         if first_rows is not None and not self.cuda_graphs:
             wanted = {self.bucket(min(r, self.buckets[-1])) for r in first_rows}
-            keys = tuple(k for k in self.keys if k[1] in wanted)
-        later = tuple(k for k in self.keys if k not in keys)
+            keys = tuple(k for k in self.keys if k[0] == self.batches[0] and k[1] in wanted)
+            extra = tuple(k for k in extra if k[1] == self.batches[0])
+        later = tuple(k for k in self.keys + self._extra_keys() if k not in keys + extra)
 
         def every_bucket() -> None:
             if progress is not None:
@@ -337,10 +339,9 @@ class StaticGraphs:
                 self.ready.add(key)
                 if progress is not None:
                     progress(ProgressLine(
-                        f"compiled the {self.part}'s {self._rows(key)} forward ({i + 1}/"
-                        f"{len(keys)}, {time.perf_counter() - t1:.1f} s)", "compiling", i + 1,
-                        len(keys)))
-            self._warm_extra(progress)
+                        f"compiled the {self.part}'s {self.what(key)} ({i + 1}/{len(keys)}, "
+                        f"{time.perf_counter() - t1:.1f} s)", "compiling", i + 1, len(keys)))
+            self._warm_extra(progress, extra)
             self.state.reset()
 
         self.report = replace(warm_up_report(every_bucket, self.compiled, self.part,
@@ -352,38 +353,37 @@ class StaticGraphs:
         self.later = later
         return self.report
 
-    @staticmethod
-    def _rows(key: tuple[int, int]) -> str:
+    def what(self, key: tuple) -> str:
+        """What a key's graph computes, for progress lines: e.g. "2 x 16-row forward"."""
         bb, tb = key
-        return f"{tb}-row" if bb == 1 else f"{bb} x {tb}-row"
+        return f"{tb}-row forward" if bb == 1 else f"{bb} x {tb}-row forward"
+
+    def compiled_all(self) -> bool:
+        """Whether every graph of this part is compiled (none deferred or failed)."""
+        return set(self.keys + self._extra_keys()) <= self.ready
 
     def compile_later(self) -> None:
         """The keys warm-up deferred, compiled (or read) one after another without running
         (the engine's background thread, `compile_in_background`); each serves from its
         next forward on. A key that fails stays eager, with a warning."""
-        with torch.inference_mode(), quiet_inductor():
-            for i, key in enumerate(self.later):
-                t0 = time.perf_counter()
-                try:
-                    self._prepare(key)
-                except Exception as exc:     # the key's forwards stay eager, and say why
-                    log.warning("the %s's %s forward stays eager: compiling it failed (%s: "
-                                "%s)", self.part, self._rows(key), type(exc).__name__, exc)
-                    continue
+        for key in compile_in_turn(self.part, self.later, self._prepare, self.what):
+            if key in self.keys:           # a forward: timed on its first calls
                 self._uncalled.add(key)
-                self.ready.add(key)
-                log.info("compiled the %s's %s forward in the background (%d/%d, %.1f s)",
-                         self.part, self._rows(key), i + 1, len(self.later),
-                         time.perf_counter() - t0)
+            self.ready.add(key)
         self.later = ()
 
-    def _prepare(self, key: tuple[int, int]) -> None:
-        """Compile (or read) the graphs of `key`'s forward without running them: the state
-        is serving meanwhile. Subclasses that defer keys define it."""
+    def _prepare(self, key: tuple) -> None:
+        """Compile (or read) the graphs of `key` without running them: the state is
+        serving meanwhile. Subclasses that defer keys define it."""
         raise NotImplementedError
 
-    def _warm_extra(self, progress: Callable[[str], None] | None) -> None:
-        """Graphs a subclass compiles besides one forward per key, warmed up here."""
+    def _extra_keys(self) -> tuple[tuple[str, int], ...]:
+        """Keys (name, batch bucket) of a subclass's graphs besides one forward per key."""
+        return ()
+
+    def _warm_extra(self, progress: Callable[[str], None] | None,
+                    keys: tuple[tuple[str, int], ...]) -> None:
+        """Those of `_extra_keys` the warm-up compiles, warmed up here (and `ready`)."""
 
     def _timed(self, key: tuple[int, int]) -> float:
         """The fastest of TIMED_RUNS compiled forwards of `key` from the empty state."""
@@ -432,6 +432,24 @@ class StaticGraphs:
             return self._forward(key, *self._warm_state(key)), gdn.state, gdn.conv
 
         check_direct(self.compiled, self.part, (first, gdn.state, gdn.conv), again)
+
+
+def compile_in_turn(part: str, keys: Sequence[Hashable], prepare: Callable[[Hashable], None],
+                    what: Callable[[Hashable], str]) -> Iterator[Hashable]:
+    """`prepare` each of a part's deferred keys in turn (a background thread) -> the keys
+    that compiled; one that fails stays eager, with a warning saying why."""
+    with torch.inference_mode(), quiet_inductor():
+        for i, key in enumerate(keys):
+            t0 = time.perf_counter()
+            try:
+                prepare(key)
+            except Exception as exc:     # the key's forwards stay eager, and say why
+                log.warning("the %s's %s stays eager: compiling it failed (%s: %s)", part,
+                            what(key), type(exc).__name__, exc)
+                continue
+            log.info("compiled the %s's %s in the background (%d/%d, %.1f s)", part,
+                     what(key), i + 1, len(keys), time.perf_counter() - t0)
+            yield key
 
 
 def batch_rows(views: tuple[torch.Tensor, ...], bb: int, batch: int
