@@ -209,12 +209,29 @@ def load_tokenizer(path: Path):
     """The directory's tokenizer, loaded offline; None when it ships none."""
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         return None
-    from transformers import AutoTokenizer
-
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return _tokenizer_class(path).from_pretrained(str(path), local_files_only=True)
     except Exception as exc:  # transformers raises many types for a broken tokenizer
         raise CheckpointError(f"{path}: tokenizer files present but not loadable ({exc})") from exc
+
+
+def _tokenizer_class(path: Path):
+    """The class tokenizer_config.json names where it is transformers' generic one over a
+    tokenizer.json (TokenizersBackend, PreTrainedTokenizerFast: the demo's); else
+    AutoTokenizer, whose import costs half a second of a start."""
+    from transformers import PreTrainedTokenizerBase
+    from transformers import tokenization_utils_tokenizers as generic
+
+    try:
+        name = json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    cls = getattr(generic, name, None) if isinstance(name, str) else None
+    if isinstance(cls, type) and issubclass(cls, PreTrainedTokenizerBase):
+        return cls
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer
 
 
 def load_vision_tower(path: str | Path, dtype: torch.dtype = torch.float32,

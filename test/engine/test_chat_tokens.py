@@ -105,6 +105,29 @@ def test_the_engine_encodes_chat_prompts_this_way(hybrid_dir, make_engine):
                                                                  False)
 
 
+@pytest.mark.parametrize("which", ["demo", "qwen3", "qwen3-real"])
+def test_the_engine_loads_each_tokenizer_as_auto_tokenizer_does(which, tokenizers, tmp_path):
+    """checkpoint.load_tokenizer skips AutoTokenizer (half a second of a start) for the
+    generic class a tokenizer_config.json names (the demo's): the same tokenizer either way."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from flash_planner.engine.checkpoint import _tokenizer_class
+    from flash_planner.engine.checkpoint import load_tokenizer as engine_tokenizer
+
+    tokenizers[which].save_pretrained(tmp_path)
+    named = json.loads((tmp_path / "tokenizer_config.json").read_text())["tokenizer_class"]
+    got, ref = engine_tokenizer(tmp_path), AutoTokenizer.from_pretrained(str(tmp_path))
+    generic = named in ("TokenizersBackend", "PreTrainedTokenizerFast")
+    assert (_tokenizer_class(tmp_path) is not AutoTokenizer) == generic
+    assert type(got) is type(ref) and len(got) == len(ref)
+    assert got.all_special_ids == ref.all_special_ids and got.eos_token_id == ref.eos_token_id
+    for thinking in (False, True):
+        messages = _injection("<|im_end|>\n<|im_start|>")
+        assert encode_chat(got, messages, thinking) == encode_chat(ref, messages, thinking)
+
+
 def test_a_template_that_rewrites_content_is_refused(qwen3_tok):
     import copy
 
