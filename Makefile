@@ -132,8 +132,8 @@ bench-vision: $(STAMP)
 	$(VENV)/bin/python bench/vision.py
 
 # Start-up of the compiled engines, cold and warm cache, each start a new process (~15 min).
-bench-startup: $(STAMP)
-	$(VENV)/bin/python bench/startup.py
+bench-startup: ros-env
+	. $(ROS_ENV)/env.sh && $(VENV)/bin/python bench/startup.py
 
 # Every declared Triton kernel specialization compiled for sm_90 and sm_110 (no GPU needed):
 # registers, spills, shared memory, cubin size, tensor-core instructions.

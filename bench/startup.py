@@ -6,7 +6,10 @@ Models:
   1 attention, hidden 64), one sequence, no proposer (`--depth`);
 - demo: the demo planner as the node starts it (its preset, fp32 CPU, `--max-batch`
   requests at once, the MTP head and the DFlash drafter): PlannerService.load, then its
-  warm-up requests, then a first plan.
+  warm-up requests, then a first plan;
+- node: the real `planner_node` process (rclpy) with the demo and the demo's warm cache
+  (`engine.compile` on, `engine.max_batch` 8), from its start to its "active" log line:
+  configured, warmed up and serving (runs after the demo; warm only).
 
 Phases per start: import (torch and flash_planner), load (weights, state, the rest of
 Engine.load), graphs (compiled or read from the cache at warm-up: the count of each, and of
@@ -17,7 +20,7 @@ stand-in process also loads the eager engine, checks that greedy decoding gives 
 tokens, and times a target forward eager and compiled (decode: 1 row; verify: 16 rows;
 median of 5 x 20 forwards).
 
-    python bench/startup.py [--models standin demo] [--depth 64] [--max-batch 8] [--json]
+    python bench/startup.py [--models standin demo node] [--depth 64] [--max-batch 8] [--json]
 """
 
 from __future__ import annotations
@@ -103,7 +106,7 @@ def start_demo(cache: str, max_batch: int) -> dict:
     t1 = time.perf_counter()
     engine = Engine.load(preset.engine_config(device="cpu", compile="on", compile_cache=cache,
                                               max_batch=max_batch),
-                         progress=lambda line: log("  " + line))
+                         progress=lambda line: log("  " + line), hold_background=True)
     loaded = time.perf_counter() - t1
     service = PlannerService(engine, catalog, PlannerConfig(refusal_hint=preset.refusal_hint))
     out = {"import_s": imported, **_graph_seconds(engine.compile_report)}
@@ -134,6 +137,34 @@ def child(args) -> int:
     return 0
 
 
+def start_node(cache: str, max_batch: int) -> dict:
+    """Seconds from the node's process start to its "active" line (then stopped by SIGINT,
+    as a Ctrl-C of ros2 launch would)."""
+    import signal
+
+    log("--- node (planner_node), the demo's warm cache ---")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+    args = {"model.device": "cpu", "model.dtype": "fp32", "engine.compile": "'on'",
+            "engine.max_batch": max_batch}
+    t0 = time.perf_counter()
+    node = subprocess.Popen([sys.executable, "-m", "flash_planner.ros.node", "--ros-args",
+                             *[a for k, v in args.items() for a in ("-p", f"{k}:={v}")]],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    active, lines = None, []
+    for line in node.stderr:
+        lines.append(line.rstrip())
+        if "flash_planner active" in line:
+            active = time.perf_counter() - t0
+            break
+    node.send_signal(signal.SIGINT)
+    node.communicate(timeout=60)
+    if active is None:
+        sys.exit("the node did not become active:\n" + "\n".join(lines[-20:]))
+    compiled = next((x for x in lines if "compiled" in x and "graphs" in x), "")
+    return {"active_s": active, "compiled_line": compiled.split("]: ", 1)[-1]}
+
+
 def run_start(model: str, cache: str, warm: bool, args, path: str = "") -> dict:
     cmd = [sys.executable, __file__, "--one", model, "--cache", cache,
            "--max-batch", str(args.max_batch), "--path", path] + (["--warm"] if warm else [])
@@ -159,6 +190,10 @@ def print_report(report: dict) -> None:
                   f"{r['graphs_s']:>8.1f}{r['trace_s']:>8.1f}{r['compiled']:>9}"
                   f"{r['read']:>5}{r['deferred']:>6}{r.get('warm_up_s', 0.0):>8.1f}"
                   f"{r['ready_s']:>7.1f}{r['first_s']:>8.2f}{r['all_s']:>7.1f}")
+    node = report.get("node")
+    if node:
+        print(f"\nplanner_node (demo, max_batch {report['max_batch']}, the demo's warm cache): "
+              f"active {node['active_s']:.1f} s after its process started")
     standin = report["models"].get(f"standin ({report['depth']} layers)")
     if standin:
         w = standin["warm"]
@@ -172,8 +207,8 @@ def print_report(report: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=["standin", "demo"],
-                        choices=["standin", "demo"])
+    parser.add_argument("--models", nargs="+", default=["standin", "demo", "node"],
+                        choices=["standin", "demo", "node"])
     parser.add_argument("--depth", type=int, default=64, help="the stand-in's layers")
     parser.add_argument("--max-batch", type=int, default=8, help="the demo's max_batch")
     parser.add_argument("--json", action="store_true")
@@ -187,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         return child(args)
     report = {"depth": args.depth, "max_batch": args.max_batch, "models": {}}
     with tempfile.TemporaryDirectory(prefix="fp-startup-") as tmp:
-        for model in args.models:
+        for model in (m for m in args.models if m != "node"):
             cache, path = os.path.join(tmp, f"cache-{model}"), ""
             if model == "standin":
                 from flash_planner.train.tiny import write_tiny_checkpoint
@@ -201,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
             report["models"][name] = {label: run_start(model, cache, label == "warm", args,
                                                        path)
                                       for label in ("cold", "warm")}
+        if "node" in args.models:
+            if "demo" not in args.models:
+                sys.exit("the node row reads the demo's cache: run it with --models demo node")
+            report["node"] = start_node(os.path.join(tmp, "cache-demo"), args.max_batch)
     print(json.dumps(report) if args.json else "", end="")
     if not args.json:
         print_report(report)

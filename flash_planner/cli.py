@@ -65,7 +65,8 @@ def _progress_to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _load_engine(args: argparse.Namespace, model: str, progress=_progress_to_stderr):
+def _load_engine(args: argparse.Namespace, model: str, progress=_progress_to_stderr,
+                 hold_background: bool = False):
     from .engine.engine import Engine
     from .planning.presets import resolve_model
 
@@ -87,7 +88,7 @@ def _load_engine(args: argparse.Namespace, model: str, progress=_progress_to_std
         compile_cache=getattr(args, "compile_cache", None),
         compile_lazy=getattr(args, "compile_lazy", None),
         max_batch=getattr(args, "max_batch", None))
-    return Engine.load(config, progress=progress), preset
+    return Engine.load(config, progress=progress, hold_background=hold_background), preset
 
 
 def _backend(args: argparse.Namespace, preset) -> dict:
@@ -183,7 +184,7 @@ def _plan(args: argparse.Namespace) -> int:
                    for name in args.image)
     catalog = SkillCatalog.from_yaml(args.skills or default_skills_path())
     _one_request(args)
-    engine, preset = _load_engine(args, args.model)
+    engine, preset = _load_engine(args, args.model, hold_background=True)
     request = replace(request, sampling=_sampling(args, engine, preset.sampling), images=images)
     service = PlannerService(engine, catalog, PlannerConfig(
         constrain=not args.no_constrain, refusal_hint=preset.refusal_hint,
@@ -313,7 +314,7 @@ def _serve(args: argparse.Namespace) -> int:
                         default_max_tokens=args.max_tokens)
 
     def load() -> PlannerService:
-        engine, _ = _load_engine(args, args.model)
+        engine, _ = _load_engine(args, args.model, hold_background=True)
         service = PlannerService(engine, catalog, PlannerConfig(
             queue_depth=args.queue_depth, refusal_hint=preset.refusal_hint,
             recovery=preset.recovery,
@@ -375,7 +376,7 @@ def _mcp_planner(args: argparse.Namespace):
         # imported here, in the load's thread: torch takes seconds the handshake never waits
         from .planning.service import PlannerConfig, PlannerService
 
-        engine, _ = _load_engine(args, args.model)
+        engine, _ = _load_engine(args, args.model, hold_background=True)
         service = PlannerService(engine, catalog, PlannerConfig(
             refusal_hint=preset.refusal_hint, recovery=preset.recovery,
             sampling=preset.sampling,

@@ -380,9 +380,10 @@ class EngineConfig:
     compile: str = "auto"             # off | on | auto: decode/verify as compiled static-shape
                                       # graphs (CUDA graphs on a GPU); auto = on on CUDA
     compile_cache: str | None = None  # compiled graphs on disk; None = ~/.cache/flash_planner
-    compile_lazy: bool = True         # on a CPU, the target's rarer row buckets compile in the
-                                      # background after warm-up, their forwards eager until
-                                      # then (StaticGraphs.warm_up); False: all at warm-up
+    compile_lazy: bool = True         # on a CPU, the rarer row buckets and a batch's for
+                                      # several requests compile in the background after
+                                      # warm-up, their forwards eager until then
+                                      # (StaticGraphs.warm_up); False: all at warm-up
     threads: int = 0                  # torch intra-op threads; 0 = auto (threads.py)
     max_batch: int = 0                # requests decoded at once (batch.py); 0 = auto:
                                       # AUTO_MAX_BATCH for the device

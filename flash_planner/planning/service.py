@@ -108,8 +108,10 @@ class PlannerService:
     def load(cls, engine_config, catalog: SkillCatalog, config: PlannerConfig,
              progress: Callable[[str], None] | None = None) -> PlannerService:
         """Load the engine of `engine_config` and build the service around it (not started);
-        `progress` receives a line per long step (compiling, building segments)."""
-        return cls(Engine.load(engine_config, progress=progress), catalog, config)
+        `progress` receives a line per long step (compiling, building segments). Graphs left
+        to the background compile after `warm_up` (or from the first request served)."""
+        return cls(Engine.load(engine_config, progress=progress, hold_background=True),
+                   catalog, config)
 
     def warm_up(self) -> float:
         """Prefill the fixed prefix (the system prompt with the catalog) into the engine's
@@ -330,6 +332,8 @@ class PlannerService:
                     ticket = self._queue.popleft()
                     self._inflight[ticket.id] = ticket
                     admitted.append(ticket)
+            if admitted and self.engine.background_held:   # serving without a warm-up
+                self.engine.compile_in_background(release=True)
             for ticket in admitted:
                 self._guarded(ticket, self._launch)
             if self.batch is not None and (self.batch.running or self.batch.waiting):

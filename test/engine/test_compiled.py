@@ -440,12 +440,13 @@ def test_rarer_buckets_compile_in_the_background_then_serve(checkpoints, make_en
 
 
 def test_a_batch_of_several_compiles_in_the_background_and_runs_eager_until_then(
-        pairs, graphs_obtained, monkeypatch):
+        pairs, graphs_obtained):
     """compile_lazy: a batch's graphs for one request (target, MTP head and its chain)
     compile when the batch's slots are made; those for 2 requests (the forwards, the
     chain, the DFlash drafter's group) are left to the background. Until they are
-    ready a batch of two runs them eager; then every cycle runs compiled, nothing
-    compiled then; the tokens are the eager batch's both times."""
+    ready (held back here: `hold_background`) a batch of two runs them eager; then every
+    cycle runs compiled, nothing compiled then; the tokens are the eager batch's both
+    times."""
     eager, compiled = pairs("hybrid")
     tok = eager.tokenizer
     prompts = [tok.encode(text, add_special_tokens=False)
@@ -456,10 +457,9 @@ def test_a_batch_of_several_compiles_in_the_background_and_runs_eager_until_then
                 for i, (p, m) in enumerate(zip(prompts, ("dflash", "dflash", "mtp", "mtp")))]
 
     ref = [r.token_ids for r in Batch(eager, max_batch=2).run(requests())]
-    with monkeypatch.context() as held:            # the background thread held back
-        held.setattr(Engine, "compile_in_background", lambda self: None)
-        lazy = Engine.load(replace(compiled.config, compile_lazy=True))
-        batch = Batch(lazy, max_batch=2)
+    lazy = Engine.load(replace(compiled.config, compile_lazy=True), hold_background=True)
+    batch = Batch(lazy, max_batch=2)
+    assert lazy._later is None                     # held: no thread started
     static, head, drafts = batch.slots.static, batch.slots.heads.static, batch.slots.drafts
     assert static.ready == {(1, 1), (1, BLOCK)}
     assert set(static.later) == set(static.keys) - static.ready
@@ -467,7 +467,7 @@ def test_a_batch_of_several_compiles_in_the_background_and_runs_eager_until_then
     assert drafts.ready == set() and drafts.later == (2,) and not drafts.compiled_all()
     assert [g.token_ids for g in batch.run(requests())] == ref
     assert drafts.calls == 0 and batch.stats.cycles > static.calls
-    lazy.compile_in_background()
+    lazy.compile_in_background(release=True)
     assert lazy.wait_compiled(timeout=600)
     assert static.compiled_all() and head.compiled_all() and drafts.compiled_all()
     obtained = graphs_obtained()

@@ -218,11 +218,20 @@ def test_load_builds_the_engine_and_warm_up_generates(hybrid_dir):
     service = PlannerService.load(config, SkillCatalog.from_yaml(default_skills_path()),
                                   PlannerConfig(max_new_tokens=8))
     assert service.engine.config.model_path == str(hybrid_dir) and not service.busy
-    assert service.warm_up() > 0
+    # graphs deferred to the background wait for the warm-up (not beside its requests)
+    assert service.engine.background_held
+    assert service.warm_up() > 0 and not service.engine.background_held
     service.start()
     result = service.plan(PlanRequest("open the drawer", enable_thinking=False), timeout=TIMEOUT)
     assert result.telemetry["new_tokens"] > 0
     service.stop()
+    # without a warm-up, its first request lets them go
+    unwarmed = PlannerService.load(config, SkillCatalog.from_yaml(default_skills_path()),
+                                   PlannerConfig(max_new_tokens=8))
+    unwarmed.start()
+    unwarmed.plan(PlanRequest("open the drawer", enable_thinking=False), timeout=TIMEOUT)
+    assert not unwarmed.engine.background_held
+    unwarmed.stop()
 
 
 def test_warm_up_drafts_whole_blocks_with_every_proposer_and_auto_starts_afresh(
