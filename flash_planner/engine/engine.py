@@ -102,7 +102,8 @@ class Engine:
         self.compile_report: CompileReport | None = None   # None: every forward is eager
         # the compiled models and drafters (compile_in_background, wait_compiled)
         self.statics: list[StaticGraphs | StaticDrafter] = []
-        self._later: threading.Thread | None = None    # compile_in_background
+        self._later: threading.Thread | None = None    # compile_in_background, while it runs
+        self._later_lock = threading.Lock()   # its start and its end, one at a time
         self.background_held = False       # compile_in_background waits for a release
         self._batch_slots: dict[int, SlotStates] = {}      # batch.py's, by max_batch
         self.threads: Threads | None = None   # set by `load`; None: as the process had it
@@ -268,7 +269,7 @@ class Engine:
             slots.drafts = StaticDrafter(dflash.drafter, dflash.embed, dflash.lm_head_weight,
                                          dflash.block_size, dflash.window.capacity,
                                          config.compile_cache, row_buckets(max_batch)[1:])
-            report = report.plus(slots.drafts.warm_up(progress, first_rows(self) is not None))
+            report = report.plus(slots.drafts.warm_up(progress, config.compile_lazy))
             self.statics.append(slots.drafts)
         self.compile_report = self.compile_report.plus(report)
 
@@ -277,24 +278,30 @@ class Engine:
         one thread, after every warm-up (two compiles at once are not safe), the parts in
         the order they were warmed up; not while held (`Engine.load(hold_background=True)`)
         unless this call `release`s it."""
-        if release:
-            self.background_held = False
-        if self.background_held or (self._later is not None and self._later.is_alive()):
-            return                    # it looks for more parts before it ends
-
         def run() -> None:
-            while pending := [static for static in self.statics if static.later]:
+            while True:
+                with self._later_lock:   # a part added now is seen, or starts a new thread
+                    pending = [static for static in self.statics if static.later]
+                    if not pending:
+                        self._later = None
+                        return
                 pending[0].compile_later()
 
-        if any(static.later for static in self.statics):
+        with self._later_lock:
+            if release:
+                self.background_held = False
+            if (self.background_held or self._later is not None
+                    or not any(static.later for static in self.statics)):
+                return
             self._later = threading.Thread(target=run, name="compile later", daemon=True)
             self._later.start()
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Wait (bounded by `timeout`) for the buckets compiling in the background ->
         whether every bucket of every compiled part is compiled now."""
-        if self._later is not None:
-            self._later.join(timeout)
+        thread = self._later
+        if thread is not None:
+            thread.join(timeout)
         return all(static.compiled_all() for static in self.statics)
 
     @property

@@ -309,12 +309,13 @@ class StaticGraphs:
         buckets of one sequence now (a first request runs alone; batches of several come
         later, if at all): the others (`later`) are compiled afterwards without running
         (`compile_later`), their forwards eager until each is ready (`fits`)."""
-        keys, extra = self.keys, self._extra_keys()
+        every = self._extra_keys()
+        keys, extra = self.keys, every
         if first_rows is not None and not self.cuda_graphs:
             wanted = {self.bucket(min(r, self.buckets[-1])) for r in first_rows}
             keys = tuple(k for k in self.keys if k[0] == self.batches[0] and k[1] in wanted)
-            extra = tuple(k for k in extra if k[1] == self.batches[0])
-        later = tuple(k for k in self.keys + self._extra_keys() if k not in keys + extra)
+            extra = tuple(k for k in every if k[1] == self.batches[0])
+        later = tuple(k for k in self.keys + every if k not in keys + extra)
 
         def every_bucket() -> None:
             if progress is not None:
